@@ -1,0 +1,267 @@
+//! Communicator configuration: the one place settings are parsed.
+//!
+//! A [`Config`] starts from defaults ([`Config::default`]) or from environment variables
+//! ([`Config::from_lookup`], which the runtime calls with the process environment); builder
+//! methods then override single settings. NCCL's variable names are honoured where NCCL has
+//! one; oxccl's own use the `OXCCL_` prefix.
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `NCCL_SOCKET_IFNAME` | interfaces to use (see [`crate::ifname`]) | NCCL's order |
+//! | `NCCL_SOCKET_FAMILY` | `AF_INET` or `AF_INET6` | IPv4 first |
+//! | `NCCL_SHM_DISABLE` | `1`: same-host peers use TCP, not shared memory | `0` |
+//! | `NCCL_BUFFSIZE` | bytes of buffering per connection | 1 MiB |
+//! | `NCCL_MIN_NCHANNELS`, `NCCL_MAX_NCHANNELS` | rings a collective is striped over | 1 |
+//! | `NCCL_DEBUG` | `WARN`, `INFO`, `TRACE` | off |
+//! | `OXCCL_TIMEOUT` | seconds a call may wait for peers; `0` = forever | forever |
+//! | `OXCCL_HOST_ID` | overrides the host identity (ranks with equal ids share memory) | derived |
+
+use crate::error::CoreError;
+use crate::ifname::{Family, IfSpec};
+use crate::tuning;
+use std::time::Duration;
+
+/// How much the library logs to stderr.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    #[default]
+    Off,
+    Warn,
+    Info,
+    Trace,
+}
+
+/// A communicator's settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub socket_ifname: Option<IfSpec>,
+    pub socket_family: Option<Family>,
+    pub shm_disable: bool,
+    pub buffsize: usize,
+    pub min_channels: usize,
+    pub max_channels: usize,
+    pub log: LogLevel,
+    pub timeout: Option<Duration>,
+    pub host_id: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            socket_ifname: None,
+            socket_family: None,
+            shm_disable: false,
+            buffsize: tuning::DEFAULT_BUFFSIZE_BYTES,
+            min_channels: 1,
+            max_channels: tuning::MAX_CHANNELS,
+            log: LogLevel::Off,
+            timeout: None,
+            host_id: None,
+        }
+    }
+}
+
+fn bad(var: &str, value: &str, reason: &str) -> CoreError {
+    CoreError::BadSetting {
+        var: var.to_string(),
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+fn parse_bool(var: &str, v: &str) -> Result<bool, CoreError> {
+    match v.trim() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" | "" => Ok(false),
+        _ => Err(bad(var, v, "expected 0 or 1")),
+    }
+}
+
+fn parse_usize(var: &str, v: &str) -> Result<usize, CoreError> {
+    v.trim()
+        .parse::<usize>()
+        .map_err(|_| bad(var, v, "expected a non-negative integer"))
+}
+
+impl Config {
+    /// Defaults overridden by environment variables, looked up with `get`.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, CoreError> {
+        let mut c = Config::default();
+        if let Some(v) = get("NCCL_SOCKET_IFNAME").filter(|v| !v.trim().is_empty()) {
+            c.socket_ifname = Some(IfSpec::parse(&v));
+        }
+        if let Some(v) = get("NCCL_SOCKET_FAMILY").filter(|v| !v.trim().is_empty()) {
+            c.socket_family =
+                Some(Family::parse(&v).ok_or_else(|| {
+                    bad("NCCL_SOCKET_FAMILY", &v, "expected AF_INET or AF_INET6")
+                })?);
+        }
+        if let Some(v) = get("NCCL_SHM_DISABLE") {
+            c.shm_disable = parse_bool("NCCL_SHM_DISABLE", &v)?;
+        }
+        if let Some(v) = get("NCCL_BUFFSIZE") {
+            c.buffsize = parse_usize("NCCL_BUFFSIZE", &v)?;
+        }
+        if let Some(v) = get("NCCL_MIN_NCHANNELS") {
+            c.min_channels = parse_usize("NCCL_MIN_NCHANNELS", &v)?;
+        }
+        if let Some(v) = get("NCCL_MAX_NCHANNELS") {
+            c.max_channels = parse_usize("NCCL_MAX_NCHANNELS", &v)?;
+        }
+        if let Some(v) = get("NCCL_DEBUG") {
+            c.log = match v.trim().to_ascii_uppercase().as_str() {
+                "" | "NONE" | "VERSION" => LogLevel::Off,
+                "WARN" => LogLevel::Warn,
+                "INFO" => LogLevel::Info,
+                "TRACE" => LogLevel::Trace,
+                _ => return Err(bad("NCCL_DEBUG", &v, "expected WARN, INFO or TRACE")),
+            };
+        }
+        if let Some(v) = get("OXCCL_TIMEOUT") {
+            let secs: f64 = v
+                .trim()
+                .parse()
+                .map_err(|_| bad("OXCCL_TIMEOUT", &v, "expected seconds"))?;
+            if !(secs >= 0.0 && secs.is_finite()) {
+                return Err(bad(
+                    "OXCCL_TIMEOUT",
+                    &v,
+                    "expected a non-negative number of seconds",
+                ));
+            }
+            c.timeout = (secs > 0.0).then(|| Duration::from_secs_f64(secs));
+        }
+        if let Some(v) = get("OXCCL_HOST_ID").filter(|v| !v.is_empty()) {
+            c.host_id = Some(v);
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Checks the settings' ranges.
+    pub fn validate(&self) -> Result<(), CoreError> {
+        if self.buffsize < tuning::MIN_BUFFSIZE_BYTES || self.buffsize > tuning::MAX_BUFFSIZE_BYTES
+        {
+            return Err(bad(
+                "NCCL_BUFFSIZE",
+                &self.buffsize.to_string(),
+                &format!(
+                    "must be within {}..={} bytes",
+                    tuning::MIN_BUFFSIZE_BYTES,
+                    tuning::MAX_BUFFSIZE_BYTES
+                ),
+            ));
+        }
+        if self.min_channels == 0
+            || self.max_channels == 0
+            || self.min_channels > tuning::MAX_CHANNELS
+        {
+            return Err(bad(
+                "NCCL_MIN_NCHANNELS",
+                &self.min_channels.to_string(),
+                &format!("channel counts must be within 1..={}", tuning::MAX_CHANNELS),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The number of ring channels collectives use.
+    pub fn channels(&self) -> usize {
+        tuning::DEFAULT_CHANNELS
+            .max(self.min_channels)
+            .min(self.max_channels.max(self.min_channels))
+            .min(tuning::MAX_CHANNELS)
+    }
+
+    /// Bytes per connection slot: the buffer divided into the pipeline's slots, a multiple of
+    /// 8 bytes (so every data type chunks to the same byte boundaries).
+    pub fn slot_bytes(&self) -> usize {
+        (self.buffsize / tuning::SLOTS_PER_CONN / 8 * 8).max(8)
+    }
+
+    pub fn with_timeout(mut self, t: Option<Duration>) -> Self {
+        self.timeout = t;
+        self
+    }
+
+    pub fn with_shm_disabled(mut self, disabled: bool) -> Self {
+        self.shm_disable = disabled;
+        self
+    }
+
+    pub fn with_socket_ifname(mut self, spec: &str) -> Self {
+        self.socket_ifname = Some(IfSpec::parse(spec));
+        self
+    }
+
+    pub fn with_buffsize(mut self, bytes: usize) -> Self {
+        self.buffsize = bytes;
+        self
+    }
+
+    pub fn with_channels(mut self, n: usize) -> Self {
+        self.min_channels = n;
+        self.max_channels = n;
+        self
+    }
+
+    pub fn with_host_id(mut self, id: &str) -> Self {
+        self.host_id = Some(id.to_string());
+        self
+    }
+
+    pub fn with_log(mut self, level: LogLevel) -> Self {
+        self.log = level;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn parses_nccl_variables() {
+        let c = Config::from_lookup(env(&[
+            ("NCCL_SOCKET_IFNAME", "^docker,lo"),
+            ("NCCL_SHM_DISABLE", "1"),
+            ("NCCL_BUFFSIZE", "4194304"),
+            ("NCCL_MIN_NCHANNELS", "2"),
+            ("OXCCL_TIMEOUT", "2.5"),
+            ("NCCL_DEBUG", "info"),
+        ]))
+        .unwrap();
+        assert!(c.shm_disable);
+        assert_eq!(c.socket_ifname.as_ref().unwrap().exclude, true);
+        assert_eq!(c.buffsize, 4 << 20);
+        assert_eq!(c.channels(), 2);
+        assert_eq!(c.timeout, Some(Duration::from_millis(2500)));
+        assert_eq!(c.log, LogLevel::Info);
+        assert_eq!(c.slot_bytes() % 8, 0);
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let e = Config::from_lookup(env(&[("NCCL_SHM_DISABLE", "maybe")])).unwrap_err();
+        assert!(e.to_string().contains("NCCL_SHM_DISABLE"), "{e}");
+        let e = Config::from_lookup(env(&[("OXCCL_TIMEOUT", "-1")])).unwrap_err();
+        assert!(e.to_string().contains("OXCCL_TIMEOUT"), "{e}");
+        let e = Config::from_lookup(env(&[("NCCL_BUFFSIZE", "10")])).unwrap_err();
+        assert!(e.to_string().contains("NCCL_BUFFSIZE"), "{e}");
+        assert_eq!(
+            Config::from_lookup(env(&[("OXCCL_TIMEOUT", "0")]))
+                .unwrap()
+                .timeout,
+            None
+        );
+    }
+}

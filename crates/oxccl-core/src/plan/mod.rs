@@ -1,0 +1,495 @@
+//! Algorithms as plans: what each rank does, step by step, over which connections.
+//!
+//! A plan is a set of *lanes*. A lane is a sequence of [`Step`]s executed strictly in order;
+//! different lanes are independent and progress concurrently (a ring collective is one lane per
+//! channel; a direct all-to-all is one lane per peer and direction). A step moves one chunk: it
+//! takes its input from a local buffer, from one inbound connection, or from an inbound
+//! connection combined with a local buffer (a reduction), and writes the result to a local
+//! buffer, to one outbound connection, or both.
+//!
+//! Rules the plans obey, which the engine and the simulator rely on:
+//! 1. For every connection (a → b, class), the sequence of chunk lengths that a's lanes send on
+//!    it equals the sequence b's lanes receive from it, for any world size and count. Both
+//!    sides compute lengths from the same global arguments; zero-length chunks are never sent.
+//! 2. A lane uses each connection in one direction only, and no two lanes of one op share a
+//!    connection. Collectives and point-to-point traffic use different connection classes, so
+//!    running p2p lanes concurrently with collective phases cannot reorder either.
+//! 3. A chunk is at most the chunk size the plan was made for, and a multiple of the element
+//!    size.
+//!
+//! Nothing here knows which transport carries a connection; [`sim`] executes plans in memory.
+
+mod direct;
+pub mod exec;
+mod ring;
+pub mod sim;
+
+use crate::dtype::{DataType, ReduceOp};
+use crate::error::CoreError;
+use crate::reduce::ReduceCtx;
+use crate::types::{ChannelId, Rank};
+use std::sync::Arc;
+
+pub use direct::{alltoallv_bytes, p2p_checked, DirectStream};
+pub use ring::{RingCollective, RingKind};
+
+/// Which of an operation's buffers a location refers to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BufId(pub u16);
+
+/// A byte position in one of an operation's buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Loc {
+    pub buf: BufId,
+    pub off: usize,
+}
+
+impl Loc {
+    /// The start of buffer `buf`.
+    pub const fn start(buf: BufId) -> Loc {
+        Loc { buf, off: 0 }
+    }
+
+    /// `self` advanced by `bytes`.
+    pub const fn at(self, bytes: usize) -> Loc {
+        Loc {
+            buf: self.buf,
+            off: self.off + bytes,
+        }
+    }
+}
+
+/// The kind of traffic a connection carries: collectives' rings, collectives' direct exchanges,
+/// or user point-to-point messages. One unidirectional connection exists per (peer pair, class).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ConnClass {
+    Ring(ChannelId),
+    Direct,
+    P2p,
+}
+
+/// One end of a unidirectional connection, as seen from this rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnKey {
+    pub peer: Rank,
+    pub class: ConnClass,
+}
+
+/// An index into a lane's inbound or outbound connection list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Port(pub u8);
+
+/// Where a step's data comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Input {
+    /// A local buffer.
+    Src(Loc),
+    /// The next chunk of an inbound connection.
+    Recv(Port),
+    /// The next chunk of an inbound connection, reduced with a local buffer.
+    RecvReduce(Port, Loc),
+}
+
+/// One chunk's worth of work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Step {
+    pub input: Input,
+    /// Local destination of the result (skipped when it is the input location itself).
+    pub dst: Option<Loc>,
+    /// Outbound connection that receives the result.
+    pub send: Option<Port>,
+    /// Apply the reduction's final transform (Avg's division) before writing the result.
+    pub finalize: bool,
+    /// Bytes in the chunk.
+    pub len: usize,
+}
+
+/// A sequence of steps with the connections it uses.
+pub struct Lane {
+    pub inbound: Vec<ConnKey>,
+    pub outbound: Vec<ConnKey>,
+    pub reduce: Option<ReduceCtx>,
+    pub steps: Box<dyn Iterator<Item = Step> + Send>,
+}
+
+impl core::fmt::Debug for Lane {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Lane")
+            .field("inbound", &self.inbound)
+            .field("outbound", &self.outbound)
+            .field("reduce", &self.reduce)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a plan needs to know about the communicator.
+#[derive(Clone, Debug)]
+pub struct Geometry {
+    pub rank: Rank,
+    pub size: usize,
+    /// The ring order (a permutation of all ranks), the same on every rank.
+    pub ring: Arc<[Rank]>,
+    /// Parallel rings a ring collective is striped over.
+    pub nchannels: usize,
+    /// The largest chunk a step may carry, in bytes.
+    pub chunk_bytes: usize,
+}
+
+impl Geometry {
+    /// A geometry with the ring in rank order.
+    pub fn simple(rank: Rank, size: usize, nchannels: usize, chunk_bytes: usize) -> Geometry {
+        Geometry {
+            rank,
+            size,
+            ring: (0..size).map(Rank::new).collect::<Vec<_>>().into(),
+            nchannels,
+            chunk_bytes,
+        }
+    }
+
+    fn ring_pos(&self, r: Rank) -> usize {
+        self.ring.iter().position(|x| *x == r).unwrap_or(0)
+    }
+
+    fn chunk_elems(&self, dtype: DataType) -> usize {
+        (self.chunk_bytes / dtype.size_bytes()).max(1)
+    }
+}
+
+/// One operation of a rank, with its buffers' locations; counts in elements.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OpSpec {
+    AllReduce {
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        src: Loc,
+        dst: Loc,
+    },
+    Broadcast {
+        count: usize,
+        dtype: DataType,
+        root: Rank,
+        src: Loc,
+        dst: Loc,
+    },
+    Reduce {
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: Rank,
+        src: Loc,
+        dst: Loc,
+    },
+    /// `count` elements per rank.
+    AllGather {
+        count: usize,
+        dtype: DataType,
+        src: Loc,
+        dst: Loc,
+    },
+    /// `count` elements per rank (the output size).
+    ReduceScatter {
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        src: Loc,
+        dst: Loc,
+    },
+    /// `count` elements per peer.
+    AllToAll {
+        count: usize,
+        dtype: DataType,
+        src: Loc,
+        dst: Loc,
+    },
+    /// Per-peer counts and displacements, in elements.
+    AllToAllV {
+        dtype: DataType,
+        send_counts: Vec<usize>,
+        send_displs: Vec<usize>,
+        recv_counts: Vec<usize>,
+        recv_displs: Vec<usize>,
+        src: Loc,
+        dst: Loc,
+    },
+    /// `count` elements per rank.
+    Gather {
+        count: usize,
+        dtype: DataType,
+        root: Rank,
+        src: Loc,
+        dst: Loc,
+    },
+    /// `count` elements per rank.
+    Scatter {
+        count: usize,
+        dtype: DataType,
+        root: Rank,
+        src: Loc,
+        dst: Loc,
+    },
+    Send {
+        count: usize,
+        dtype: DataType,
+        peer: Rank,
+        src: Loc,
+    },
+    Recv {
+        count: usize,
+        dtype: DataType,
+        peer: Rank,
+        dst: Loc,
+    },
+}
+
+impl OpSpec {
+    /// Whether the op is point-to-point (planned into the group's concurrent p2p lanes).
+    pub fn is_p2p(&self) -> bool {
+        matches!(self, OpSpec::Send { .. } | OpSpec::Recv { .. })
+    }
+}
+
+fn ring_lanes(g: &Geometry, kind: RingKind, args: RingArgs) -> Result<Vec<Lane>, CoreError> {
+    let reduce = match args.op {
+        Some(op) => Some(ReduceCtx::new(args.dtype, op, g.size as u32)?),
+        None => None,
+    };
+    let pos = g.ring_pos(g.rank);
+    let prev = g.ring[(pos + g.size - 1) % g.size];
+    let next = g.ring[(pos + 1) % g.size];
+    let channels = g.nchannels.max(1).min(args.count.max(1));
+    let mut lanes = Vec::with_capacity(channels);
+    for c in 0..channels {
+        let beg = args.count * c / channels;
+        let end = args.count * (c + 1) / channels;
+        if beg == end {
+            continue;
+        }
+        let class = ConnClass::Ring(ChannelId(c as u16));
+        let gen = RingCollective::new(
+            kind,
+            g.ring.clone(),
+            pos,
+            args.root.map(|r| g.ring_pos(r)).unwrap_or(0),
+            args.dtype.size_bytes(),
+            args.block,
+            args.src,
+            args.dst,
+            beg,
+            end,
+            g.chunk_elems(args.dtype),
+        );
+        let (inbound, outbound) = if g.size == 1 {
+            (vec![], vec![])
+        } else {
+            (
+                vec![ConnKey { peer: prev, class }],
+                vec![ConnKey { peer: next, class }],
+            )
+        };
+        lanes.push(Lane {
+            inbound,
+            outbound,
+            reduce,
+            steps: Box::new(gen),
+        });
+    }
+    Ok(lanes)
+}
+
+struct RingArgs {
+    count: usize,
+    /// Elements per rank block (for block-structured collectives), else `count`.
+    block: usize,
+    dtype: DataType,
+    op: Option<ReduceOp>,
+    root: Option<Rank>,
+    src: Loc,
+    dst: Loc,
+}
+
+/// The lanes that carry `op` for rank `g.rank`.
+pub fn plan_op(g: &Geometry, op: &OpSpec) -> Result<Vec<Lane>, CoreError> {
+    let ring = |kind, count, block, dtype, op, root, src, dst| {
+        ring_lanes(
+            g,
+            kind,
+            RingArgs {
+                count,
+                block,
+                dtype,
+                op,
+                root,
+                src,
+                dst,
+            },
+        )
+    };
+    match *op {
+        OpSpec::AllReduce {
+            count,
+            dtype,
+            op,
+            src,
+            dst,
+        } => ring(
+            RingKind::AllReduce,
+            count,
+            count,
+            dtype,
+            Some(op),
+            None,
+            src,
+            dst,
+        ),
+        OpSpec::Broadcast {
+            count,
+            dtype,
+            root,
+            src,
+            dst,
+        } => ring(
+            RingKind::Broadcast,
+            count,
+            count,
+            dtype,
+            None,
+            Some(root),
+            src,
+            dst,
+        ),
+        OpSpec::Reduce {
+            count,
+            dtype,
+            op,
+            root,
+            src,
+            dst,
+        } => ring(
+            RingKind::Reduce,
+            count,
+            count,
+            dtype,
+            Some(op),
+            Some(root),
+            src,
+            dst,
+        ),
+        OpSpec::AllGather {
+            count,
+            dtype,
+            src,
+            dst,
+        } => ring(
+            RingKind::AllGather,
+            count,
+            count,
+            dtype,
+            None,
+            None,
+            src,
+            dst,
+        ),
+        OpSpec::ReduceScatter {
+            count,
+            dtype,
+            op,
+            src,
+            dst,
+        } => ring(
+            RingKind::ReduceScatter,
+            count,
+            count,
+            dtype,
+            Some(op),
+            None,
+            src,
+            dst,
+        ),
+        OpSpec::AllToAll {
+            count,
+            dtype,
+            src,
+            dst,
+        } => {
+            let counts = vec![count; g.size];
+            let displs: Vec<usize> = (0..g.size).map(|i| i * count).collect();
+            Ok(direct::alltoallv(
+                g, dtype, &counts, &displs, &counts, &displs, src, dst,
+            ))
+        }
+        OpSpec::AllToAllV {
+            dtype,
+            ref send_counts,
+            ref send_displs,
+            ref recv_counts,
+            ref recv_displs,
+            src,
+            dst,
+        } => Ok(direct::alltoallv(
+            g,
+            dtype,
+            send_counts,
+            send_displs,
+            recv_counts,
+            recv_displs,
+            src,
+            dst,
+        )),
+        OpSpec::Gather {
+            count,
+            dtype,
+            root,
+            src,
+            dst,
+        } => Ok(direct::gather(g, dtype, count, root, src, dst)),
+        OpSpec::Scatter {
+            count,
+            dtype,
+            root,
+            src,
+            dst,
+        } => Ok(direct::scatter(g, dtype, count, root, src, dst)),
+        OpSpec::Send { .. } | OpSpec::Recv { .. } => {
+            direct::p2p_checked(g, std::slice::from_ref(op))
+        }
+    }
+}
+
+/// A group's work for one rank: point-to-point lanes that run throughout, and the collectives'
+/// lanes as phases that run one after another, in issue order.
+#[derive(Debug, Default)]
+pub struct Job {
+    pub p2p: Vec<Lane>,
+    pub phases: Vec<Vec<Lane>>,
+}
+
+/// Plans a group of operations (a single op is a group of one).
+pub fn plan_group(g: &Geometry, ops: &[OpSpec]) -> Result<Job, CoreError> {
+    let mut job = Job::default();
+    let p2p: Vec<OpSpec> = ops.iter().filter(|o| o.is_p2p()).cloned().collect();
+    if !p2p.is_empty() {
+        job.p2p = direct::p2p_checked(g, &p2p)?;
+    }
+    for op in ops.iter().filter(|o| !o.is_p2p()) {
+        let lanes = plan_op(g, op)?;
+        if !lanes.is_empty() {
+            job.phases.push(lanes);
+        }
+    }
+    Ok(job)
+}
+
+/// Every connection a job uses: (key, is_outbound), deduplicated.
+pub fn job_connections(job: &Job) -> Vec<(ConnKey, bool)> {
+    let mut v: Vec<(ConnKey, bool)> = Vec::new();
+    let lanes = job.p2p.iter().chain(job.phases.iter().flatten());
+    for lane in lanes {
+        v.extend(lane.inbound.iter().map(|k| (*k, false)));
+        v.extend(lane.outbound.iter().map(|k| (*k, true)));
+    }
+    v.sort();
+    v.dedup();
+    v
+}

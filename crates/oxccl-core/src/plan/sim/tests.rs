@@ -1,0 +1,544 @@
+//! Every algorithm, every world size 1..=9, many counts, chunk sizes, channel counts and FIFO
+//! depths, run in memory and checked element by element.
+
+use super::*;
+use crate::dtype::{DataType, ReduceOp};
+use crate::plan::{plan_group, BufId, Geometry, Loc, OpSpec};
+
+const SEND: Loc = Loc::start(BufId(0));
+const RECV: Loc = Loc::start(BufId(1));
+
+fn input(r: usize, i: usize) -> u32 {
+    (r as u32)
+        .wrapping_mul(1_000_003)
+        .wrapping_add((i as u32).wrapping_mul(7919))
+        .wrapping_add(13)
+}
+
+fn u32s(b: &[u8]) -> Vec<u32> {
+    b.chunks_exact(4)
+        .map(|c| u32::from_ne_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn bytes(v: &[u32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+}
+
+struct Case {
+    p: usize,
+    chunk: usize,
+    channels: usize,
+    cap: usize,
+}
+
+const P_MAX: usize = 9;
+const COUNTS: [usize; 7] = [0, 1, 2, 7, 31, 100, 257];
+
+fn cases() -> impl Iterator<Item = Case> {
+    (1..=P_MAX).flat_map(|p| {
+        [4usize, 12, 64].into_iter().flat_map(move |chunk| {
+            [1usize, 3].into_iter().flat_map(move |channels| {
+                [2usize, 4].into_iter().map(move |cap| Case {
+                    p,
+                    chunk,
+                    channels,
+                    cap,
+                })
+            })
+        })
+    })
+}
+
+/// Runs `make(rank)` on every rank with send buffer `send(rank)` and a receive buffer of
+/// `recv_len(rank)` u32s poisoned with 0xdeadbeef; returns every rank's two buffers.
+fn run_case(
+    c: &Case,
+    make: impl Fn(usize) -> Vec<OpSpec>,
+    send: impl Fn(usize) -> Vec<u32>,
+    recv_len: impl Fn(usize) -> usize,
+) -> Vec<(Vec<u32>, Vec<u32>)> {
+    let mut jobs = Vec::new();
+    let mut bufs = Vec::new();
+    for r in 0..c.p {
+        let g = Geometry::simple(rank(r), c.p, c.channels, c.chunk);
+        jobs.push(plan_group(&g, &make(r)).unwrap());
+        bufs.push(vec![
+            bytes(&send(r)),
+            bytes(&vec![0xdead_beef; recv_len(r)]),
+        ]);
+    }
+    run(jobs, &mut bufs, c.cap).unwrap_or_else(|e| {
+        panic!(
+            "p={} chunk={} ch={} cap={}: {e}",
+            c.p, c.chunk, c.channels, c.cap
+        )
+    });
+    bufs.iter().map(|b| (u32s(&b[0]), u32s(&b[1]))).collect()
+}
+
+fn sum_over(p: usize, f: impl Fn(usize) -> u32) -> u32 {
+    (0..p).fold(0u32, |a, r| a.wrapping_add(f(r)))
+}
+
+#[test]
+fn all_reduce_out_of_place_and_in_place() {
+    for c in cases() {
+        for n in COUNTS {
+            let op = |_| {
+                vec![OpSpec::AllReduce {
+                    count: n,
+                    dtype: DataType::U32,
+                    op: ReduceOp::Sum,
+                    src: SEND,
+                    dst: RECV,
+                }]
+            };
+            let out = run_case(&c, op, |r| (0..n).map(|i| input(r, i)).collect(), |_| n);
+            for (r, (_, recv)) in out.iter().enumerate() {
+                for (i, v) in recv.iter().enumerate() {
+                    assert_eq!(
+                        *v,
+                        sum_over(c.p, |q| input(q, i)),
+                        "rank {r} elem {i} n={n}"
+                    );
+                }
+            }
+            let op = |_| {
+                vec![OpSpec::AllReduce {
+                    count: n,
+                    dtype: DataType::U32,
+                    op: ReduceOp::Max,
+                    src: SEND,
+                    dst: SEND,
+                }]
+            };
+            let out = run_case(&c, op, |r| (0..n).map(|i| input(r, i)).collect(), |_| 0);
+            for (send, _) in &out {
+                for (i, v) in send.iter().enumerate() {
+                    let want = (0..c.p).map(|q| input(q, i)).max().unwrap();
+                    assert_eq!(*v, want);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn avg_divides_once() {
+    for c in cases().filter(|c| c.channels == 1 && c.cap == 4) {
+        let n = 37;
+        let op = |_| {
+            vec![OpSpec::AllReduce {
+                count: n,
+                dtype: DataType::U32,
+                op: ReduceOp::Avg,
+                src: SEND,
+                dst: RECV,
+            }]
+        };
+        let out = run_case(
+            &c,
+            op,
+            |r| (0..n).map(|i| (r * 10 + i) as u32).collect(),
+            |_| n,
+        );
+        for (_, recv) in &out {
+            for (i, v) in recv.iter().enumerate() {
+                let s: usize = (0..c.p).map(|q| q * 10 + i).sum();
+                assert_eq!(*v as usize, s / c.p);
+            }
+        }
+    }
+}
+
+#[test]
+fn broadcast_and_reduce_every_root() {
+    for c in cases() {
+        for n in [0usize, 1, 7, 100] {
+            for root in 0..c.p {
+                for in_place in [false, true] {
+                    let dst = if in_place { SEND } else { RECV };
+                    let bc = |_| {
+                        vec![OpSpec::Broadcast {
+                            count: n,
+                            dtype: DataType::U32,
+                            root: rank(root),
+                            src: SEND,
+                            dst,
+                        }]
+                    };
+                    let send = |r: usize| (0..n).map(|i| input(r, i)).collect();
+                    let out = run_case(&c, bc, send, |_| n);
+                    for (send, recv) in &out {
+                        let got = if in_place { send } else { recv };
+                        let want: Vec<u32> = (0..n).map(|i| input(root, i)).collect();
+                        assert_eq!(got, &want, "bcast p={} root={root}", c.p);
+                    }
+                    let rd = |_| {
+                        vec![OpSpec::Reduce {
+                            count: n,
+                            dtype: DataType::U32,
+                            op: ReduceOp::Sum,
+                            root: rank(root),
+                            src: SEND,
+                            dst,
+                        }]
+                    };
+                    let out = run_case(&c, rd, send, |_| n);
+                    let (s, r) = &out[root];
+                    let got = if in_place { s } else { r };
+                    let want: Vec<u32> = (0..n).map(|i| sum_over(c.p, |q| input(q, i))).collect();
+                    assert_eq!(got, &want, "reduce p={} root={root}", c.p);
+                    for (q, (_, recv)) in out.iter().enumerate() {
+                        if q != root && !in_place {
+                            assert!(recv.iter().all(|v| *v == 0xdead_beef));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn all_gather_and_reduce_scatter() {
+    for c in cases() {
+        for n in COUNTS {
+            let p = c.p;
+            for in_place in [false, true] {
+                let ag = |r: usize| {
+                    let src = if in_place { RECV.at(r * n * 4) } else { SEND };
+                    vec![OpSpec::AllGather {
+                        count: n,
+                        dtype: DataType::U32,
+                        src,
+                        dst: RECV,
+                    }]
+                };
+                // In place, the rank's own block of the receive buffer holds its input.
+                let mut jobs = Vec::new();
+                let mut bufs = Vec::new();
+                for r in 0..p {
+                    let g = Geometry::simple(rank(r), p, c.channels, c.chunk);
+                    jobs.push(plan_group(&g, &ag(r)).unwrap());
+                    let mine: Vec<u32> = (0..n).map(|i| input(r, i)).collect();
+                    let mut recv = vec![0xdead_beef; n * p];
+                    if in_place {
+                        recv[r * n..(r + 1) * n].copy_from_slice(&mine);
+                    }
+                    bufs.push(vec![bytes(&mine), bytes(&recv)]);
+                }
+                run(jobs, &mut bufs, c.cap).unwrap();
+                for b in &bufs {
+                    let recv = u32s(&b[1]);
+                    for q in 0..p {
+                        for i in 0..n {
+                            assert_eq!(recv[q * n + i], input(q, i), "ag p={p} n={n}");
+                        }
+                    }
+                }
+                let rs = |r: usize| {
+                    let dst = if in_place { SEND.at(r * n * 4) } else { RECV };
+                    vec![OpSpec::ReduceScatter {
+                        count: n,
+                        dtype: DataType::U32,
+                        op: ReduceOp::Sum,
+                        src: SEND,
+                        dst,
+                    }]
+                };
+                let out = run_case(&c, rs, |r| (0..n * p).map(|i| input(r, i)).collect(), |_| n);
+                for (r, (send, recv)) in out.iter().enumerate() {
+                    let got = if in_place {
+                        &send[r * n..(r + 1) * n]
+                    } else {
+                        &recv[..]
+                    };
+                    for (i, v) in got.iter().enumerate() {
+                        assert_eq!(*v, sum_over(p, |q| input(q, r * n + i)), "rs p={p} n={n}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn all_to_all_gather_scatter() {
+    for c in cases().filter(|c| c.channels == 1) {
+        let p = c.p;
+        for n in [0usize, 1, 7, 33] {
+            let a2a = |_| {
+                vec![OpSpec::AllToAll {
+                    count: n,
+                    dtype: DataType::U32,
+                    src: SEND,
+                    dst: RECV,
+                }]
+            };
+            let out = run_case(
+                &c,
+                a2a,
+                |r| (0..n * p).map(|i| input(r, i)).collect(),
+                |_| n * p,
+            );
+            for (r, (_, recv)) in out.iter().enumerate() {
+                for q in 0..p {
+                    for i in 0..n {
+                        assert_eq!(recv[q * n + i], input(q, r * n + i));
+                    }
+                }
+            }
+            for root in 0..p {
+                let ga = |_| {
+                    vec![OpSpec::Gather {
+                        count: n,
+                        dtype: DataType::U32,
+                        root: rank(root),
+                        src: SEND,
+                        dst: RECV,
+                    }]
+                };
+                let out = run_case(&c, ga, |r| (0..n).map(|i| input(r, i)).collect(), |_| n * p);
+                for q in 0..p {
+                    for i in 0..n {
+                        assert_eq!(out[root].1[q * n + i], input(q, i));
+                    }
+                }
+                let sc = |_| {
+                    vec![OpSpec::Scatter {
+                        count: n,
+                        dtype: DataType::U32,
+                        root: rank(root),
+                        src: SEND,
+                        dst: RECV,
+                    }]
+                };
+                let out = run_case(&c, sc, |r| (0..n * p).map(|i| input(r, i)).collect(), |_| n);
+                for (r, (_, recv)) in out.iter().enumerate() {
+                    for (i, v) in recv.iter().enumerate() {
+                        assert_eq!(*v, input(root, r * n + i));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn all_to_all_v_uneven() {
+    for c in cases().filter(|c| c.channels == 1) {
+        let p = c.p;
+        // Rank s sends cnt(s, d) elements to rank d.
+        let cnt = |s: usize, d: usize| (s * 3 + d * 5) % 7;
+        let make = |r: usize| {
+            let sc: Vec<usize> = (0..p).map(|d| cnt(r, d)).collect();
+            let rc: Vec<usize> = (0..p).map(|s| cnt(s, r)).collect();
+            // Reverse the placement of segments to exercise displacements.
+            let sd: Vec<usize> = (0..p).map(|d| sc[d + 1..].iter().sum()).collect();
+            let rd: Vec<usize> = (0..p).map(|s| rc[..s].iter().sum::<usize>() + s).collect();
+            (sc, sd, rc, rd)
+        };
+        let mut jobs = Vec::new();
+        let mut bufs = Vec::new();
+        for r in 0..p {
+            let (sc, sd, rc, rd) = make(r);
+            let g = Geometry::simple(rank(r), p, 1, c.chunk);
+            let total_s: usize = sc.iter().sum();
+            let total_r = rd[p - 1] + rc[p - 1];
+            let mut send = vec![0u32; total_s];
+            for d in 0..p {
+                for i in 0..sc[d] {
+                    send[sd[d] + i] = input(r, d * 100 + i);
+                }
+            }
+            jobs.push(
+                plan_group(
+                    &g,
+                    &[OpSpec::AllToAllV {
+                        dtype: DataType::U32,
+                        send_counts: sc,
+                        send_displs: sd,
+                        recv_counts: rc,
+                        recv_displs: rd,
+                        src: SEND,
+                        dst: RECV,
+                    }],
+                )
+                .unwrap(),
+            );
+            bufs.push(vec![bytes(&send), bytes(&vec![0xdead_beef; total_r])]);
+        }
+        run(jobs, &mut bufs, c.cap).unwrap();
+        for r in 0..p {
+            let (_, _, rc, rd) = make(r);
+            let recv = u32s(&bufs[r][1]);
+            for s in 0..p {
+                for i in 0..rc[s] {
+                    assert_eq!(recv[rd[s] + i], input(s, r * 100 + i));
+                }
+                // The gap before each segment stays untouched.
+                if s > 0 {
+                    assert_eq!(recv[rd[s] - 1], 0xdead_beef);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn grouped_ring_shift_pairwise_and_collectives_do_not_deadlock() {
+    for c in cases().filter(|c| c.channels == 1) {
+        let p = c.p;
+        let n = 29;
+        // Buffer 0: send data; 1: recv from prev; 2: recv from next; 3: self copy target;
+        // 4: all-reduce output.
+        let mut jobs = Vec::new();
+        let mut bufs = Vec::new();
+        for r in 0..p {
+            let g = Geometry::simple(rank(r), p, 1, c.chunk);
+            let next = rank((r + 1) % p);
+            let prev = rank((r + p - 1) % p);
+            let ops = vec![
+                OpSpec::Send {
+                    count: n,
+                    dtype: DataType::U32,
+                    peer: next,
+                    src: SEND,
+                },
+                OpSpec::AllReduce {
+                    count: n,
+                    dtype: DataType::U32,
+                    op: ReduceOp::Sum,
+                    src: SEND,
+                    dst: Loc::start(BufId(4)),
+                },
+                OpSpec::Recv {
+                    count: n,
+                    dtype: DataType::U32,
+                    peer: prev,
+                    dst: RECV,
+                },
+                OpSpec::Send {
+                    count: n,
+                    dtype: DataType::U32,
+                    peer: prev,
+                    src: SEND,
+                },
+                OpSpec::Recv {
+                    count: n,
+                    dtype: DataType::U32,
+                    peer: next,
+                    dst: Loc::start(BufId(2)),
+                },
+                OpSpec::Recv {
+                    count: n,
+                    dtype: DataType::U32,
+                    peer: rank(r),
+                    dst: Loc::start(BufId(3)),
+                },
+                OpSpec::Send {
+                    count: n,
+                    dtype: DataType::U32,
+                    peer: rank(r),
+                    src: SEND,
+                },
+            ];
+            jobs.push(plan_group(&g, &ops).unwrap());
+            let send: Vec<u32> = (0..n).map(|i| input(r, i)).collect();
+            let poison = bytes(&vec![0xdead_beef; n]);
+            bufs.push(vec![
+                bytes(&send),
+                poison.clone(),
+                poison.clone(),
+                poison.clone(),
+                poison,
+            ]);
+        }
+        run(jobs, &mut bufs, c.cap).unwrap();
+        for r in 0..p {
+            let want = |q: usize| (0..n).map(|i| input(q, i)).collect::<Vec<u32>>();
+            if p == 1 {
+                // Sends to self as next and prev pair up with the receives, in order.
+                assert_eq!(u32s(&bufs[r][1]), want(r));
+            } else {
+                assert_eq!(u32s(&bufs[r][1]), want((r + p - 1) % p));
+                assert_eq!(u32s(&bufs[r][2]), want((r + 1) % p));
+            }
+            assert_eq!(u32s(&bufs[r][3]), want(r));
+            let sums: Vec<u32> = (0..n).map(|i| sum_over(p, |q| input(q, i))).collect();
+            assert_eq!(u32s(&bufs[r][4]), sums);
+        }
+    }
+}
+
+#[test]
+fn unpaired_self_send_is_an_error() {
+    let g = Geometry::simple(rank(0), 2, 1, 64);
+    let ops = [OpSpec::Send {
+        count: 4,
+        dtype: DataType::U32,
+        peer: rank(0),
+        src: SEND,
+    }];
+    assert!(plan_group(&g, &ops).is_err());
+}
+
+#[test]
+fn mismatched_counts_are_detected() {
+    let mut jobs = Vec::new();
+    let mut bufs = Vec::new();
+    for r in 0..2 {
+        let g = Geometry::simple(rank(r), 2, 1, 64);
+        let ops = if r == 0 {
+            [OpSpec::Send {
+                count: 4,
+                dtype: DataType::U32,
+                peer: rank(1),
+                src: SEND,
+            }]
+        } else {
+            [OpSpec::Recv {
+                count: 5,
+                dtype: DataType::U32,
+                peer: rank(0),
+                dst: RECV,
+            }]
+        };
+        jobs.push(plan_group(&g, &ops).unwrap());
+        bufs.push(vec![vec![0u8; 16], vec![0u8; 20]]);
+    }
+    assert!(matches!(
+        run(jobs, &mut bufs, 4),
+        Err(SimError::LengthMismatch { .. })
+    ));
+}
+
+#[test]
+fn pipelining_keeps_the_fifo_busy() {
+    // A large all-reduce with deep FIFOs uses more than one slot: the steps overlap.
+    let c = Case {
+        p: 4,
+        chunk: 16,
+        channels: 1,
+        cap: 8,
+    };
+    let n = 1000;
+    let mut jobs = Vec::new();
+    let mut bufs = Vec::new();
+    for r in 0..c.p {
+        let g = Geometry::simple(rank(r), c.p, 1, c.chunk);
+        let ops = [OpSpec::AllReduce {
+            count: n,
+            dtype: DataType::U32,
+            op: ReduceOp::Sum,
+            src: SEND,
+            dst: RECV,
+        }];
+        jobs.push(plan_group(&g, &ops).unwrap());
+        bufs.push(vec![vec![1u8; n * 4], vec![0u8; n * 4]]);
+    }
+    let stats = run(jobs, &mut bufs, c.cap).unwrap();
+    assert!(stats.max_depth > 1, "{stats:?}");
+}

@@ -1,0 +1,27 @@
+//! Tuning constants, in one place, with their units in their names.
+
+/// Default bytes of buffering per connection (all of its slots together).
+pub const DEFAULT_BUFFSIZE_BYTES: usize = 1 << 20;
+/// Smallest and largest accepted `NCCL_BUFFSIZE`.
+pub const MIN_BUFFSIZE_BYTES: usize = 4096;
+pub const MAX_BUFFSIZE_BYTES: usize = 1 << 30;
+/// Slots per connection: how many chunks a sender may run ahead of its receiver.
+pub const SLOTS_PER_CONN: usize = 8;
+/// Ring channels when nothing says otherwise, and the most a communicator builds.
+pub const DEFAULT_CHANNELS: usize = 1;
+pub const MAX_CHANNELS: usize = 32;
+
+/// How long a waiting engine polls before it yields the core, then before it sleeps.
+pub const SPIN_NS: u64 = 20_000;
+pub const YIELD_NS: u64 = 200_000;
+/// The longest single sleep; waits re-check abort and deadlines at least this often.
+pub const MAX_SLEEP_MS: u64 = 100;
+
+/// Bootstrap: the largest control frame accepted from any peer or stranger.
+pub const MAX_BOOTSTRAP_FRAME_BYTES: usize = 64 << 20;
+/// Bootstrap: how long a connection may take to present its hello before it is dropped.
+pub const HELLO_DEADLINE_MS: u64 = 10_000;
+/// Bootstrap: the most connections the root or a listener holds before they authenticate.
+pub const MAX_PENDING_CONNECTIONS: usize = 1024;
+/// Bootstrap: delay between attempts to reach a root or peer that is not listening yet.
+pub const CONNECT_RETRY_MS: u64 = 20;
