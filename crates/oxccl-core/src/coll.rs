@@ -92,19 +92,26 @@ pub fn elems(
         .ok_or(CoreError::CountOverflow { arg, count, dtype })
 }
 
+/// One side of an all-to-all-v: per-peer counts and displacements (elements) into a buffer
+/// of `len` elements.
+#[derive(Clone, Copy, Debug)]
+pub struct Segments<'a> {
+    pub counts: &'a [usize],
+    pub displs: &'a [usize],
+    pub len: usize,
+}
+
 /// Validates all-to-all-v arguments for a communicator of `size`: four arrays of `size`
-/// entries whose segments fit the buffers (`send_len`/`recv_len` elements), and a self segment
-/// whose send and receive counts agree. Returns nothing; the plan addresses segments itself.
+/// entries whose segments fit the buffers, and a self segment whose send and receive counts
+/// agree. Returns nothing; the plan addresses segments itself.
 pub fn check_alltoallv(
     size: usize,
     me: Rank,
-    send_counts: &[usize],
-    send_displs: &[usize],
-    send_len: usize,
-    recv_counts: &[usize],
-    recv_displs: &[usize],
-    recv_len: usize,
+    send: Segments<'_>,
+    recv: Segments<'_>,
 ) -> Result<(), CoreError> {
+    let (send_counts, send_displs, send_len) = (send.counts, send.displs, send.len);
+    let (recv_counts, recv_displs, recv_len) = (recv.counts, recv.displs, recv.len);
     let arrays: [(&'static str, &[usize]); 4] = [
         ("send_counts", send_counts),
         ("send_displs", send_displs),
@@ -182,20 +189,34 @@ mod tests {
         assert_eq!(elems("count", 3, 4, DataType::F64).unwrap(), 12);
     }
 
+    fn seg<'a>(counts: &'a [usize], displs: &'a [usize], len: usize) -> Segments<'a> {
+        Segments {
+            counts,
+            displs,
+            len,
+        }
+    }
+
     #[test]
     fn alltoallv_checks() {
-        let ok = check_alltoallv(2, Rank(0), &[1, 2], &[0, 1], 3, &[1, 1], &[0, 1], 2);
+        let r0 = Rank(0);
+        let ok = check_alltoallv(2, r0, seg(&[1, 2], &[0, 1], 3), seg(&[1, 1], &[0, 1], 2));
         assert!(ok.is_ok());
-        let short = check_alltoallv(2, Rank(0), &[1, 2], &[0, 2], 3, &[1, 1], &[0, 1], 2);
+        let short = check_alltoallv(2, r0, seg(&[1, 2], &[0, 2], 3), seg(&[1, 1], &[0, 1], 2));
         assert!(matches!(
             short,
             Err(CoreError::BufferTooShort { arg: "send", .. })
         ));
-        let overlap = check_alltoallv(2, Rank(0), &[1, 1], &[0, 1], 2, &[1, 2], &[0, 0], 2);
+        let overlap = check_alltoallv(2, r0, seg(&[1, 1], &[0, 1], 2), seg(&[1, 2], &[0, 0], 2));
         assert!(overlap.is_err());
-        let selfm = check_alltoallv(2, Rank(1), &[1, 1], &[0, 1], 2, &[1, 2], &[0, 1], 3);
+        let selfm = check_alltoallv(
+            2,
+            Rank(1),
+            seg(&[1, 1], &[0, 1], 2),
+            seg(&[1, 2], &[0, 1], 3),
+        );
         assert!(selfm.is_err());
-        let wrong_len = check_alltoallv(3, Rank(0), &[1, 1], &[0, 1], 2, &[1, 1], &[0, 1], 2);
-        assert!(wrong_len.is_err());
+        let wrong = check_alltoallv(3, r0, seg(&[1, 1], &[0, 1], 2), seg(&[1, 1], &[0, 1], 2));
+        assert!(wrong.is_err());
     }
 }

@@ -241,7 +241,7 @@ mod tests {
         ]))
         .unwrap();
         assert!(c.shm_disable);
-        assert_eq!(c.socket_ifname.as_ref().unwrap().exclude, true);
+        assert!(c.socket_ifname.as_ref().unwrap().exclude);
         assert_eq!(c.buffsize, 4 << 20);
         assert_eq!(c.channels(), 2);
         assert_eq!(c.timeout, Some(Duration::from_millis(2500)));

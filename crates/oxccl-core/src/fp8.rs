@@ -14,6 +14,8 @@ struct Format {
     bias: i32,
     /// The largest finite magnitude, as a bit pattern without the sign.
     max_code: u8,
+    /// The same value as f32 bits.
+    max_f32_bits: u32,
     /// The canonical NaN bit pattern, without the sign.
     nan_code: u8,
     /// Whether an all-ones exponent is a special value (E5M2) or ordinary except for the
@@ -25,6 +27,7 @@ const E4M3: Format = Format {
     mantissa_bits: 3,
     bias: 7,
     max_code: 0x7e,
+    max_f32_bits: 0x43e0_0000,
     nan_code: 0x7f,
     ieee_specials: false,
 };
@@ -33,6 +36,7 @@ const E5M2: Format = Format {
     mantissa_bits: 2,
     bias: 15,
     max_code: 0x7b,
+    max_f32_bits: 0x4760_0000,
     nan_code: 0x7f,
     ieee_specials: true,
 };
@@ -68,64 +72,41 @@ impl Format {
         sign * value
     }
 
+    /// Round to nearest, ties to even, saturating to the largest finite value; bit
+    /// arithmetic on the f32 representation (no division, no loop).
     fn encode(&self, x: f32) -> u8 {
-        if x.is_nan() {
+        let bits = x.to_bits();
+        let sign = ((bits >> 24) & 0x80) as u8;
+        let a = bits & 0x7fff_ffff;
+        if a > 0x7f80_0000 {
             return self.nan_code;
         }
-        let sign: u8 = if x.is_sign_negative() { 0x80 } else { 0 };
-        let a = x.abs();
-        let max = self.decode(self.max_code);
-        if a >= max {
-            // Saturate (also for infinity): the largest finite value of the format.
+        if a >= self.max_f32_bits {
             return sign | self.max_code;
         }
-        let m = self.mantissa_bits as i32;
+        let m = self.mantissa_bits;
         let emin = 1 - self.bias;
-        // floor(log2(a)) for a > 0; f32 subnormals are far below every fp8 quantum.
-        let e = if a == 0.0 || !a.is_normal() {
-            emin
+        let exp = (a >> 23) as i32 - 127;
+        let mag = if exp >= emin {
+            // Normal: drop 23 − m mantissa bits, rounding to nearest even; a carry into the
+            // exponent is handled by reading the exponent back from the rounded bits.
+            let shift = 23 - m;
+            let half = (1u32 << (shift - 1)) - 1;
+            let rounded = a + half + ((a >> shift) & 1);
+            let e = (rounded >> 23) as i32 - 127;
+            let mant = (rounded >> shift) & ((1 << m) - 1);
+            (((e + self.bias) as u32) << m | mant) as u8
         } else {
-            (((a.to_bits() >> 23) & 0xff) as i32 - 127).max(emin)
+            // Subnormal (or zero): a multiple of 2^(emin − m); the scaling is exact.
+            let q = f32::from_bits(a) * pow2(m as i32 - emin);
+            q.round_ties_even() as u8
         };
-        let quantum = pow2(e - m);
-        // a / quantum is exact (division by a power of two of a normal number into range).
-        let r = round_half_even(a / quantum);
-        let v = r * quantum;
-        if v >= max {
-            return sign | self.max_code;
-        }
-        if v == 0.0 {
-            return sign;
-        }
-        sign | self.exact_code(v)
-    }
-
-    /// The bit pattern of a positive value that is exactly representable and finite.
-    fn exact_code(&self, v: f32) -> u8 {
-        let m = self.mantissa_bits as i32;
-        let emin = 1 - self.bias;
-        let e = ((v.to_bits() >> 23) & 0xff) as i32 - 127;
-        if e < emin {
-            (v / pow2(emin - m)) as u8
-        } else {
-            let mant = (v / pow2(e - m)) as i32 - (1 << m);
-            (((e + self.bias) << m) | mant) as u8
-        }
+        sign | mag
     }
 }
 
 fn pow2(e: i32) -> f32 {
     f32::from_bits(((e + 127) as u32) << 23)
-}
-
-fn round_half_even(q: f32) -> f32 {
-    let f = q.floor();
-    let diff = q - f;
-    if diff > 0.5 || (diff == 0.5 && (f as u32) % 2 == 1) {
-        f + 1.0
-    } else {
-        f
-    }
 }
 
 macro_rules! fp8_type {
@@ -205,6 +186,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn max_bits_match_the_codes() {
+        assert_eq!(E4M3.decode(E4M3.max_code).to_bits(), E4M3.max_f32_bits);
+        assert_eq!(E5M2.decode(E5M2.max_code).to_bits(), E5M2.max_f32_bits);
+    }
+
+    #[test]
     fn e4m3_known_values() {
         assert_eq!(F8E4M3(0x7e).to_f32(), 448.0);
         assert_eq!(F8E4M3(0x38).to_f32(), 1.0);
@@ -266,6 +253,68 @@ mod tests {
             F8E4M3::from_f32(1.5 * 2f32.powi(-9)).to_f32(),
             2.0 * 2f32.powi(-9)
         );
+    }
+
+    fn brute_force(codes: &[(u8, f64)], max: f64, x: f32) -> f64 {
+        let x = x as f64;
+        if x.abs() >= max {
+            return max.copysign(x);
+        }
+        let mut best: Option<(u8, f64)> = None;
+        for &(c, v) in codes {
+            let better = match best {
+                None => true,
+                Some((bc, bv)) => {
+                    let (d, bd) = ((v - x).abs(), (bv - x).abs());
+                    d < bd || (d == bd && c & 1 == 0 && bc & 1 == 1)
+                }
+            };
+            if better {
+                best = Some((c, v));
+            }
+        }
+        best.map(|b| b.1).unwrap_or(0.0)
+    }
+
+    #[test]
+    fn encode_matches_brute_force_nearest_even() {
+        let e4: Vec<(u8, f64)> = (0..=255u8)
+            .map(|c| (c, F8E4M3(c).to_f32() as f64))
+            .filter(|v| v.1.is_finite())
+            .collect();
+        let e5: Vec<(u8, f64)> = (0..=255u8)
+            .map(|c| (c, F8E5M2(c).to_f32() as f64))
+            .filter(|v| v.1.is_finite())
+            .collect();
+        let mut z: u64 = 0x1234_5678;
+        for i in 0..200_000u32 {
+            z = z
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            // Spread over the formats' ranges: random mantissa, exponent in −20..20.
+            let e = ((z >> 40) % 40) as i32 - 20;
+            let m = 1.0 + ((z >> 8) as u32 & 0x7f_ffff) as f32 / 8_388_608.0;
+            let mut x = m * 2f32.powi(e);
+            if i % 2 == 1 {
+                x = -x;
+            }
+            // Exact ties and codes themselves too.
+            if i % 7 == 0 {
+                x = F8E4M3((z >> 3) as u8 & 0x7e).to_f32() + 2f32.powi(e.clamp(-9, 4)) * 0.5;
+            }
+            let got = F8E4M3::from_f32(x).to_f32() as f64;
+            let want = brute_force(&e4, 448.0, x);
+            assert!(
+                got == want || (got == 0.0 && want == 0.0),
+                "e4m3 x={x:e} got {got} want {want}"
+            );
+            let got = F8E5M2::from_f32(x).to_f32() as f64;
+            let want = brute_force(&e5, 57344.0, x);
+            assert!(
+                got == want || (got == 0.0 && want == 0.0),
+                "e5m2 x={x:e} got {got} want {want}"
+            );
+        }
     }
 
     #[test]

@@ -300,9 +300,9 @@ mod tests {
         let ctx = ReduceCtx::new(DataType::F64, ReduceOp::Prod, 2).unwrap();
         let a = bytes(&[1.5f64, -2.0, 4.0]);
         let b = bytes(&[2.0f64, 3.0, 0.25]);
-        let mut store = vec![0u8; 25];
-        let mut a1 = vec![0u8; 25];
-        let mut b1 = vec![0u8; 25];
+        let mut store = [0u8; 25];
+        let mut a1 = [0u8; 25];
+        let mut b1 = [0u8; 25];
         a1[1..].copy_from_slice(&a);
         b1[1..].copy_from_slice(&b);
         reduce_to(&ctx, &mut store[1..], &a1[1..], &b1[1..]);

@@ -69,7 +69,7 @@ impl LaneState {
     }
 }
 
-fn slice<'a>(bufs: &'a [Vec<u8>], rank: usize, loc: Loc, len: usize) -> Result<&'a [u8], SimError> {
+fn slice(bufs: &[Vec<u8>], rank: usize, loc: Loc, len: usize) -> Result<&[u8], SimError> {
     let b = &bufs[loc.buf.0 as usize];
     b.get(loc.off..loc.off + len).ok_or(SimError::OutOfBounds {
         rank,
@@ -80,12 +80,12 @@ fn slice<'a>(bufs: &'a [Vec<u8>], rank: usize, loc: Loc, len: usize) -> Result<&
     })
 }
 
-fn slice_mut<'a>(
-    bufs: &'a mut [Vec<u8>],
+fn slice_mut(
+    bufs: &mut [Vec<u8>],
     rank: usize,
     loc: Loc,
     len: usize,
-) -> Result<&'a mut [u8], SimError> {
+) -> Result<&mut [u8], SimError> {
     let b = &mut bufs[loc.buf.0 as usize];
     let blen = b.len();
     b.get_mut(loc.off..loc.off + len)

@@ -371,9 +371,9 @@ fn all_to_all_v_uneven() {
             bufs.push(vec![bytes(&send), bytes(&vec![0xdead_beef; total_r])]);
         }
         run(jobs, &mut bufs, c.cap).unwrap();
-        for r in 0..p {
+        for (r, b) in bufs.iter().enumerate() {
             let (_, _, rc, rd) = make(r);
-            let recv = u32s(&bufs[r][1]);
+            let recv = u32s(&b[1]);
             for s in 0..p {
                 for i in 0..rc[s] {
                     assert_eq!(recv[rd[s] + i], input(s, r * 100 + i));
@@ -457,18 +457,18 @@ fn grouped_ring_shift_pairwise_and_collectives_do_not_deadlock() {
             ]);
         }
         run(jobs, &mut bufs, c.cap).unwrap();
-        for r in 0..p {
+        for (r, b) in bufs.iter().enumerate() {
             let want = |q: usize| (0..n).map(|i| input(q, i)).collect::<Vec<u32>>();
             if p == 1 {
                 // Sends to self as next and prev pair up with the receives, in order.
-                assert_eq!(u32s(&bufs[r][1]), want(r));
+                assert_eq!(u32s(&b[1]), want(r));
             } else {
-                assert_eq!(u32s(&bufs[r][1]), want((r + p - 1) % p));
-                assert_eq!(u32s(&bufs[r][2]), want((r + 1) % p));
+                assert_eq!(u32s(&b[1]), want((r + p - 1) % p));
+                assert_eq!(u32s(&b[2]), want((r + 1) % p));
             }
-            assert_eq!(u32s(&bufs[r][3]), want(r));
+            assert_eq!(u32s(&b[3]), want(r));
             let sums: Vec<u32> = (0..n).map(|i| sum_over(p, |q| input(q, i))).collect();
-            assert_eq!(u32s(&bufs[r][4]), sums);
+            assert_eq!(u32s(&b[4]), sums);
         }
     }
 }

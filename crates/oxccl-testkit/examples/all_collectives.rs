@@ -1,0 +1,150 @@
+//! The main job: starts N local rank processes and runs every collective once, each checked
+//! exactly on every rank against the reference, then prints a verdict per collective.
+//!
+//! ```text
+//! cargo run --release -p oxccl-testkit --example all_collectives -- -np 4
+//! options: -np N (ranks, default 4)   -n COUNT (elements per rank, default 1048579)
+//!          --tcp (NCCL_SHM_DISABLE=1)   -d TYPE (data type, default float)
+//! ```
+
+use oxccl::{Communicator, Config, DataType, ReduceOp};
+use oxccl_testkit::{child, run_case, Case, Coll, Launch};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+const SCENARIO: &str = "all_collectives";
+
+fn arg<T: std::str::FromStr>(args: &[String], flag: &str, default: T) -> T {
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn rank_main(args: &[String]) {
+    let comm = Communicator::from_env().unwrap_or_else(|e| {
+        println!("VERDICT init FAIL {e}");
+        std::process::exit(1)
+    });
+    let count: usize = arg(args, "-n", (1 << 20) + 3);
+    let dtype =
+        DataType::parse(&arg::<String>(args, "-d", "float".into())).unwrap_or(DataType::F32);
+    let mut ok = true;
+    for (i, coll) in Coll::ALL.into_iter().enumerate() {
+        let case = Case {
+            coll,
+            dtype,
+            op: coll.reduces().then_some(ReduceOp::Sum),
+            count,
+            in_place: false,
+            root: comm.size() - 1,
+            seed: 1000 + i as u64,
+        };
+        let t = Instant::now();
+        match run_case(&comm, &case) {
+            Ok(()) => println!(
+                "VERDICT {} OK {:.3}",
+                coll.name(),
+                t.elapsed().as_secs_f64() * 1e3
+            ),
+            Err(e) => {
+                ok = false;
+                println!("VERDICT {} FAIL {e}", coll.name());
+            }
+        }
+    }
+    std::process::exit(if ok { 0 } else { 1 });
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if child(SCENARIO).is_some() {
+        return rank_main(&args);
+    }
+    let np: usize = arg(&args, "-np", 4);
+    let count: usize = arg(&args, "-n", (1 << 20) + 3);
+    let tcp = args.iter().any(|a| a == "--tcp");
+    let dtype: String = arg(&args, "-d", "float".into());
+    let id = oxccl::new_unique_id(&Config::default()).unwrap_or_else(|e| {
+        eprintln!("cannot create a unique id: {e}");
+        std::process::exit(2)
+    });
+    println!(
+        "# oxccl all_collectives: {np} ranks, {count} {dtype} elements per rank, transport {}",
+        if tcp { "TCP" } else { "shared memory" }
+    );
+    let child_args = ["-n".to_string(), count.to_string(), "-d".to_string(), dtype];
+    let child_args: Vec<&str> = child_args.iter().map(|s| s.as_str()).collect();
+    let l = Launch::program(SCENARIO, np, &child_args)
+        .env("OXCCL_UNIQUE_ID", &id.to_string())
+        .env("OXCCL_TIMEOUT", "120")
+        .env("NCCL_SHM_DISABLE", if tcp { "1" } else { "0" })
+        .timeout(Duration::from_secs(600));
+    let started = Instant::now();
+    let (done, launch_err) = match l.run_keep() {
+        Ok(d) => (d, None),
+        Err((d, e)) => (d, Some(e)),
+    };
+    // collective -> (ranks OK, slowest ms, first failure)
+    let mut table: BTreeMap<usize, (String, usize, f64, Option<String>)> = BTreeMap::new();
+    for d in &done {
+        for line in d.stdout.lines().filter_map(|l| l.strip_prefix("VERDICT ")) {
+            let mut parts = line.splitn(3, ' ');
+            let (name, verdict, rest) = (
+                parts.next().unwrap_or(""),
+                parts.next().unwrap_or(""),
+                parts.next().unwrap_or(""),
+            );
+            let idx = Coll::ALL
+                .iter()
+                .position(|c| c.name() == name)
+                .unwrap_or(usize::MAX);
+            let e = table.entry(idx).or_insert((name.to_string(), 0, 0.0, None));
+            if verdict == "OK" {
+                e.1 += 1;
+                e.2 = e.2.max(rest.parse().unwrap_or(0.0));
+            } else if e.3.is_none() {
+                e.3 = Some(format!("rank {}: {rest}", d.rank));
+            }
+        }
+    }
+    let mut all_ok = launch_err.is_none();
+    println!(
+        "# {:<16} {:>10} {:>12}  verdict",
+        "collective", "ranks ok", "ms (+check)"
+    );
+    for (name, n_ok, ms, fail) in table.values() {
+        let verdict = match fail {
+            None if *n_ok == np => "OK (exact on every rank)".to_string(),
+            None => format!("FAILED ({n_ok} of {np} ranks reported)"),
+            Some(f) => format!("FAILED: {f}"),
+        };
+        all_ok &= fail.is_none() && *n_ok == np;
+        println!(
+            "  {name:<16} {:>10} {ms:>12.2}  {verdict}",
+            format!("{n_ok}/{np}")
+        );
+    }
+    if table.len() != Coll::ALL.len() {
+        all_ok = false;
+        println!(
+            "# only {} of {} collectives reported",
+            table.len(),
+            Coll::ALL.len()
+        );
+    }
+    if let Some(e) = launch_err {
+        println!("# launch failed:\n{e}");
+    }
+    println!(
+        "# {} in {:.2} s",
+        if all_ok {
+            "ALL COLLECTIVES CORRECT"
+        } else {
+            "FAILURES"
+        },
+        started.elapsed().as_secs_f64()
+    );
+    std::process::exit(if all_ok { 0 } else { 1 });
+}

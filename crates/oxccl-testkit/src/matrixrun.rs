@@ -1,0 +1,121 @@
+//! The rank side and the launching side of the collective test matrix.
+
+use crate::cases::{matrix, run_case, Coll, MatrixSpec};
+use crate::spawn::{ChildCtx, Launch};
+use oxccl::{Communicator, Config, DataType};
+use std::time::{Duration, Instant};
+
+/// Counts in the matrix: all combinations at the small ones, roots rotating at the big one.
+pub fn standard_spec() -> MatrixSpec {
+    MatrixSpec {
+        full_counts: vec![0, 1, 7],
+        big_counts: vec![(1 << 20) + 3],
+        colls: Coll::ALL.to_vec(),
+        dtypes: DataType::ALL.to_vec(),
+    }
+}
+
+/// The spec named by a launch's arguments: `standard`, or `light` (every collective and data
+/// type at counts 0, 1, 7; the big count for f32, u8 and bf16 only).
+pub fn spec_named(name: &str) -> MatrixSpec {
+    match name {
+        "light" => MatrixSpec {
+            full_counts: vec![0, 1, 7],
+            big_counts: vec![],
+            colls: Coll::ALL.to_vec(),
+            dtypes: DataType::ALL.to_vec(),
+        },
+        "light-big" => MatrixSpec {
+            full_counts: vec![],
+            big_counts: vec![(1 << 20) + 3],
+            colls: Coll::ALL.to_vec(),
+            dtypes: vec![DataType::F32, DataType::U8, DataType::Bf16],
+        },
+        _ => standard_spec(),
+    }
+}
+
+/// A rank of a matrix launch: runs every case, prints a summary line and every failure, and
+/// panics (non-zero exit) if any case failed.
+pub fn rank_main(ctx: ChildCtx) {
+    let comm = Communicator::from_env().unwrap_or_else(|e| panic!("init failed: {e}"));
+    let mut cases = Vec::new();
+    for name in ctx
+        .args
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .chain(ctx.args.is_empty().then_some("standard"))
+    {
+        cases.extend(matrix(comm.size(), &spec_named(name)));
+    }
+    let started = Instant::now();
+    let mut failures = Vec::new();
+    let mut per_coll: std::collections::BTreeMap<&str, (usize, f64)> = Default::default();
+    for c in &cases {
+        let t = Instant::now();
+        let r = run_case(&comm, c);
+        let e = per_coll.entry(c.coll.name()).or_default();
+        e.0 += 1;
+        e.1 += t.elapsed().as_secs_f64();
+        if let Err(e) = r {
+            let fatal = e.contains("call failed");
+            failures.push(format!("rank {}: {e}", comm.rank()));
+            if fatal || failures.len() >= 20 {
+                break;
+            }
+        }
+    }
+    println!(
+        "MATRIX rank {} of {}: {} cases, {} failed, {:.1} s",
+        comm.rank(),
+        comm.size(),
+        cases.len(),
+        failures.len(),
+        started.elapsed().as_secs_f64()
+    );
+    for (k, (n, t)) in &per_coll {
+        println!("MATRIX   {k}: {n} cases, {t:.2} s");
+    }
+    for f in &failures {
+        println!("FAIL {f}");
+    }
+    assert!(failures.is_empty(), "{} case(s) failed", failures.len());
+}
+
+/// Launches the matrix on `size` ranks with the extra environment `env`; returns the number of
+/// cases each rank ran.
+pub fn launch_matrix(
+    test: &str,
+    scenario: &str,
+    size: usize,
+    env: &[(&str, &str)],
+    timeout: Duration,
+) -> usize {
+    let id = oxccl::new_unique_id(&Config::default()).expect("unique id");
+    let mut l = Launch::new(test, scenario, size)
+        .args("standard")
+        .env("OXCCL_UNIQUE_ID", &id.to_string())
+        .env("OXCCL_TIMEOUT", "120")
+        .timeout(timeout);
+    for (k, v) in env {
+        l = l.env(k, v);
+    }
+    let started = Instant::now();
+    match l.run() {
+        Ok(done) => {
+            let n = matrix(size, &standard_spec()).len();
+            eprintln!(
+                "matrix {scenario} P={size}: {n} cases on every rank, all exact, {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+            for d in &done {
+                let lines = d.stdout.lines().filter(|l| l.starts_with("MATRIX"));
+                for l in lines.filter(|l| d.rank == 0 || !l.starts_with("MATRIX  ")) {
+                    eprintln!("  {l}");
+                }
+            }
+            n
+        }
+        Err(e) => panic!("matrix {scenario} P={size} failed:\n{e}"),
+    }
+}

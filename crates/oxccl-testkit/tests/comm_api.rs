@@ -1,0 +1,641 @@
+//! Communicator life cycle: split, asynchronous scopes, abort, timeouts, launcher
+//! environments, and bad input (which must return a typed error naming the problem, never
+//! panic or hang).
+
+use oxccl::{Communicator, Config, Error, Rank, ReduceOp, RejectReason, UniqueId};
+use oxccl_core::CoreError;
+use oxccl_testkit::{child, Launch};
+use std::time::{Duration, Instant};
+
+/// Runs `f(comm)` on `n` ranks as threads of this process; returns each rank's result.
+fn threads<T: Send + 'static>(
+    n: usize,
+    config: Config,
+    f: impl Fn(Communicator) -> T + Send + Sync + Copy + 'static,
+) -> Vec<T> {
+    let id = oxccl::new_unique_id(&config).unwrap();
+    let hs: Vec<_> = (0..n)
+        .map(|r| {
+            let config = config.clone();
+            std::thread::spawn(move || f(Communicator::init(&id, n, Rank::new(r), config).unwrap()))
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn quick() -> Config {
+    Config::default().with_timeout(Some(Duration::from_secs(30)))
+}
+
+// ---------------------------------------------------------------- split
+
+fn split_rank() {
+    let comm = Communicator::from_env().unwrap();
+    let (r, p) = (comm.rank().idx(), comm.size());
+    // Colors by parity; keys reverse the order inside each color.
+    let a = comm
+        .split(Some((r % 2) as u32), -(r as i64))
+        .unwrap()
+        .unwrap();
+    let mates: Vec<usize> = (0..p).filter(|q| q % 2 == r % 2).rev().collect();
+    assert_eq!(a.size(), mates.len(), "color {} size", r % 2);
+    assert_eq!(
+        a.rank().idx(),
+        mates.iter().position(|q| *q == r).unwrap(),
+        "rank in color {}",
+        r % 2
+    );
+    // Rank 0 opts out; the rest split into halves by rank / 3.
+    let b = comm
+        .split(if r == 0 { None } else { Some((r / 3) as u32) }, r as i64)
+        .unwrap();
+    assert_eq!(b.is_none(), r == 0);
+    let b_mates: Vec<usize> = (1..p).filter(|q| q / 3 == r / 3).collect();
+    if let Some(b) = &b {
+        assert_eq!(b.size(), b_mates.len());
+        assert_eq!(
+            b.rank().idx(),
+            b_mates.iter().position(|q| *q == r).unwrap()
+        );
+    }
+    // Collectives on both sub-communicators at once, several rounds, different sizes.
+    for round in 0..6usize {
+        let n = 1000 + round * 37_123;
+        let send_a = vec![(r + 1) as u64 * (round as u64 + 1); n];
+        let send_b = vec![(r * r) as u32 + round as u32; n + 5];
+        let mut out_a = vec![0u64; n];
+        let mut out_b = vec![0u32; n + 5];
+        a.scope(|sa| {
+            let wa = sa.all_reduce(&send_a, &mut out_a, ReduceOp::Sum).unwrap();
+            if let Some(b) = &b {
+                b.scope(|sb| {
+                    let wb = sb.all_reduce(&send_b, &mut out_b, ReduceOp::Max).unwrap();
+                    wb.wait().unwrap();
+                });
+            }
+            wa.wait().unwrap();
+        });
+        let want_a: u64 = mates
+            .iter()
+            .map(|q| (q + 1) as u64 * (round as u64 + 1))
+            .sum();
+        assert!(
+            out_a.iter().all(|v| *v == want_a),
+            "sub-communicator A round {round}"
+        );
+        if b.is_some() {
+            let want_b = b_mates
+                .iter()
+                .map(|q| (q * q) as u32 + round as u32)
+                .max()
+                .unwrap();
+            assert!(
+                out_b.iter().all(|v| *v == want_b),
+                "sub-communicator B round {round}"
+            );
+        }
+        // The parent still works between sub-communicator calls.
+        let mut x = vec![1i32; 3];
+        comm.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+        assert_eq!(x, vec![p as i32; 3]);
+    }
+    // A split of a split, and a split where nobody takes part.
+    let aa = a
+        .split(Some((a.rank().idx() / 2) as u32), 0)
+        .unwrap()
+        .unwrap();
+    let mut v = vec![1u8; 9];
+    aa.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+    assert!(v.iter().all(|x| *x as usize == aa.size()));
+    assert!(comm.split(None, 0).unwrap().is_none());
+    println!(
+        "SPLIT ok rank {r}: A {} of {}, B {:?}",
+        a.rank(),
+        a.size(),
+        b.as_ref().map(|b| (b.rank(), b.size()))
+    );
+}
+
+#[test]
+fn split_colors_keys_and_concurrent_subcommunicators() {
+    if child("split").is_some() {
+        return split_rank();
+    }
+    for (p, shm_off) in [(6usize, "0"), (5, "1")] {
+        let id = oxccl::new_unique_id(&Config::default()).unwrap();
+        Launch::new(
+            "split_colors_keys_and_concurrent_subcommunicators",
+            "split",
+            p,
+        )
+        .env("OXCCL_UNIQUE_ID", &id.to_string())
+        .env("NCCL_SHM_DISABLE", shm_off)
+        .env("OXCCL_TIMEOUT", "60")
+        .timeout(Duration::from_secs(120))
+        .run()
+        .unwrap_or_else(|e| panic!("split with {p} ranks (NCCL_SHM_DISABLE={shm_off}):\n{e}"));
+    }
+}
+
+// ---------------------------------------------------------------- asynchronous calls
+
+#[test]
+fn scoped_async_calls_complete_and_keep_order() {
+    for shm_off in [false, true] {
+        threads(3, quick().with_shm_disabled(shm_off), |c| {
+            let r = c.rank().idx() as u32;
+            let a: Vec<u32> = (0..50_000).map(|i| i * (r + 1)).collect();
+            let mut sum = vec![0u32; 50_000];
+            let mut gathered = vec![0u32; 3 * 7];
+            let mine = vec![r; 7];
+            let mut shifted = vec![0u32; 11];
+            let to_next = vec![r + 100; 11];
+            let mut blocking = vec![r; 1];
+            c.scope(|s| {
+                let w1 = s.all_reduce(&a, &mut sum, ReduceOp::Sum).unwrap();
+                let w2 = s.all_gather(&mine, &mut gathered).unwrap();
+                let mut g = s.group();
+                g.send(&to_next, Rank::new((r as usize + 1) % 3)).unwrap();
+                g.recv(&mut shifted, Rank::new((r as usize + 2) % 3))
+                    .unwrap();
+                let w3 = g.launch().unwrap();
+                // A blocking call inside the scope runs after the queued ones.
+                c.all_reduce_in_place(&mut blocking, ReduceOp::Max).unwrap();
+                assert!(
+                    w1.test() && w2.test() && w3.test(),
+                    "queued work finished before the blocking call"
+                );
+                w2.wait().unwrap();
+                w3.wait().unwrap();
+                // w1 is never waited for: the scope waits anyway.
+                drop(w1);
+            });
+            assert!(sum
+                .iter()
+                .enumerate()
+                .all(|(i, v)| *v == (i as u32).wrapping_mul(6)));
+            assert_eq!(
+                gathered,
+                (0..3).flat_map(|q| vec![q; 7]).collect::<Vec<u32>>()
+            );
+            assert_eq!(shifted, vec![(r + 2) % 3 + 100; 11]);
+            assert_eq!(blocking, vec![2]);
+        });
+    }
+}
+
+// ---------------------------------------------------------------- abort and timeouts
+
+#[test]
+fn abort_returns_promptly_and_fails_the_pending_call() {
+    let id = oxccl::new_unique_id(&quick()).unwrap();
+    let other = std::thread::spawn(move || Communicator::init(&id, 2, Rank(1), quick()).unwrap());
+    let c = std::sync::Arc::new(Communicator::init(&id, 2, Rank(0), quick()).unwrap());
+    let peer = other.join().unwrap();
+    // Rank 0 waits in an all-reduce that rank 1 never joins.
+    let c2 = c.clone();
+    let waiter = std::thread::spawn(move || {
+        let mut v = vec![1.0f32; 1 << 16];
+        let t = Instant::now();
+        (c2.all_reduce_in_place(&mut v, ReduceOp::Sum), t)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    c.abort();
+    assert!(
+        t.elapsed() < Duration::from_millis(100),
+        "abort() took {:?}",
+        t.elapsed()
+    );
+    let (r, _) = waiter.join().unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "pending call returned {:?} after the abort",
+        t.elapsed()
+    );
+    assert!(matches!(r, Err(Error::Aborted { rank: Rank(0) })), "{r:?}");
+    let mut v = vec![0u8; 4];
+    assert!(matches!(
+        c.all_reduce_in_place(&mut v, ReduceOp::Sum),
+        Err(Error::Aborted { .. })
+    ));
+    peer.abort();
+}
+
+#[test]
+fn timeout_names_the_missing_rank() {
+    for shm_off in [false, true] {
+        let cfg = Config::default()
+            .with_timeout(Some(Duration::from_millis(800)))
+            .with_shm_disabled(shm_off);
+        let id = oxccl::new_unique_id(&cfg).unwrap();
+        let cfg2 = cfg.clone();
+        let other = std::thread::spawn(move || Communicator::init(&id, 2, Rank(1), cfg2).unwrap());
+        let c = Communicator::init(&id, 2, Rank(0), cfg).unwrap();
+        let _peer = other.join().unwrap();
+        let mut v = vec![1u64; 1000];
+        let t = Instant::now();
+        let r = c.all_reduce_in_place(&mut v, ReduceOp::Sum);
+        let waited = t.elapsed();
+        match r {
+            Err(Error::Timeout {
+                rank,
+                waiting_for,
+                op,
+                ..
+            }) => {
+                assert_eq!(rank, Rank(0));
+                assert_eq!(waiting_for, vec![Rank(1)]);
+                assert_eq!(op, "all_reduce");
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        assert!(
+            waited >= Duration::from_millis(700) && waited < Duration::from_secs(3),
+            "{waited:?}"
+        );
+        // The communicator is unusable afterwards, and says why.
+        let e = c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap_err();
+        assert!(
+            matches!(e, Error::Broken { .. }) && e.to_string().contains("timed out"),
+            "{e}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------- launchers
+
+fn launcher_rank() {
+    let c = Communicator::from_env().unwrap();
+    let want_rank: usize = std::env::var("EXPECT_RANK").unwrap().parse().unwrap();
+    assert_eq!(c.rank().idx(), want_rank);
+    assert_eq!(c.size(), 3);
+    let mut v = vec![c.rank().0 as i64 + 1; 1000];
+    c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+    assert!(v.iter().all(|x| *x == 6));
+    println!("LAUNCHER ok rank {}", c.rank());
+}
+
+/// A launcher's variables for rank r.
+type EnvFor = Box<dyn Fn(usize) -> Vec<(String, String)>>;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn init_from_torchrun_slurm_and_openmpi_environments() {
+    if child("launcher").is_some() {
+        return launcher_rank();
+    }
+    let dir = Launch::scratch();
+    let port = free_port().to_string();
+    let port2 = free_port().to_string();
+    let idfile = dir.join("ompi-unique-id").to_string_lossy().into_owned();
+    let envs: Vec<(&str, EnvFor)> = vec![
+        (
+            "torchrun",
+            Box::new(move |r| {
+                vec![
+                    ("RANK".into(), r.to_string()),
+                    ("WORLD_SIZE".into(), "3".into()),
+                    ("LOCAL_RANK".into(), r.to_string()),
+                    ("MASTER_ADDR".into(), "127.0.0.1".into()),
+                    ("MASTER_PORT".into(), port.clone()),
+                    ("TORCHELASTIC_RUN_ID".into(), "test".into()),
+                ]
+            }),
+        ),
+        (
+            "slurm",
+            Box::new(move |r| {
+                vec![
+                    ("SLURM_PROCID".into(), r.to_string()),
+                    ("SLURM_NTASKS".into(), "3".into()),
+                    ("SLURM_LOCALID".into(), r.to_string()),
+                    ("SLURM_JOB_ID".into(), "4242".into()),
+                    ("OXCCL_ROOT_ADDR".into(), format!("127.0.0.1:{port2}")),
+                ]
+            }),
+        ),
+        (
+            "openmpi",
+            Box::new(move |r| {
+                vec![
+                    ("OMPI_COMM_WORLD_RANK".into(), r.to_string()),
+                    ("OMPI_COMM_WORLD_SIZE".into(), "3".into()),
+                    ("OMPI_COMM_WORLD_LOCAL_RANK".into(), r.to_string()),
+                    ("OXCCL_UNIQUE_ID_FILE".into(), idfile.clone()),
+                ]
+            }),
+        ),
+    ];
+    for (name, env) in envs {
+        let mut l = Launch::new(
+            "init_from_torchrun_slurm_and_openmpi_environments",
+            "launcher",
+            3,
+        )
+        .env("OXCCL_TIMEOUT", "30")
+        .timeout(Duration::from_secs(60));
+        l.oxccl_env = false;
+        l.rank_env = (0..3)
+            .map(|r| {
+                let mut e = env(r);
+                e.push(("EXPECT_RANK".into(), r.to_string()));
+                e
+            })
+            .collect();
+        l.run()
+            .unwrap_or_else(|e| panic!("{name} environment:\n{e}"));
+        eprintln!("{name}: 3 ranks initialised from the launcher's variables, all-reduce exact");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+// ---------------------------------------------------------------- bad input
+
+#[test]
+fn init_rejects_bad_rank_and_size() {
+    let id = oxccl::new_unique_id(&quick()).unwrap();
+    let e = Communicator::init(&id, 4, Rank(4), quick()).err().unwrap();
+    assert!(
+        matches!(
+            e,
+            Error::Invalid(CoreError::RankOutOfRange {
+                arg: "rank",
+                rank: 4,
+                size: 4
+            })
+        ),
+        "{e}"
+    );
+    assert_eq!(e.to_string(), "argument `rank`: rank 4 is outside 0..4");
+    let e = Communicator::init(&id, 0, Rank(0), quick()).err().unwrap();
+    assert!(
+        matches!(
+            e,
+            Error::Invalid(CoreError::InvalidArgument { arg: "size", .. })
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn wrong_secret_is_rejected_without_disturbing_the_job() {
+    let id = oxccl::new_unique_id(&quick()).unwrap();
+    let mut bad = id;
+    bad.secret[0] ^= 1;
+    let t = Instant::now();
+    let e = Communicator::init(&bad, 2, Rank(1), quick()).err().unwrap();
+    assert!(
+        matches!(
+            e,
+            Error::Rejected {
+                reason: RejectReason::WrongSecret,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("secret"), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(5));
+    // The real ranks still form the communicator afterwards.
+    let out = threads_with_id(id, 2, |c| {
+        let mut v = vec![c.rank().0 + 1; 5];
+        c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        v
+    });
+    assert!(out.iter().all(|v| *v == vec![3; 5]));
+}
+
+fn threads_with_id<T: Send + 'static>(
+    id: UniqueId,
+    n: usize,
+    f: impl Fn(Communicator) -> T + Send + Sync + Copy + 'static,
+) -> Vec<T> {
+    let hs: Vec<_> = (0..n)
+        .map(|r| {
+            std::thread::spawn(
+                move || f(Communicator::init(&id, n, Rank::new(r), quick()).unwrap()),
+            )
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn world_size_mismatch_fails_every_rank_naming_the_culprit() {
+    let id = oxccl::new_unique_id(&quick()).unwrap();
+    let h0 = std::thread::spawn(move || Communicator::init(&id, 3, Rank(0), quick()).err());
+    let h1 = std::thread::spawn(move || Communicator::init(&id, 3, Rank(1), quick()).err());
+    std::thread::sleep(Duration::from_millis(200));
+    let h2 = std::thread::spawn(move || Communicator::init(&id, 4, Rank(2), quick()).err());
+    for h in [h0, h1, h2] {
+        let e = h.join().unwrap().expect("init must fail");
+        match &e {
+            Error::Rejected {
+                reason:
+                    RejectReason::WorldSizeMismatch {
+                        rank: 2,
+                        size: 4,
+                        root_size: 3,
+                    },
+                ..
+            } => {}
+            other => panic!("unexpected: {other}"),
+        }
+        assert!(e.to_string().contains("rank 2 was started with world size 4, but rank 0 created the communicator with world size 3"), "{e}");
+    }
+}
+
+#[test]
+fn duplicate_rank_fails_the_rendezvous() {
+    let id = oxccl::new_unique_id(&quick()).unwrap();
+    let h0 = std::thread::spawn(move || Communicator::init(&id, 3, Rank(1), quick()).err());
+    std::thread::sleep(Duration::from_millis(100));
+    let h1 = std::thread::spawn(move || Communicator::init(&id, 3, Rank(1), quick()).err());
+    for h in [h0, h1] {
+        let e = h.join().unwrap().expect("init must fail");
+        assert!(
+            matches!(
+                e,
+                Error::Rejected {
+                    reason: RejectReason::DuplicateRank { rank: 1, .. },
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn bad_arguments_return_errors_and_leave_the_communicator_usable() {
+    for shm_off in [false, true] {
+        threads(2, quick().with_shm_disabled(shm_off), |c| {
+            let mut out = vec![0f32; 10];
+            let inp = vec![1f32; 10];
+            // Bitwise operator on a float type.
+            let e = c.all_reduce(&inp, &mut out, ReduceOp::BitXor).unwrap_err();
+            assert!(
+                matches!(e, Error::Invalid(CoreError::OpInvalidForType { .. })),
+                "{e}"
+            );
+            assert!(
+                e.to_string().contains("bxor") && e.to_string().contains("float"),
+                "{e}"
+            );
+            // Receive buffers shorter than the call needs.
+            let e = c
+                .all_reduce(&inp, &mut out[..9], ReduceOp::Sum)
+                .unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "argument `recv`: buffer holds 9 elements but the call needs 10"
+            );
+            let e = c.all_gather(&inp, &mut out).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::Invalid(CoreError::BufferTooShort {
+                        arg: "recv",
+                        needed: 20,
+                        got: 10
+                    })
+                ),
+                "{e}"
+            );
+            let e = c
+                .reduce_scatter(&inp[..3], &mut out[..2], ReduceOp::Sum)
+                .unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::Invalid(CoreError::BufferTooShort {
+                        arg: "send",
+                        needed: 4,
+                        got: 3
+                    })
+                ),
+                "{e}"
+            );
+            // Only the root can see that its send buffer is short, so only the root calls.
+            if c.rank() == Rank(0) {
+                let e = c.broadcast(&inp[..2], &mut out, Rank(0));
+                assert!(
+                    matches!(
+                        e,
+                        Err(Error::Invalid(CoreError::BufferTooShort {
+                            arg: "send",
+                            ..
+                        }))
+                    ),
+                    "{e:?}"
+                );
+            }
+            let e = c.all_to_all(&inp[..3], &mut out).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::Invalid(CoreError::InvalidArgument { arg: "send", .. })
+                ),
+                "{e}"
+            );
+            let e = c
+                .all_to_all_v(&inp, &[1, 1, 1], &[0, 1, 2], &mut out, &[1, 1], &[0, 1])
+                .unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::Invalid(CoreError::InvalidArgument {
+                        arg: "send_counts",
+                        ..
+                    })
+                ),
+                "{e}"
+            );
+            // Ranks outside 0..size.
+            let e = c.broadcast(&inp, &mut out, Rank(2)).unwrap_err();
+            assert_eq!(e.to_string(), "argument `root`: rank 2 is outside 0..2");
+            let e = c.send(&inp, Rank(7)).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::Invalid(CoreError::RankOutOfRange {
+                        arg: "peer",
+                        rank: 7,
+                        size: 2
+                    })
+                ),
+                "{e}"
+            );
+            let e = c.gather(&inp, &mut out, Rank(5)).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::Invalid(CoreError::RankOutOfRange { arg: "root", .. })
+                ),
+                "{e}"
+            );
+            // None of that broke the communicator.
+            c.all_reduce(&inp, &mut out, ReduceOp::Sum).unwrap();
+            assert_eq!(out, vec![2.0; 10]);
+        });
+    }
+}
+
+#[test]
+fn mismatched_send_and_receive_sizes_are_reported() {
+    for shm_off in [false, true] {
+        let r = threads(2, quick().with_shm_disabled(shm_off), |c| {
+            if c.rank() == Rank(0) {
+                c.send(&[1u32; 16], Rank(1)).map(|_| ())
+            } else {
+                let mut b = vec![0u32; 20];
+                c.recv(&mut b, Rank(0)).map(|_| ())
+            }
+        });
+        assert!(r[0].is_ok(), "{:?}", r[0]);
+        match &r[1] {
+            Err(Error::Mismatch {
+                rank: Rank(1),
+                peer: Rank(0),
+                got: 64,
+                want: 80,
+                ..
+            }) => {}
+            other => panic!("NCCL_SHM_DISABLE={shm_off}: expected a mismatch, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn unique_id_text_and_interface_errors_are_clear() {
+    let e = "oxccl1@1.2.3.4:5/zz".parse::<UniqueId>().unwrap_err();
+    assert!(e.to_string().contains("secret"), "{e}");
+    let e = "hello".parse::<UniqueId>().unwrap_err();
+    assert!(e.to_string().contains("oxccl1@"), "{e}");
+    let cfg = Config::default().with_socket_ifname("=no-such-interface0");
+    let e = oxccl::new_unique_id(&cfg).unwrap_err();
+    let m = e.to_string();
+    assert!(
+        m.contains("NCCL_SOCKET_IFNAME==no-such-interface0")
+            && m.contains("interfaces present")
+            && m.contains("lo="),
+        "{m}"
+    );
+    // A text id survives an environment variable round trip and still works.
+    let id = oxccl::new_unique_id(&quick()).unwrap();
+    let parsed: UniqueId = id.to_string().parse().unwrap();
+    let out = threads_with_id(parsed, 1, |c| {
+        let mut v = vec![7u32; 3];
+        c.all_reduce_in_place(&mut v, ReduceOp::Prod).unwrap();
+        v
+    });
+    assert_eq!(out[0], vec![7; 3]);
+}

@@ -1,0 +1,618 @@
+//! Bootstrap: from a unique id to every rank knowing every peer's address.
+//!
+//! 1. The unique id's creator runs the rendezvous root ([`root`]) on the id's address.
+//! 2. Every rank starts its own service ([`service`]): a TCP listener and an abstract Unix
+//!    socket, served by one thread that authenticates connections by the communicator's secret
+//!    and files what arrives in a mailbox (control messages, incoming data connections,
+//!    shared-memory offers).
+//! 3. Every rank joins the root with its rank, world size and [`PeerInfo`]; the root checks
+//!    them all (secret, world size against rank 0's, duplicates) and answers with the whole
+//!    table, or with the reason it refuses.
+//! 4. From then on ranks talk directly: [`Bootstrap`] sends control messages to peers'
+//!    services; transports set up data connections through the same services.
+//!
+//! Frames on every bootstrap socket: `[len: u32 LE][kind: u8][0; 3][payload: len bytes]`,
+//! `len` bounded by [`MAX_BOOTSTRAP_FRAME_BYTES`]; reads take exactly one frame, never bytes
+//! of what follows (a data connection's stream starts right after its hello).
+
+pub mod root;
+pub mod service;
+
+use crate::error::{Error, RejectReason, Result};
+use oxccl_core::plan::ConnClass;
+use oxccl_core::tuning::{CONNECT_RETRY_MS, MAX_BOOTSTRAP_FRAME_BYTES, MAX_SLEEP_MS};
+use oxccl_core::wire::{Reader, Writer};
+use oxccl_core::{ChannelId, CoreError, Rank};
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub use service::{Incoming, Mailbox, Service};
+
+/// Protocol version of every bootstrap message.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Frame kinds.
+pub(crate) mod kind {
+    pub const JOIN: u8 = 1;
+    pub const TABLE: u8 = 2;
+    pub const REJECT: u8 = 3;
+    pub const HELLO: u8 = 10;
+    pub const MSG: u8 = 11;
+}
+
+const JOIN_MAGIC: u32 = u32::from_le_bytes(*b"OXJN");
+const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"OXHL");
+
+/// What a rank tells the others about itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerInfo {
+    pub rank: Rank,
+    pub pid: u32,
+    pub host_id: u64,
+    pub hostname: String,
+    /// The rank's service listener.
+    pub addr: SocketAddr,
+    /// The abstract name of the rank's Unix socket.
+    pub unix_name: [u8; 16],
+}
+
+fn put_addr(w: &mut Writer, a: &SocketAddr) {
+    match a.ip() {
+        IpAddr::V4(ip) => {
+            w.u8(4).raw(&ip.octets()).raw(&[0u8; 12]);
+        }
+        IpAddr::V6(ip) => {
+            w.u8(6).raw(&ip.octets());
+        }
+    }
+    w.u16(a.port());
+}
+
+fn get_addr(r: &mut Reader<'_>) -> Result<SocketAddr, CoreError> {
+    let fam = r.u8()?;
+    let b: [u8; 16] = r.fixed()?;
+    let port = r.u16()?;
+    let ip = match fam {
+        4 => IpAddr::V4(Ipv4Addr::new(b[0], b[1], b[2], b[3])),
+        6 => IpAddr::V6(Ipv6Addr::from(b)),
+        f => {
+            return Err(CoreError::Malformed {
+                what: "peer address",
+                reason: format!("address family {f}"),
+            })
+        }
+    };
+    Ok(SocketAddr::new(ip, port))
+}
+
+impl PeerInfo {
+    pub(crate) fn encode(&self, w: &mut Writer) {
+        w.u32(self.rank.0)
+            .u32(self.pid)
+            .u64(self.host_id)
+            .str(&self.hostname);
+        put_addr(w, &self.addr);
+        w.raw(&self.unix_name);
+    }
+
+    pub(crate) fn decode(r: &mut Reader<'_>) -> Result<PeerInfo, CoreError> {
+        Ok(PeerInfo {
+            rank: Rank(r.u32()?),
+            pid: r.u32()?,
+            host_id: r.u64()?,
+            hostname: r.str()?.to_string(),
+            addr: get_addr(r)?,
+            unix_name: r.fixed()?,
+        })
+    }
+
+    /// `host:pid`, for messages.
+    pub fn place(&self) -> String {
+        format!("{}:{}", self.hostname, self.pid)
+    }
+}
+
+pub(crate) fn encode_class(w: &mut Writer, c: ConnClass) {
+    match c {
+        ConnClass::Ring(ChannelId(ch)) => w.u8(0).u16(ch),
+        ConnClass::Direct => w.u8(1).u16(0),
+        ConnClass::P2p => w.u8(2).u16(0),
+    };
+}
+
+pub(crate) fn decode_class(r: &mut Reader<'_>) -> Result<ConnClass, CoreError> {
+    let k = r.u8()?;
+    let ch = r.u16()?;
+    match k {
+        0 => Ok(ConnClass::Ring(ChannelId(ch))),
+        1 => Ok(ConnClass::Direct),
+        2 => Ok(ConnClass::P2p),
+        _ => Err(CoreError::Malformed {
+            what: "connection class",
+            reason: format!("kind {k}"),
+        }),
+    }
+}
+
+/// When a blocking bootstrap step gives up, and the flag that interrupts it.
+#[derive(Clone, Debug)]
+pub struct Waiter {
+    pub rank: Rank,
+    pub deadline: Option<Instant>,
+    pub abort: Arc<AtomicBool>,
+    pub started: Instant,
+}
+
+impl Waiter {
+    /// A waiter for `rank` that gives up after `timeout` (never if `None`).
+    pub fn new(rank: Rank, timeout: Option<Duration>, abort: Arc<AtomicBool>) -> Waiter {
+        let now = Instant::now();
+        Waiter {
+            rank,
+            deadline: timeout.map(|t| now + t),
+            abort,
+            started: now,
+        }
+    }
+
+    /// Fails if aborted or past the deadline; `what` and `waiting_for` describe the wait.
+    pub fn check(&self, what: &str, waiting_for: &[Rank]) -> Result<()> {
+        if self.abort.load(Ordering::Relaxed) {
+            return Err(Error::Aborted { rank: self.rank });
+        }
+        if let Some(d) = self.deadline {
+            if Instant::now() >= d {
+                return Err(Error::Timeout {
+                    rank: self.rank,
+                    op: what.to_string(),
+                    after: self.started.elapsed(),
+                    waiting_for: waiting_for.to_vec(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The longest a single sleep may last.
+    pub fn slice(&self) -> Duration {
+        let max = Duration::from_millis(MAX_SLEEP_MS);
+        match self.deadline {
+            Some(d) => d.saturating_duration_since(Instant::now()).min(max),
+            None => max,
+        }
+    }
+}
+
+/// Writes one frame (blocking).
+pub(crate) fn write_frame(s: &mut TcpStream, k: u8, payload: &[u8]) -> io::Result<()> {
+    let mut hdr = [0u8; 8];
+    hdr[..4].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    hdr[4] = k;
+    let mut buf = Vec::with_capacity(8 + payload.len());
+    buf.extend_from_slice(&hdr);
+    buf.extend_from_slice(payload);
+    s.write_all(&buf)
+}
+
+/// Reads exactly `buf.len()` bytes from a blocking stream, honouring the waiter.
+fn read_full(
+    s: &mut TcpStream,
+    buf: &mut [u8],
+    w: &Waiter,
+    what: &str,
+    peer: &[Rank],
+) -> Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        w.check(what, peer)?;
+        s.set_read_timeout(Some(w.slice().max(Duration::from_millis(1))))
+            .map_err(|e| Error::io(w.rank, "set socket timeout", None, e))?;
+        match s.read(&mut buf[got..]) {
+            Ok(0) => {
+                return Err(Error::io(
+                    w.rank,
+                    "bootstrap read",
+                    peer.first().copied(),
+                    io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!("connection closed during {what}"),
+                    ),
+                ))
+            }
+            Ok(n) => got += n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => {
+                return Err(Error::io(
+                    w.rank,
+                    "bootstrap read",
+                    peer.first().copied(),
+                    e,
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads one frame from a blocking stream.
+pub(crate) fn read_frame(
+    s: &mut TcpStream,
+    w: &Waiter,
+    what: &str,
+    peer: &[Rank],
+) -> Result<(u8, Vec<u8>)> {
+    let mut hdr = [0u8; 8];
+    read_full(s, &mut hdr, w, what, peer)?;
+    let len = u32::from_le_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]) as usize;
+    if len > MAX_BOOTSTRAP_FRAME_BYTES {
+        return Err(CoreError::Malformed {
+            what: "bootstrap frame",
+            reason: format!("{len} bytes exceeds the {MAX_BOOTSTRAP_FRAME_BYTES}-byte limit"),
+        }
+        .into());
+    }
+    let mut payload = vec![0u8; len];
+    read_full(s, &mut payload, w, what, peer)?;
+    Ok((hdr[4], payload))
+}
+
+/// Connects to `addr`, retrying while nothing listens there yet.
+pub(crate) fn connect_retry(
+    addr: SocketAddr,
+    w: &Waiter,
+    what: &str,
+    peer: &[Rank],
+) -> Result<TcpStream> {
+    loop {
+        w.check(what, peer)?;
+        match TcpStream::connect_timeout(&addr, w.slice().max(Duration::from_millis(10))) {
+            Ok(s) => {
+                let _ = s.set_nodelay(true);
+                return Ok(s);
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::ConnectionRefused
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::WouldBlock
+                        | io::ErrorKind::Interrupted
+                        | io::ErrorKind::ConnectionReset
+                        | io::ErrorKind::HostUnreachable
+                        | io::ErrorKind::NetworkUnreachable
+                ) =>
+            {
+                std::thread::sleep(Duration::from_millis(CONNECT_RETRY_MS));
+            }
+            Err(e) => return Err(Error::io(w.rank, "connect", peer.first().copied(), e)),
+        }
+    }
+}
+
+/// The join request a rank sends the root.
+pub(crate) struct Join {
+    pub version: u32,
+    pub secret: [u8; 32],
+    pub rank: u32,
+    pub nranks: u32,
+    pub info: PeerInfo,
+}
+
+impl Join {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.u32(JOIN_MAGIC)
+            .u32(self.version)
+            .raw(&self.secret)
+            .u32(self.rank)
+            .u32(self.nranks);
+        self.info.encode(&mut w);
+        w.finish()
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Join, CoreError> {
+        let mut r = Reader::new(b, "join request");
+        if r.u32()? != JOIN_MAGIC {
+            return Err(CoreError::Malformed {
+                what: "join request",
+                reason: "bad magic".into(),
+            });
+        }
+        let j = Join {
+            version: r.u32()?,
+            secret: r.fixed()?,
+            rank: r.u32()?,
+            nranks: r.u32()?,
+            info: PeerInfo::decode(&mut r)?,
+        };
+        r.finish()?;
+        Ok(j)
+    }
+}
+
+pub(crate) fn encode_reject(reason: &RejectReason) -> Vec<u8> {
+    let mut w = Writer::new();
+    match reason {
+        RejectReason::WrongSecret => w.u8(0),
+        RejectReason::WorldSizeMismatch {
+            rank,
+            size,
+            root_size,
+        } => w.u8(1).u32(*rank).u32(*size).u32(*root_size),
+        RejectReason::DuplicateRank {
+            rank,
+            first,
+            second,
+        } => w.u8(2).u32(*rank).str(first).str(second),
+        RejectReason::RankOutOfRange { rank, size } => w.u8(3).u32(*rank).u32(*size),
+        RejectReason::Version { ours, theirs } => w.u8(4).u32(*ours).u32(*theirs),
+    };
+    w.finish()
+}
+
+pub(crate) fn decode_reject(b: &[u8]) -> Result<RejectReason, CoreError> {
+    let mut r = Reader::new(b, "rejection");
+    Ok(match r.u8()? {
+        0 => RejectReason::WrongSecret,
+        1 => RejectReason::WorldSizeMismatch {
+            rank: r.u32()?,
+            size: r.u32()?,
+            root_size: r.u32()?,
+        },
+        2 => RejectReason::DuplicateRank {
+            rank: r.u32()?,
+            first: r.str()?.to_string(),
+            second: r.str()?.to_string(),
+        },
+        3 => RejectReason::RankOutOfRange {
+            rank: r.u32()?,
+            size: r.u32()?,
+        },
+        4 => RejectReason::Version {
+            ours: r.u32()?,
+            theirs: r.u32()?,
+        },
+        k => {
+            return Err(CoreError::Malformed {
+                what: "rejection",
+                reason: format!("code {k}"),
+            })
+        }
+    })
+}
+
+pub(crate) fn encode_table(t: &[PeerInfo]) -> Vec<u8> {
+    let mut w = Writer::new();
+    w.u32(t.len() as u32);
+    for p in t {
+        p.encode(&mut w);
+    }
+    w.finish()
+}
+
+pub(crate) fn decode_table(b: &[u8]) -> Result<Vec<PeerInfo>, CoreError> {
+    let mut r = Reader::new(b, "peer table");
+    let n = r.u32()? as usize;
+    // Each entry takes at least 40 bytes: refuse counts the message cannot hold.
+    if n > b.len() / 40 + 1 {
+        return Err(CoreError::Malformed {
+            what: "peer table",
+            reason: format!("claims {n} entries in {} bytes", b.len()),
+        });
+    }
+    let t = (0..n)
+        .map(|_| PeerInfo::decode(&mut r))
+        .collect::<Result<Vec<_>, _>>()?;
+    r.finish()?;
+    Ok(t)
+}
+
+/// Joins the root at `root`: returns the peer table, in rank order.
+pub(crate) fn join(
+    root: SocketAddr,
+    secret: &[u8; 32],
+    size: usize,
+    info: &PeerInfo,
+    w: &Waiter,
+) -> Result<Vec<PeerInfo>> {
+    let what = "bootstrap: joining the rendezvous root";
+    let mut s = connect_retry(root, w, what, &[Rank(0)])?;
+    let req = Join {
+        version: PROTOCOL_VERSION,
+        secret: *secret,
+        rank: info.rank.0,
+        nranks: size as u32,
+        info: info.clone(),
+    };
+    write_frame(&mut s, kind::JOIN, &req.encode())
+        .map_err(|e| Error::io(w.rank, "bootstrap: send join request", None, e))?;
+    let (k, payload) = read_frame(&mut s, w, "bootstrap: waiting for all ranks to join", &[])?;
+    match k {
+        kind::TABLE => {
+            let t = decode_table(&payload)?;
+            if t.len() != size || t.iter().enumerate().any(|(i, p)| p.rank.idx() != i) {
+                return Err(Error::Internal(format!(
+                    "root sent a table of {} entries for world size {size}",
+                    t.len()
+                )));
+            }
+            Ok(t)
+        }
+        kind::REJECT => Err(Error::Rejected {
+            rank: w.rank,
+            reason: decode_reject(&payload)?,
+        }),
+        other => Err(CoreError::Malformed {
+            what: "root reply",
+            reason: format!("frame kind {other}"),
+        }
+        .into()),
+    }
+}
+
+/// The hello that opens every connection to a rank's service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Hello {
+    pub secret: [u8; 32],
+    pub from: Rank,
+    pub to: Rank,
+    /// `None`: a control-message connection; `Some`: a data connection of that class.
+    pub data: Option<ConnClass>,
+}
+
+impl Hello {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.u32(HELLO_MAGIC)
+            .u32(PROTOCOL_VERSION)
+            .raw(&self.secret)
+            .u32(self.from.0)
+            .u32(self.to.0);
+        match self.data {
+            None => {
+                w.u8(0);
+            }
+            Some(c) => {
+                w.u8(1);
+                encode_class(&mut w, c);
+            }
+        }
+        w.finish()
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Hello, CoreError> {
+        let mut r = Reader::new(b, "hello");
+        if r.u32()? != HELLO_MAGIC || r.u32()? != PROTOCOL_VERSION {
+            return Err(CoreError::Malformed {
+                what: "hello",
+                reason: "bad magic or version".into(),
+            });
+        }
+        let secret = r.fixed()?;
+        let from = Rank(r.u32()?);
+        let to = Rank(r.u32()?);
+        let data = match r.u8()? {
+            0 => None,
+            1 => Some(decode_class(&mut r)?),
+            k => {
+                return Err(CoreError::Malformed {
+                    what: "hello",
+                    reason: format!("connection kind {k}"),
+                })
+            }
+        };
+        r.finish()?;
+        Ok(Hello {
+            secret,
+            from,
+            to,
+            data,
+        })
+    }
+}
+
+/// Control messages between the ranks of one communicator.
+pub struct Bootstrap {
+    pub me: Rank,
+    secret: [u8; 32],
+    peers: Arc<Vec<PeerInfo>>,
+    mailbox: Arc<Mailbox>,
+    out: Mutex<HashMap<u32, TcpStream>>,
+}
+
+impl Bootstrap {
+    pub(crate) fn new(
+        me: Rank,
+        secret: [u8; 32],
+        peers: Arc<Vec<PeerInfo>>,
+        mailbox: Arc<Mailbox>,
+    ) -> Bootstrap {
+        Bootstrap {
+            me,
+            secret,
+            peers,
+            mailbox,
+            out: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Sends `payload` to `to` under `tag`.
+    pub fn send(&self, to: Rank, tag: u64, payload: &[u8], w: &Waiter) -> Result<()> {
+        if to == self.me {
+            self.mailbox.deliver_msg(to, tag, payload.to_vec());
+            return Ok(());
+        }
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let s = match out.entry(to.0) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let peer = &self.peers[to.idx()];
+                let mut s = connect_retry(peer.addr, w, "bootstrap: connecting to a peer", &[to])?;
+                let hello = Hello {
+                    secret: self.secret,
+                    from: self.me,
+                    to,
+                    data: None,
+                };
+                write_frame(&mut s, kind::HELLO, &hello.encode())
+                    .map_err(|e| Error::io(self.me, "bootstrap send", Some(to), e))?;
+                v.insert(s)
+            }
+        };
+        let mut w2 = Writer::new();
+        w2.u64(tag).raw(payload);
+        let r = write_frame(s, kind::MSG, &w2.finish());
+        if let Err(e) = r {
+            out.remove(&to.0);
+            return Err(Error::io(self.me, "bootstrap send", Some(to), e));
+        }
+        Ok(())
+    }
+
+    /// Receives the message `from` sent under `tag`.
+    pub fn recv(&self, from: Rank, tag: u64, w: &Waiter) -> Result<Vec<u8>> {
+        self.mailbox.wait_msg(from, tag, w)
+    }
+
+    /// Every rank's `payload`, in rank order (a collective over the bootstrap network).
+    pub fn all_gather(&self, tag: u64, payload: &[u8], w: &Waiter) -> Result<Vec<Vec<u8>>> {
+        let n = self.peers.len();
+        for i in 1..n {
+            let to = Rank::new((self.me.idx() + i) % n);
+            self.send(to, tag, payload, w)?;
+        }
+        (0..n)
+            .map(|r| {
+                if r == self.me.idx() {
+                    Ok(payload.to_vec())
+                } else {
+                    self.recv(Rank::new(r), tag, w)
+                }
+            })
+            .collect()
+    }
+
+    /// Closes outgoing control connections (their peers see end of stream).
+    pub fn close(&self) {
+        self.out.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    /// Shuts down outgoing control connections, from any thread (abort).
+    pub fn shutdown(&self) {
+        if let Ok(out) = self.out.try_lock() {
+            for s in out.values() {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+}

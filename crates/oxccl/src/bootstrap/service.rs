@@ -1,0 +1,599 @@
+//! A rank's service: one thread that accepts and authenticates every connection to the rank
+//! and files what arrives in the rank's [`Mailbox`].
+//!
+//! Rules:
+//! 1. Every TCP connection must open with a [`Hello`] frame carrying the communicator's secret
+//!    and this rank as destination, within `HELLO_DEADLINE_MS`; anything else is dropped (and
+//!    logged at WARN). At most `MAX_PENDING_CONNECTIONS` unauthenticated connections are held.
+//! 2. A control connection then carries `MSG` frames (`tag: u64`, payload), filed by
+//!    (sender, tag). A data connection is handed, as a blocking socket positioned right after
+//!    its hello, to whoever waits for (sender, class).
+//! 3. The Unix socket takes shared-memory offers: a message with the secret, the sender, the
+//!    connection class and the ring geometry, plus two descriptors (the region and the
+//!    sender's doorbell). The service answers with this rank's doorbell and files the offer.
+//! 4. The thread never blocks on a peer: sockets are non-blocking and reads take only the
+//!    bytes of the frame in progress.
+
+use super::{kind, Hello, Waiter};
+use crate::error::{Error, Result};
+use crate::log::Logger;
+use crate::sys::fd::{self, EventFd};
+use crate::sys::unix::{SeqListener, SeqSocket};
+use oxccl_core::plan::ConnClass;
+use oxccl_core::tuning::{HELLO_DEADLINE_MS, MAX_BOOTSTRAP_FRAME_BYTES, MAX_PENDING_CONNECTIONS};
+use oxccl_core::wire::{Reader, Writer};
+use oxccl_core::{CoreError, Rank};
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+const SHM_OFFER_MAGIC: u32 = u32::from_le_bytes(*b"OXSH");
+const SHM_ACCEPT_MAGIC: u32 = u32::from_le_bytes(*b"OXSA");
+const SHM_REJECT_MAGIC: u32 = u32::from_le_bytes(*b"OXSR");
+const MAX_HELLO_BYTES: usize = 1024;
+
+/// A shared-memory connection offered by a peer.
+#[derive(Debug)]
+pub struct ShmOffer {
+    pub region: OwnedFd,
+    pub doorbell: OwnedFd,
+    pub slots: u32,
+    pub slot_bytes: u32,
+}
+
+/// A data connection that arrived for this rank.
+#[derive(Debug)]
+pub enum Incoming {
+    Tcp(TcpStream),
+    Shm(ShmOffer),
+}
+
+/// The shared-memory offer message (bytes; the descriptors travel beside it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShmOfferMsg {
+    pub secret: [u8; 32],
+    pub from: Rank,
+    pub to: Rank,
+    pub class: ConnClass,
+    pub slots: u32,
+    pub slot_bytes: u32,
+}
+
+impl ShmOfferMsg {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.u32(SHM_OFFER_MAGIC)
+            .u32(super::PROTOCOL_VERSION)
+            .raw(&self.secret)
+            .u32(self.from.0)
+            .u32(self.to.0);
+        super::encode_class(&mut w, self.class);
+        w.u32(self.slots).u32(self.slot_bytes);
+        w.finish()
+    }
+
+    pub fn decode(b: &[u8]) -> Result<ShmOfferMsg, CoreError> {
+        let mut r = Reader::new(b, "shared-memory offer");
+        if r.u32()? != SHM_OFFER_MAGIC || r.u32()? != super::PROTOCOL_VERSION {
+            return Err(CoreError::Malformed {
+                what: "shared-memory offer",
+                reason: "bad magic or version".into(),
+            });
+        }
+        let m = ShmOfferMsg {
+            secret: r.fixed()?,
+            from: Rank(r.u32()?),
+            to: Rank(r.u32()?),
+            class: super::decode_class(&mut r)?,
+            slots: r.u32()?,
+            slot_bytes: r.u32()?,
+        };
+        r.finish()?;
+        Ok(m)
+    }
+}
+
+/// The answer to an offer: accepted (the receiver's doorbell travels beside it) or refused.
+pub fn encode_offer_reply(accepted: bool, reason: &str) -> Vec<u8> {
+    let mut w = Writer::new();
+    if accepted {
+        w.u32(SHM_ACCEPT_MAGIC);
+    } else {
+        w.u32(SHM_REJECT_MAGIC).str(reason);
+    }
+    w.finish()
+}
+
+/// Decodes an answer: `Ok(())` if accepted, the reason otherwise.
+pub fn decode_offer_reply(b: &[u8]) -> Result<Result<(), String>, CoreError> {
+    let mut r = Reader::new(b, "shared-memory offer reply");
+    match r.u32()? {
+        SHM_ACCEPT_MAGIC => Ok(Ok(())),
+        SHM_REJECT_MAGIC => Ok(Err(r.str()?.to_string())),
+        _ => Err(CoreError::Malformed {
+            what: "shared-memory offer reply",
+            reason: "bad magic".into(),
+        }),
+    }
+}
+
+/// Compares secrets in time independent of where they differ.
+pub(crate) fn same_secret(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[derive(Default)]
+struct MailState {
+    msgs: HashMap<(u32, u64), VecDeque<Vec<u8>>>,
+    conns: HashMap<(u32, ConnClass), VecDeque<Incoming>>,
+    closed: bool,
+}
+
+/// What has arrived for one rank, and the waits for it.
+#[derive(Default)]
+pub struct Mailbox {
+    st: Mutex<MailState>,
+    cv: Condvar,
+}
+
+impl Mailbox {
+    fn lock(&self) -> std::sync::MutexGuard<'_, MailState> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn deliver_msg(&self, from: Rank, tag: u64, msg: Vec<u8>) {
+        self.lock()
+            .msgs
+            .entry((from.0, tag))
+            .or_default()
+            .push_back(msg);
+        self.cv.notify_all();
+    }
+
+    fn deliver_conn(&self, from: Rank, class: ConnClass, inc: Incoming) {
+        self.lock()
+            .conns
+            .entry((from.0, class))
+            .or_default()
+            .push_back(inc);
+        self.cv.notify_all();
+    }
+
+    /// Wakes every waiter (after an abort, they see the flag).
+    pub fn wake(&self) {
+        self.cv.notify_all();
+    }
+
+    /// Marks the mailbox closed: waiters fail.
+    pub fn close(&self) {
+        self.lock().closed = true;
+        self.cv.notify_all();
+    }
+
+    fn wait<T>(
+        &self,
+        w: &Waiter,
+        what: &str,
+        from: Rank,
+        mut take: impl FnMut(&mut MailState) -> Option<T>,
+    ) -> Result<T> {
+        let mut st = self.lock();
+        loop {
+            if let Some(v) = take(&mut st) {
+                return Ok(v);
+            }
+            if st.closed {
+                return Err(Error::InvalidUsage(format!(
+                    "{what}: the communicator was destroyed"
+                )));
+            }
+            w.check(what, &[from])?;
+            let (g, _) = self
+                .cv
+                .wait_timeout(st, w.slice().max(Duration::from_millis(1)))
+                .unwrap_or_else(|e| e.into_inner());
+            st = g;
+        }
+    }
+
+    /// Waits for the message `from` sends under `tag`.
+    pub fn wait_msg(&self, from: Rank, tag: u64, w: &Waiter) -> Result<Vec<u8>> {
+        self.wait(w, "bootstrap: waiting for a peer's message", from, |st| {
+            st.msgs.get_mut(&(from.0, tag)).and_then(|q| q.pop_front())
+        })
+    }
+
+    /// Waits for the data connection `from` opens for `class`.
+    pub fn wait_conn(&self, from: Rank, class: ConnClass, w: &Waiter) -> Result<Incoming> {
+        self.wait(
+            w,
+            "connection setup: waiting for a peer to connect",
+            from,
+            |st| {
+                st.conns
+                    .get_mut(&(from.0, class))
+                    .and_then(|q| q.pop_front())
+            },
+        )
+    }
+}
+
+/// Identity and state the service thread needs.
+struct Ctx {
+    me: Rank,
+    size: usize,
+    secret: [u8; 32],
+    doorbell: Arc<EventFd>,
+    mailbox: Arc<Mailbox>,
+    log: Logger,
+}
+
+/// A rank's running service.
+pub struct Service {
+    pub mailbox: Arc<Mailbox>,
+    pub addr: SocketAddr,
+    pub unix_name: [u8; 16],
+    stop: Arc<EventFd>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Service {
+    /// Binds the rank's listeners on `ip` and starts its thread.
+    pub(crate) fn start(
+        ip: IpAddr,
+        me: Rank,
+        size: usize,
+        secret: [u8; 32],
+        doorbell: Arc<EventFd>,
+        log: Logger,
+    ) -> Result<Service> {
+        let tcp = TcpListener::bind(SocketAddr::new(ip, 0))
+            .map_err(|e| Error::io(me, "bind the service listener", None, e))?;
+        tcp.set_nonblocking(true)
+            .map_err(|e| Error::io(me, "service listener", None, e))?;
+        let addr = tcp
+            .local_addr()
+            .map_err(|e| Error::io(me, "service listener", None, e))?;
+        let mut unix_name = [0u8; 16];
+        let unix = loop {
+            let mut token = [0u8; 8];
+            getrandom::getrandom(&mut token)
+                .map_err(|e| Error::Internal(format!("no randomness: {e}")))?;
+            let name = format!("ox{:016x}", u64::from_le_bytes(token));
+            unix_name[..name.len().min(16)].copy_from_slice(&name.as_bytes()[..16]);
+            match SeqListener::bind_abstract(&unix_name) {
+                Ok(l) => break l,
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse => continue,
+                Err(e) => return Err(Error::io(me, "bind the service unix socket", None, e)),
+            }
+        };
+        let stop = Arc::new(EventFd::new().map_err(|e| Error::io(me, "eventfd", None, e))?);
+        let mailbox = Arc::new(Mailbox::default());
+        let ctx = Ctx {
+            me,
+            size,
+            secret,
+            doorbell,
+            mailbox: mailbox.clone(),
+            log,
+        };
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("oxccl-svc-{me}"))
+            .spawn(move || serve(ctx, tcp, unix, stop2))
+            .map_err(|e| Error::io(me, "spawn the service thread", None, e))?;
+        Ok(Service {
+            mailbox,
+            addr,
+            unix_name,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops the thread and closes the listeners.
+    pub fn stop(&mut self) {
+        self.stop.notify();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.mailbox.close();
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A frame being read from a non-blocking socket, never past its end.
+struct FrameReader {
+    hdr: [u8; 8],
+    hdr_got: usize,
+    payload: Vec<u8>,
+    got: usize,
+    max: usize,
+}
+
+impl FrameReader {
+    fn new(max: usize) -> Self {
+        FrameReader {
+            hdr: [0; 8],
+            hdr_got: 0,
+            payload: Vec::new(),
+            got: 0,
+            max,
+        }
+    }
+
+    /// Reads what is available; a whole frame when complete. End of stream is an error.
+    fn poll(&mut self, fd: i32) -> io::Result<Option<(u8, Vec<u8>)>> {
+        loop {
+            if self.hdr_got < 8 {
+                match fd::recv_some(fd, &mut self.hdr[self.hdr_got..])? {
+                    None => return Ok(None),
+                    Some(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                    Some(n) => self.hdr_got += n,
+                }
+                if self.hdr_got == 8 {
+                    let len =
+                        u32::from_le_bytes([self.hdr[0], self.hdr[1], self.hdr[2], self.hdr[3]])
+                            as usize;
+                    if len > self.max {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!("{len}-byte frame exceeds {}", self.max),
+                        ));
+                    }
+                    self.payload = vec![0u8; len];
+                    self.got = 0;
+                }
+                continue;
+            }
+            if self.got < self.payload.len() {
+                match fd::recv_some(fd, &mut self.payload[self.got..])? {
+                    None => return Ok(None),
+                    Some(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                    Some(n) => self.got += n,
+                }
+                continue;
+            }
+            let k = self.hdr[4];
+            self.hdr_got = 0;
+            return Ok(Some((k, std::mem::take(&mut self.payload))));
+        }
+    }
+}
+
+enum ConnState {
+    Hello { since: Instant },
+    Msgs { from: Rank },
+}
+
+struct TcpConn {
+    s: TcpStream,
+    peer: SocketAddr,
+    rd: FrameReader,
+    state: ConnState,
+}
+
+enum Step {
+    Keep,
+    Drop,
+    Handed,
+}
+
+fn serve(ctx: Ctx, tcp: TcpListener, unix: SeqListener, stop: Arc<EventFd>) {
+    let mut conns: Vec<TcpConn> = Vec::new();
+    let mut unix_pending: Vec<(SeqSocket, Instant)> = Vec::new();
+    loop {
+        let mut pfds = vec![
+            fd::pollfd(stop.as_raw_fd(), libc::POLLIN),
+            fd::pollfd(tcp.as_raw_fd(), libc::POLLIN),
+            fd::pollfd(unix.as_raw_fd(), libc::POLLIN),
+        ];
+        pfds.extend(
+            conns
+                .iter()
+                .map(|c| fd::pollfd(c.s.as_raw_fd(), libc::POLLIN)),
+        );
+        pfds.extend(
+            unix_pending
+                .iter()
+                .map(|(s, _)| fd::pollfd(s.as_raw_fd(), libc::POLLIN)),
+        );
+        if fd::poll(&mut pfds, Duration::from_millis(500)).is_err() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if pfds[0].revents != 0 {
+            return;
+        }
+        // New TCP connections.
+        while let Ok((s, peer)) = tcp.accept() {
+            let pending = conns
+                .iter()
+                .filter(|c| matches!(c.state, ConnState::Hello { .. }))
+                .count();
+            if pending >= MAX_PENDING_CONNECTIONS || s.set_nonblocking(true).is_err() {
+                ctx.log.warn(format_args!("service: dropping connection from {peer}: too many unauthenticated connections"));
+                continue;
+            }
+            let _ = s.set_nodelay(true);
+            conns.push(TcpConn {
+                s,
+                peer,
+                rd: FrameReader::new(MAX_HELLO_BYTES),
+                state: ConnState::Hello {
+                    since: Instant::now(),
+                },
+            });
+        }
+        while let Ok(Some(s)) = unix.accept() {
+            if unix_pending.len() < MAX_PENDING_CONNECTIONS {
+                unix_pending.push((s, Instant::now()));
+            }
+        }
+        let now = Instant::now();
+        let deadline = Duration::from_millis(HELLO_DEADLINE_MS);
+        conns = conns
+            .into_iter()
+            .filter_map(|mut c| match tcp_step(&ctx, &mut c, now, deadline) {
+                Step::Keep => Some(c),
+                Step::Drop | Step::Handed => None,
+            })
+            .collect();
+        unix_pending.retain(|(s, since)| match unix_step(&ctx, s) {
+            Step::Keep => now.duration_since(*since) < deadline,
+            Step::Drop | Step::Handed => false,
+        });
+    }
+}
+
+fn tcp_step(ctx: &Ctx, c: &mut TcpConn, now: Instant, deadline: Duration) -> Step {
+    loop {
+        let frame = match c.rd.poll(c.s.as_raw_fd()) {
+            Ok(Some(f)) => f,
+            Ok(None) => {
+                if let ConnState::Hello { since } = c.state {
+                    if now.duration_since(since) > deadline {
+                        ctx.log.warn(format_args!(
+                            "service: dropping connection from {}: no hello within {deadline:?}",
+                            c.peer
+                        ));
+                        return Step::Drop;
+                    }
+                }
+                return Step::Keep;
+            }
+            Err(e) => {
+                if matches!(c.state, ConnState::Hello { .. })
+                    || e.kind() != io::ErrorKind::UnexpectedEof
+                {
+                    ctx.log.info(format_args!(
+                        "service: connection from {} closed: {e}",
+                        c.peer
+                    ));
+                }
+                return Step::Drop;
+            }
+        };
+        match (&c.state, frame) {
+            (ConnState::Hello { .. }, (kind::HELLO, payload)) => {
+                let h = match Hello::decode(&payload) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        ctx.log.warn(format_args!(
+                            "service: dropping connection from {}: {e}",
+                            c.peer
+                        ));
+                        return Step::Drop;
+                    }
+                };
+                if !same_secret(&h.secret, &ctx.secret)
+                    || h.to != ctx.me
+                    || h.from.idx() >= ctx.size
+                {
+                    ctx.log.warn(format_args!(
+                        "service: dropping connection from {}: wrong secret or ranks (from {} to {})",
+                        c.peer, h.from, h.to
+                    ));
+                    return Step::Drop;
+                }
+                match h.data {
+                    Some(class) => {
+                        let s = match c.s.try_clone() {
+                            Ok(s) => s,
+                            Err(_) => return Step::Drop,
+                        };
+                        if s.set_nonblocking(false).is_err() {
+                            return Step::Drop;
+                        }
+                        ctx.mailbox.deliver_conn(h.from, class, Incoming::Tcp(s));
+                        return Step::Handed;
+                    }
+                    None => {
+                        c.state = ConnState::Msgs { from: h.from };
+                        c.rd = FrameReader::new(MAX_BOOTSTRAP_FRAME_BYTES);
+                    }
+                }
+            }
+            (ConnState::Msgs { from }, (kind::MSG, payload)) => {
+                if payload.len() < 8 {
+                    ctx.log
+                        .warn(format_args!("service: short message from rank {from}"));
+                    return Step::Drop;
+                }
+                let tag = u64::from_le_bytes(payload[..8].try_into().unwrap_or([0; 8]));
+                ctx.mailbox.deliver_msg(*from, tag, payload[8..].to_vec());
+            }
+            (_, (k, _)) => {
+                ctx.log.warn(format_args!(
+                    "service: dropping connection from {}: unexpected frame kind {k}",
+                    c.peer
+                ));
+                return Step::Drop;
+            }
+        }
+    }
+}
+
+fn unix_step(ctx: &Ctx, s: &SeqSocket) -> Step {
+    let mut buf = [0u8; 512];
+    let (n, mut fds) = match s.recv(&mut buf) {
+        Ok(Some(m)) => m,
+        Ok(None) => return Step::Keep,
+        Err(e) => {
+            ctx.log
+                .warn(format_args!("service: bad unix socket message: {e}"));
+            return Step::Drop;
+        }
+    };
+    let refuse = |why: &str| {
+        ctx.log
+            .warn(format_args!("service: refusing shared-memory offer: {why}"));
+        let _ = s.set_nonblocking(false);
+        let _ = s.set_timeouts(Duration::from_secs(1));
+        let _ = s.send(&encode_offer_reply(false, why), &[]);
+        Step::Drop
+    };
+    let m = match ShmOfferMsg::decode(&buf[..n]) {
+        Ok(m) => m,
+        Err(e) => return refuse(&e.to_string()),
+    };
+    if !same_secret(&m.secret, &ctx.secret) || m.to != ctx.me || m.from.idx() >= ctx.size {
+        return refuse("wrong secret or ranks");
+    }
+    if fds.len() != 2 {
+        return refuse("expected two descriptors");
+    }
+    let doorbell = fds.pop();
+    let region = fds.pop();
+    let (Some(region), Some(doorbell)) = (region, doorbell) else {
+        return refuse("expected two descriptors");
+    };
+    let _ = s.set_nonblocking(false);
+    let _ = s.set_timeouts(Duration::from_secs(5));
+    if let Err(e) = s.send(&encode_offer_reply(true, ""), &[ctx.doorbell.as_raw_fd()]) {
+        ctx.log.warn(format_args!(
+            "service: cannot answer rank {}'s offer: {e}",
+            m.from
+        ));
+        return Step::Drop;
+    }
+    ctx.mailbox.deliver_conn(
+        m.from,
+        m.class,
+        Incoming::Shm(ShmOffer {
+            region,
+            doorbell,
+            slots: m.slots,
+            slot_bytes: m.slot_bytes,
+        }),
+    );
+    Step::Handed
+}

@@ -1,0 +1,594 @@
+//! Groups: any mix of collectives and send/recv planned and run as one unit.
+//!
+//! Between [`Communicator::group`] and [`Group::end`] calls only record what to do; `end` plans
+//! the whole set and runs it, so mutually dependent sends and receives (a ring shift, a
+//! pairwise exchange) progress together and never deadlock. Point-to-point operations run
+//! concurrently with the group's collectives, which run one after another in issue order.
+//!
+//! Buffers are borrowed for the group's lifetime `'a`, so nothing can touch them until the
+//! group has finished (blocking) or its scope has ended (asynchronous, see
+//! [`Scope`](super::Scope)). A group dropped without `end` does nothing.
+//!
+//! Argument rules (NCCL's, with slice lengths as counts): a receive buffer may be longer than
+//! needed (only the prefix is written), never shorter; in-place forms take one buffer laid out
+//! as NCCL's in-place rules say (all-gather: this rank's input at `rank × count`;
+//! reduce-scatter: this rank's output at `rank × count`).
+
+use super::{Communicator, Scope, Work};
+use crate::engine::RawBuf;
+use crate::error::{Error, Result};
+use oxccl_core::coll::{check_alltoallv, check_len, check_rank, elems, Segments};
+use oxccl_core::plan::{BufId, Loc, OpSpec};
+use oxccl_core::{CoreError, Element, Rank, ReduceOp};
+use std::marker::PhantomData;
+
+/// A group that runs when [`Group::end`] is called, on the calling thread.
+pub struct Blocking;
+
+/// A group made inside a [`Scope`]: [`Group::launch`] queues it and returns a [`Work`].
+pub struct Scoped<'scope, 'env> {
+    pub(super) scope: &'scope Scope<'scope, 'env>,
+}
+
+/// Recorded operations and the buffers they borrow.
+pub struct Group<'a, M = Blocking> {
+    comm: &'a Communicator,
+    ops: Vec<OpSpec>,
+    bufs: Vec<RawBuf>,
+    what: &'static str,
+    mode: M,
+    _borrows: PhantomData<&'a mut ()>,
+}
+
+fn bytes<T: Element>(s: &[T]) -> &[u8] {
+    bytemuck::cast_slice(s)
+}
+
+fn bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
+    bytemuck::cast_slice_mut(s)
+}
+
+impl Communicator {
+    /// Starts a group.
+    pub fn group(&self) -> Group<'_, Blocking> {
+        Group::new(self, Blocking)
+    }
+}
+
+impl<'a, M> Group<'a, M> {
+    pub(super) fn new(comm: &'a Communicator, mode: M) -> Self {
+        Group {
+            comm,
+            ops: Vec::new(),
+            bufs: Vec::new(),
+            what: "group",
+            mode,
+            _borrows: PhantomData,
+        }
+    }
+
+    fn size(&self) -> usize {
+        self.comm.size()
+    }
+
+    fn me(&self) -> Rank {
+        self.comm.rank()
+    }
+
+    fn buf(&mut self, b: RawBuf) -> Result<Loc> {
+        let id = u16::try_from(self.bufs.len()).map_err(|_| CoreError::InvalidArgument {
+            arg: "group",
+            reason: "more than 65535 buffers in one group".into(),
+        })?;
+        self.bufs.push(b);
+        Ok(Loc::start(BufId(id)))
+    }
+
+    fn push(&mut self, op: OpSpec, what: &'static str) -> &mut Self {
+        self.what = if self.ops.is_empty() { what } else { "group" };
+        self.ops.push(op);
+        self
+    }
+
+    fn rank_arg(&self, arg: &'static str, r: Rank) -> Result<Rank> {
+        Ok(check_rank(arg, r.0 as i64, self.size())?)
+    }
+
+    fn per_rank(&self, arg: &'static str, len: usize) -> Result<usize> {
+        let p = self.size();
+        if len % p != 0 {
+            return Err(CoreError::InvalidArgument {
+                arg,
+                reason: format!("length {len} is not a multiple of the communicator size {p}"),
+            }
+            .into());
+        }
+        Ok(len / p)
+    }
+
+    /// Every rank ends with the element-wise reduction of all ranks' `send`.
+    pub fn all_reduce<T: Element>(
+        &mut self,
+        send: &'a [T],
+        recv: &'a mut [T],
+        op: ReduceOp,
+    ) -> Result<&mut Self> {
+        op.check(T::DTYPE)?;
+        check_len("recv", send.len(), recv.len())?;
+        let src = self.buf(RawBuf::of(bytes(send)))?;
+        let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
+        let count = send.len();
+        Ok(self.push(
+            OpSpec::AllReduce {
+                count,
+                dtype: T::DTYPE,
+                op,
+                src,
+                dst,
+            },
+            "all_reduce",
+        ))
+    }
+
+    /// All-reduce in place.
+    pub fn all_reduce_in_place<T: Element>(
+        &mut self,
+        buf: &'a mut [T],
+        op: ReduceOp,
+    ) -> Result<&mut Self> {
+        op.check(T::DTYPE)?;
+        let count = buf.len();
+        let b = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
+        Ok(self.push(
+            OpSpec::AllReduce {
+                count,
+                dtype: T::DTYPE,
+                op,
+                src: b,
+                dst: b,
+            },
+            "all_reduce",
+        ))
+    }
+
+    /// Every rank's `recv` gets the root's `send` (`recv.len()` elements; `send` is read on
+    /// the root only and may be empty elsewhere).
+    pub fn broadcast<T: Element>(
+        &mut self,
+        send: &'a [T],
+        recv: &'a mut [T],
+        root: Rank,
+    ) -> Result<&mut Self> {
+        let root = self.rank_arg("root", root)?;
+        let count = recv.len();
+        if self.me() == root {
+            check_len("send", count, send.len())?;
+        }
+        let src = self.buf(RawBuf::of(bytes(send)))?;
+        let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
+        Ok(self.push(
+            OpSpec::Broadcast {
+                count,
+                dtype: T::DTYPE,
+                root,
+                src,
+                dst,
+            },
+            "broadcast",
+        ))
+    }
+
+    /// Broadcast in place.
+    pub fn broadcast_in_place<T: Element>(
+        &mut self,
+        buf: &'a mut [T],
+        root: Rank,
+    ) -> Result<&mut Self> {
+        let root = self.rank_arg("root", root)?;
+        let count = buf.len();
+        let b = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
+        Ok(self.push(
+            OpSpec::Broadcast {
+                count,
+                dtype: T::DTYPE,
+                root,
+                src: b,
+                dst: b,
+            },
+            "broadcast",
+        ))
+    }
+
+    /// The root's `recv` gets the reduction of every rank's `send` (`recv` is written on the
+    /// root only and may be empty elsewhere).
+    pub fn reduce<T: Element>(
+        &mut self,
+        send: &'a [T],
+        recv: &'a mut [T],
+        op: ReduceOp,
+        root: Rank,
+    ) -> Result<&mut Self> {
+        op.check(T::DTYPE)?;
+        let root = self.rank_arg("root", root)?;
+        let count = send.len();
+        if self.me() == root {
+            check_len("recv", count, recv.len())?;
+        }
+        let src = self.buf(RawBuf::of(bytes(send)))?;
+        let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
+        Ok(self.push(
+            OpSpec::Reduce {
+                count,
+                dtype: T::DTYPE,
+                op,
+                root,
+                src,
+                dst,
+            },
+            "reduce",
+        ))
+    }
+
+    /// Reduce in place (the root's `buf` gets the result).
+    pub fn reduce_in_place<T: Element>(
+        &mut self,
+        buf: &'a mut [T],
+        op: ReduceOp,
+        root: Rank,
+    ) -> Result<&mut Self> {
+        op.check(T::DTYPE)?;
+        let root = self.rank_arg("root", root)?;
+        let count = buf.len();
+        let b = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
+        Ok(self.push(
+            OpSpec::Reduce {
+                count,
+                dtype: T::DTYPE,
+                op,
+                root,
+                src: b,
+                dst: b,
+            },
+            "reduce",
+        ))
+    }
+
+    /// Every rank's `recv` gets all ranks' `send`, concatenated in rank order.
+    pub fn all_gather<T: Element>(
+        &mut self,
+        send: &'a [T],
+        recv: &'a mut [T],
+    ) -> Result<&mut Self> {
+        let count = send.len();
+        check_len(
+            "recv",
+            elems("recv", count, self.size(), T::DTYPE)?,
+            recv.len(),
+        )?;
+        let src = self.buf(RawBuf::of(bytes(send)))?;
+        let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
+        Ok(self.push(
+            OpSpec::AllGather {
+                count,
+                dtype: T::DTYPE,
+                src,
+                dst,
+            },
+            "all_gather",
+        ))
+    }
+
+    /// All-gather in place: `buf` holds `size` blocks; this rank's block is its input.
+    pub fn all_gather_in_place<T: Element>(&mut self, buf: &'a mut [T]) -> Result<&mut Self> {
+        let count = self.per_rank("buf", buf.len())?;
+        let me = self.me().idx();
+        let dst = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
+        let src = dst.at(me * count * T::DTYPE.size_bytes());
+        Ok(self.push(
+            OpSpec::AllGather {
+                count,
+                dtype: T::DTYPE,
+                src,
+                dst,
+            },
+            "all_gather",
+        ))
+    }
+
+    /// Block `r` of the reduction of every rank's `send` lands in rank `r`'s `recv`
+    /// (`recv.len()` elements per rank).
+    pub fn reduce_scatter<T: Element>(
+        &mut self,
+        send: &'a [T],
+        recv: &'a mut [T],
+        op: ReduceOp,
+    ) -> Result<&mut Self> {
+        op.check(T::DTYPE)?;
+        let count = recv.len();
+        check_len(
+            "send",
+            elems("send", count, self.size(), T::DTYPE)?,
+            send.len(),
+        )?;
+        let src = self.buf(RawBuf::of(bytes(send)))?;
+        let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
+        Ok(self.push(
+            OpSpec::ReduceScatter {
+                count,
+                dtype: T::DTYPE,
+                op,
+                src,
+                dst,
+            },
+            "reduce_scatter",
+        ))
+    }
+
+    /// Reduce-scatter in place: this rank's block of `buf` gets its result.
+    pub fn reduce_scatter_in_place<T: Element>(
+        &mut self,
+        buf: &'a mut [T],
+        op: ReduceOp,
+    ) -> Result<&mut Self> {
+        op.check(T::DTYPE)?;
+        let count = self.per_rank("buf", buf.len())?;
+        let me = self.me().idx();
+        let src = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
+        let dst = src.at(me * count * T::DTYPE.size_bytes());
+        Ok(self.push(
+            OpSpec::ReduceScatter {
+                count,
+                dtype: T::DTYPE,
+                op,
+                src,
+                dst,
+            },
+            "reduce_scatter",
+        ))
+    }
+
+    /// Block `j` of this rank's `send` goes to rank `j`; block `i` of `recv` comes from rank
+    /// `i` (`send.len() / size` elements per block).
+    pub fn all_to_all<T: Element>(
+        &mut self,
+        send: &'a [T],
+        recv: &'a mut [T],
+    ) -> Result<&mut Self> {
+        let count = self.per_rank("send", send.len())?;
+        check_len("recv", send.len(), recv.len())?;
+        let src = self.buf(RawBuf::of(bytes(send)))?;
+        let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
+        Ok(self.push(
+            OpSpec::AllToAll {
+                count,
+                dtype: T::DTYPE,
+                src,
+                dst,
+            },
+            "all_to_all",
+        ))
+    }
+
+    /// All-to-all with per-peer counts and displacements (in elements): this rank sends
+    /// `send[send_displs[j]..][..send_counts[j]]` to rank `j` and receives rank `i`'s segment
+    /// into `recv[recv_displs[i]..][..recv_counts[i]]`. Counts must agree pairwise.
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_to_all_v<T: Element>(
+        &mut self,
+        send: &'a [T],
+        send_counts: &[usize],
+        send_displs: &[usize],
+        recv: &'a mut [T],
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+    ) -> Result<&mut Self> {
+        let s = Segments {
+            counts: send_counts,
+            displs: send_displs,
+            len: send.len(),
+        };
+        let r = Segments {
+            counts: recv_counts,
+            displs: recv_displs,
+            len: recv.len(),
+        };
+        check_alltoallv(self.size(), self.me(), s, r)?;
+        let src = self.buf(RawBuf::of(bytes(send)))?;
+        let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
+        let op = OpSpec::AllToAllV {
+            dtype: T::DTYPE,
+            send_counts: send_counts.to_vec(),
+            send_displs: send_displs.to_vec(),
+            recv_counts: recv_counts.to_vec(),
+            recv_displs: recv_displs.to_vec(),
+            src,
+            dst,
+        };
+        Ok(self.push(op, "all_to_all_v"))
+    }
+
+    /// The root's `recv` gets every rank's `send` in rank order (`recv` is written on the
+    /// root only).
+    pub fn gather<T: Element>(
+        &mut self,
+        send: &'a [T],
+        recv: &'a mut [T],
+        root: Rank,
+    ) -> Result<&mut Self> {
+        let root = self.rank_arg("root", root)?;
+        let count = send.len();
+        if self.me() == root {
+            check_len(
+                "recv",
+                elems("recv", count, self.size(), T::DTYPE)?,
+                recv.len(),
+            )?;
+        }
+        let src = self.buf(RawBuf::of(bytes(send)))?;
+        let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
+        Ok(self.push(
+            OpSpec::Gather {
+                count,
+                dtype: T::DTYPE,
+                root,
+                src,
+                dst,
+            },
+            "gather",
+        ))
+    }
+
+    /// Gather in place: on the root, `buf` holds `size` blocks with the root's input already
+    /// in its own block; elsewhere `buf` is the rank's input (and is left untouched).
+    pub fn gather_in_place<T: Element>(
+        &mut self,
+        buf: &'a mut [T],
+        root: Rank,
+    ) -> Result<&mut Self> {
+        let root = self.rank_arg("root", root)?;
+        let es = T::DTYPE.size_bytes();
+        let (count, own) = if self.me() == root {
+            let c = self.per_rank("buf", buf.len())?;
+            (c, root.idx() * c * es)
+        } else {
+            (buf.len(), 0)
+        };
+        let dst = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
+        let src = dst.at(own);
+        Ok(self.push(
+            OpSpec::Gather {
+                count,
+                dtype: T::DTYPE,
+                root,
+                src,
+                dst,
+            },
+            "gather",
+        ))
+    }
+
+    /// Rank `r`'s `recv` gets block `r` of the root's `send` (`send` is read on the root
+    /// only).
+    pub fn scatter<T: Element>(
+        &mut self,
+        send: &'a [T],
+        recv: &'a mut [T],
+        root: Rank,
+    ) -> Result<&mut Self> {
+        let root = self.rank_arg("root", root)?;
+        let count = recv.len();
+        if self.me() == root {
+            check_len(
+                "send",
+                elems("send", count, self.size(), T::DTYPE)?,
+                send.len(),
+            )?;
+        }
+        let src = self.buf(RawBuf::of(bytes(send)))?;
+        let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
+        Ok(self.push(
+            OpSpec::Scatter {
+                count,
+                dtype: T::DTYPE,
+                root,
+                src,
+                dst,
+            },
+            "scatter",
+        ))
+    }
+
+    /// Scatter in place: on the root, `buf` holds `size` blocks (its own block stays where it
+    /// is); elsewhere `buf` receives the rank's block.
+    pub fn scatter_in_place<T: Element>(
+        &mut self,
+        buf: &'a mut [T],
+        root: Rank,
+    ) -> Result<&mut Self> {
+        let root = self.rank_arg("root", root)?;
+        let es = T::DTYPE.size_bytes();
+        let (count, own) = if self.me() == root {
+            let c = self.per_rank("buf", buf.len())?;
+            (c, root.idx() * c * es)
+        } else {
+            (buf.len(), 0)
+        };
+        let src = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
+        let dst = src.at(own);
+        Ok(self.push(
+            OpSpec::Scatter {
+                count,
+                dtype: T::DTYPE,
+                root,
+                src,
+                dst,
+            },
+            "scatter",
+        ))
+    }
+
+    /// Sends `buf` to `peer`, which must post a matching receive.
+    pub fn send<T: Element>(&mut self, buf: &'a [T], peer: Rank) -> Result<&mut Self> {
+        let peer = self.rank_arg("peer", peer)?;
+        let src = self.buf(RawBuf::of(bytes(buf)))?;
+        Ok(self.push(
+            OpSpec::Send {
+                count: buf.len(),
+                dtype: T::DTYPE,
+                peer,
+                src,
+            },
+            "send",
+        ))
+    }
+
+    /// Receives `buf.len()` elements from `peer`.
+    pub fn recv<T: Element>(&mut self, buf: &'a mut [T], peer: Rank) -> Result<&mut Self> {
+        let peer = self.rank_arg("peer", peer)?;
+        let count = buf.len();
+        let dst = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
+        Ok(self.push(
+            OpSpec::Recv {
+                count,
+                dtype: T::DTYPE,
+                peer,
+                dst,
+            },
+            "recv",
+        ))
+    }
+
+    /// How many operations the group holds.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Whether the group holds no operation.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+impl Group<'_, Blocking> {
+    /// Plans and runs the group; returns when this rank's part is complete.
+    pub fn end(self) -> Result<()> {
+        if self.ops.is_empty() {
+            return Ok(());
+        }
+        self.comm.execute(self.ops, self.bufs, self.what)
+    }
+}
+
+impl<'scope, 'env> Group<'scope, Scoped<'scope, 'env>> {
+    /// Plans the group and queues it; the returned [`Work`] tells when it is complete. The
+    /// buffers stay borrowed until the scope ends.
+    pub fn launch(self) -> Result<Work<'scope>> {
+        let scope = self.mode.scope;
+        if !std::ptr::eq(scope.comm(), self.comm) {
+            return Err(Error::Internal(
+                "scoped group of another communicator".into(),
+            ));
+        }
+        scope.launch(self.ops, self.bufs, self.what)
+    }
+}

@@ -1,0 +1,641 @@
+//! The communicator: a fixed group of ranks, its connections and the order of its calls.
+//!
+//! Calls are serialized per communicator, in issue order: a blocking call waits for queued
+//! asynchronous work to finish, then runs its job on the calling thread (a small collective on
+//! shared memory never hops to another thread); asynchronous work (see [`scope`]) runs on one
+//! worker thread per communicator, started at first use.
+//!
+//! After a failure that leaves connections in an unknown state (a peer gone, a timeout, a
+//! mismatch, an abort) every later call fails with [`Error::Broken`] naming the first failure.
+
+mod api;
+pub mod group;
+pub mod scope;
+
+use crate::bootstrap::{self, root, Bootstrap, PeerInfo, Service, Waiter};
+use crate::engine::{Engine, EngineCtx, RawBuf};
+use crate::env;
+use crate::error::{Error, Result};
+use crate::log::Logger;
+use crate::sys::fd::EventFd;
+use crate::sys::{host, ifaces};
+use oxccl_core::config::Config;
+use oxccl_core::launch::Rendezvous;
+use oxccl_core::plan::{plan_group, ConnClass, ConnKey, Geometry, OpSpec};
+use oxccl_core::uniqueid::{derive_secret, UniqueId};
+use oxccl_core::wire::{Reader, Writer};
+use oxccl_core::{coll, ifname, tuning, ChannelId, CommHash, CoreError, Rank};
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+pub use group::{Blocking, Group, Scoped};
+pub use scope::{Scope, Work};
+
+/// Bootstrap message tags (high byte: purpose).
+const TAG_SPLIT: u64 = 1 << 56;
+const TAG_SPLIT_ADDR: u64 = 2 << 56;
+
+type QueuedJob = Box<dyn FnOnce(&Inner) + Send>;
+
+#[derive(Default)]
+struct Sched {
+    queue: VecDeque<QueuedJob>,
+    busy: bool,
+    shutdown: bool,
+}
+
+pub(crate) struct Inner {
+    pub rank: Rank,
+    pub size: usize,
+    pub config: Config,
+    secret: [u8; 32],
+    pub hash: CommHash,
+    pub peers: Arc<Vec<PeerInfo>>,
+    pub geometry: Geometry,
+    pub log: Logger,
+    abort: Arc<AtomicBool>,
+    doorbell: Arc<EventFd>,
+    service: Mutex<Service>,
+    boot: Bootstrap,
+    engine: Mutex<Engine>,
+    sockets: Arc<Mutex<Vec<std::net::TcpStream>>>,
+    sched: Mutex<Sched>,
+    sched_cv: Condvar,
+    failure: Mutex<Option<String>>,
+    split_seq: AtomicU64,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A communicator: this process's membership in a fixed group of ranks.
+///
+/// `Communicator` is `Send + Sync`: calls from several threads are serialized, in the order
+/// they reach it; [`abort`](Communicator::abort) may be called from any thread at any time.
+pub struct Communicator {
+    inner: Arc<Inner>,
+}
+
+/// Creates a unique id: starts the rendezvous root in this process, on the interface the
+/// configuration selects. Pass the id (or its text form) to every rank.
+pub fn new_unique_id(config: &Config) -> Result<UniqueId> {
+    let log = Logger::new(config.log, None);
+    let ip = choose_ip(config, None, Rank(0))?;
+    let listener = TcpListener::bind(SocketAddr::new(ip, 0))
+        .map_err(|e| Error::io(Rank(0), "bind the rendezvous root", None, e))?;
+    let root = listener
+        .local_addr()
+        .map_err(|e| Error::io(Rank(0), "rendezvous root", None, e))?;
+    let mut secret = [0u8; 32];
+    getrandom::getrandom(&mut secret)
+        .map_err(|e| Error::Internal(format!("no randomness: {e}")))?;
+    root::spawn(listener, secret, log)
+        .map_err(|e| Error::io(Rank(0), "start the rendezvous root", None, e))?;
+    log.info(format_args!("rendezvous root listening on {root}"));
+    Ok(UniqueId { root, secret })
+}
+
+fn choose_ip(config: &Config, root: Option<IpAddr>, rank: Rank) -> Result<IpAddr> {
+    let list = ifaces::list().map_err(|e| Error::io(rank, "list network interfaces", None, e))?;
+    let i = ifname::select(
+        &list,
+        config.socket_ifname.as_ref(),
+        config.socket_family,
+        root,
+    )?;
+    Ok(i.addr)
+}
+
+/// The ring order: ranks of one host adjacent, hosts in order of their lowest rank.
+fn ring_order(peers: &[PeerInfo]) -> Vec<Rank> {
+    let mut hosts: Vec<u64> = Vec::new();
+    for p in peers {
+        if !hosts.contains(&p.host_id) {
+            hosts.push(p.host_id);
+        }
+    }
+    let mut order: Vec<Rank> = peers.iter().map(|p| p.rank).collect();
+    order.sort_by_key(|r| (hosts.iter().position(|h| *h == peers[r.idx()].host_id), r.0));
+    order
+}
+
+struct Parts {
+    rank: Rank,
+    size: usize,
+    config: Config,
+    secret: [u8; 32],
+    peers: Vec<PeerInfo>,
+    service: Service,
+    doorbell: Arc<EventFd>,
+    abort: Arc<AtomicBool>,
+    log: Logger,
+}
+
+impl Communicator {
+    /// Joins the communicator of `id` as `rank` of `size`.
+    pub fn init(id: &UniqueId, size: usize, rank: Rank, config: Config) -> Result<Communicator> {
+        if size == 0 {
+            return Err(CoreError::InvalidArgument {
+                arg: "size",
+                reason: "a communicator needs at least one rank".into(),
+            }
+            .into());
+        }
+        let rank = coll::check_rank("rank", rank.0 as i64, size)?;
+        config.validate()?;
+        let log = Logger::new(config.log, Some(rank.0));
+        let ip = choose_ip(&config, Some(id.root.ip()), rank)?;
+        let doorbell = Arc::new(EventFd::new().map_err(|e| Error::io(rank, "eventfd", None, e))?);
+        let abort = Arc::new(AtomicBool::new(false));
+        let service = Service::start(ip, rank, size, id.secret, doorbell.clone(), log)?;
+        let info = PeerInfo {
+            rank,
+            pid: std::process::id(),
+            host_id: host::host_id(config.host_id.as_deref()),
+            hostname: host::hostname(),
+            addr: service.addr,
+            unix_name: service.unix_name,
+        };
+        let w = Waiter::new(rank, config.timeout, abort.clone());
+        let peers = bootstrap::join(id.root, &id.secret, size, &info, &w)?;
+        log.info(format_args!(
+            "joined communicator {} as rank {rank} of {size} ({})",
+            id.comm_hash(),
+            service.addr
+        ));
+        Communicator::assemble(Parts {
+            rank,
+            size,
+            config,
+            secret: id.secret,
+            peers,
+            service,
+            doorbell,
+            abort,
+            log,
+        })
+    }
+
+    /// Joins the communicator the launcher's environment describes (torchrun, Slurm, Open MPI,
+    /// PMI or oxccl's own variables; see [`oxccl_core::launch`]), with settings from the
+    /// environment.
+    pub fn from_env() -> Result<Communicator> {
+        Communicator::from_env_with(env::config()?)
+    }
+
+    /// [`from_env`](Communicator::from_env) with explicit settings.
+    pub fn from_env_with(config: Config) -> Result<Communicator> {
+        let l = env::launch()?;
+        let rank = Rank::new(l.rank);
+        let abort = Arc::new(AtomicBool::new(false));
+        let w = Waiter::new(rank, config.timeout, abort);
+        let id = match l.rendezvous {
+            Rendezvous::Id(id) => id,
+            Rendezvous::File(path) => {
+                if l.rank == 0 {
+                    let id = new_unique_id(&config)?;
+                    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+                    std::fs::write(&tmp, id.to_string())
+                        .and_then(|_| std::fs::rename(&tmp, &path))
+                        .map_err(|e| Error::io(rank, "write the unique id file", None, e))?;
+                    id
+                } else {
+                    loop {
+                        if let Ok(t) = std::fs::read_to_string(&path) {
+                            if let Ok(id) = t.parse::<UniqueId>() {
+                                break id;
+                            }
+                        }
+                        w.check("bootstrap: waiting for rank 0's unique id file", &[Rank(0)])?;
+                        std::thread::sleep(Duration::from_millis(tuning::CONNECT_RETRY_MS));
+                    }
+                }
+            }
+            Rendezvous::Addr { host, port, secret } => {
+                if l.rank == 0 {
+                    let listener = TcpListener::bind(("0.0.0.0", port))
+                        .or_else(|_| TcpListener::bind(("::", port)))
+                        .map_err(|e| {
+                            Error::io(
+                                rank,
+                                "bind the rendezvous root at the launcher's port",
+                                None,
+                                e,
+                            )
+                        })?;
+                    root::spawn(listener, secret, Logger::new(config.log, Some(0)))
+                        .map_err(|e| Error::io(rank, "start the rendezvous root", None, e))?;
+                }
+                let root = loop {
+                    match (host.as_str(), port).to_socket_addrs() {
+                        Ok(mut a) => {
+                            if let Some(a) = a.next() {
+                                break a;
+                            }
+                        }
+                        Err(_) => w.check(&format!("bootstrap: resolving {host}"), &[Rank(0)])?,
+                    }
+                    std::thread::sleep(Duration::from_millis(tuning::CONNECT_RETRY_MS));
+                };
+                UniqueId { root, secret }
+            }
+        };
+        Communicator::init(&id, l.size, rank, config)
+    }
+
+    fn assemble(p: Parts) -> Result<Communicator> {
+        let peers = Arc::new(p.peers);
+        let ring: Arc<[Rank]> = ring_order(&peers).into();
+        let slot_bytes = p.config.slot_bytes();
+        let geometry = Geometry {
+            rank: p.rank,
+            size: p.size,
+            ring,
+            nchannels: p.config.channels(),
+            chunk_bytes: slot_bytes,
+        };
+        let mailbox = p.service.mailbox.clone();
+        let engine = Engine::new(EngineCtx {
+            me: p.rank,
+            secret: p.secret,
+            host_id: peers[p.rank.idx()].host_id,
+            peers: peers.clone(),
+            mailbox: mailbox.clone(),
+            doorbell: p.doorbell.clone(),
+            abort: p.abort.clone(),
+            timeout: p.config.timeout,
+            slots: tuning::SLOTS_PER_CONN,
+            slot_bytes,
+            shm_disable: p.config.shm_disable,
+            log: p.log,
+        });
+        let inner = Arc::new(Inner {
+            rank: p.rank,
+            size: p.size,
+            hash: oxccl_core::uniqueid::comm_hash(&p.secret),
+            boot: Bootstrap::new(p.rank, p.secret, peers.clone(), mailbox),
+            secret: p.secret,
+            peers,
+            geometry,
+            log: p.log,
+            abort: p.abort,
+            doorbell: p.doorbell,
+            service: Mutex::new(p.service),
+            sockets: engine.sockets.clone(),
+            engine: Mutex::new(engine),
+            sched: Mutex::new(Sched::default()),
+            sched_cv: Condvar::new(),
+            failure: Mutex::new(None),
+            split_seq: AtomicU64::new(0),
+            worker: Mutex::new(None),
+            config: p.config,
+        });
+        let comm = Communicator { inner };
+        comm.connect_rings()?;
+        Ok(comm)
+    }
+
+    /// Sets up every ring channel's connections now, so the first collective pays no setup
+    /// and a transport that cannot work fails at init.
+    fn connect_rings(&self) -> Result<()> {
+        let i = &self.inner;
+        if i.size == 1 {
+            return Ok(());
+        }
+        let g = &i.geometry;
+        let pos = g.ring.iter().position(|r| *r == i.rank).unwrap_or(0);
+        let next = g.ring[(pos + 1) % i.size];
+        let prev = g.ring[(pos + i.size - 1) % i.size];
+        let mut needed = Vec::new();
+        for c in 0..g.nchannels {
+            let class = ConnClass::Ring(ChannelId(c as u16));
+            needed.push((ConnKey { peer: next, class }, true));
+            needed.push((ConnKey { peer: prev, class }, false));
+        }
+        let w = Waiter::new(i.rank, i.config.timeout, i.abort.clone());
+        let r = lock(&i.engine).connect(&needed, &w);
+        if let Err(e) = &r {
+            i.fail(e);
+        }
+        r
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> Rank {
+        self.inner.rank
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.inner.size
+    }
+
+    /// The communicator's identity (the same on every rank).
+    pub fn comm_hash(&self) -> CommHash {
+        self.inner.hash
+    }
+
+    /// What every rank told the others about itself, in rank order.
+    pub fn peers(&self) -> &[PeerInfo] {
+        &self.inner.peers
+    }
+
+    /// The settings the communicator runs with.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// Splits the communicator: ranks that pass the same `color` form a new communicator,
+    /// ordered by `key` (ties by rank). `None` as color takes no part and returns `None`.
+    /// Every rank must call it, in the same order relative to its other calls.
+    pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
+        self.inner.check_usable()?;
+        let i = &self.inner;
+        let _turn = i.take_turn();
+        let seq = i.split_seq.fetch_add(1, Ordering::Relaxed);
+        let w = Waiter::new(i.rank, i.config.timeout, i.abort.clone());
+        let mut msg = Writer::new();
+        msg.u8(color.is_some() as u8)
+            .u32(color.unwrap_or(0))
+            .i64(key);
+        let all = i
+            .boot
+            .all_gather(TAG_SPLIT | seq, &msg.finish(), &w)
+            .inspect_err(|e| i.fail(e))?;
+        let mut members: Vec<(i64, u32, u32)> = Vec::new();
+        for (r, m) in all.iter().enumerate() {
+            let mut rd = Reader::new(m, "split request");
+            let (has, c, k) = (rd.u8()?, rd.u32()?, rd.i64()?);
+            if has == 1 {
+                members.push((k, r as u32, c));
+            }
+        }
+        let mine: Vec<(i64, u32)> = match color {
+            Some(c) => {
+                let mut v: Vec<(i64, u32)> = members
+                    .iter()
+                    .filter(|m| m.2 == c)
+                    .map(|m| (m.0, m.1))
+                    .collect();
+                v.sort();
+                v
+            }
+            None => Vec::new(),
+        };
+        let child_rank = mine.iter().position(|m| m.1 == i.rank.0).map(Rank::new);
+        let secret = derive_secret(&i.secret, "split", &[seq, color.unwrap_or(0) as u64]);
+        let doorbell = Arc::new(EventFd::new().map_err(|e| Error::io(i.rank, "eventfd", None, e))?);
+        let service = match child_rank {
+            Some(cr) => Some(Service::start(
+                i.peers[i.rank.idx()].addr.ip(),
+                cr,
+                mine.len(),
+                secret,
+                doorbell.clone(),
+                Logger::new(i.config.log, Some(cr.0)),
+            )?),
+            None => None,
+        };
+        let mut msg = Writer::new();
+        match &service {
+            Some(s) => {
+                msg.u8(1);
+                let info = PeerInfo {
+                    addr: s.addr,
+                    unix_name: s.unix_name,
+                    ..i.peers[i.rank.idx()].clone()
+                };
+                info.encode(&mut msg);
+            }
+            None => {
+                msg.u8(0);
+            }
+        }
+        let addrs = i
+            .boot
+            .all_gather(TAG_SPLIT_ADDR | seq, &msg.finish(), &w)
+            .inspect_err(|e| i.fail(e))?;
+        let (Some(cr), Some(service)) = (child_rank, service) else {
+            return Ok(None);
+        };
+        let mut peers = Vec::with_capacity(mine.len());
+        for (new_rank, (_, parent)) in mine.iter().enumerate() {
+            let mut rd = Reader::new(&addrs[*parent as usize], "split address");
+            if rd.u8()? != 1 {
+                return Err(Error::Internal(format!(
+                    "rank {parent} sent no address for its split"
+                )));
+            }
+            let mut info = PeerInfo::decode(&mut rd)?;
+            info.rank = Rank::new(new_rank);
+            peers.push(info);
+        }
+        let log = Logger::new(i.config.log, Some(cr.0));
+        log.info(format_args!(
+            "split {seq}: color {:?} → rank {cr} of {}",
+            color,
+            peers.len()
+        ));
+        Communicator::assemble(Parts {
+            rank: cr,
+            size: mine.len(),
+            config: i.config.clone(),
+            secret,
+            peers,
+            service,
+            doorbell,
+            abort: Arc::new(AtomicBool::new(false)),
+            log,
+        })
+        .map(Some)
+    }
+
+    /// Aborts the communicator: pending and future calls on it fail promptly with
+    /// [`Error::Aborted`], whatever the peers do. Returns without waiting for them.
+    pub fn abort(&self) {
+        self.inner.abort();
+    }
+
+    /// Destroys the communicator in order: waits for queued work, then closes connections
+    /// and the service.
+    pub fn destroy(mut self) -> Result<()> {
+        self.shutdown();
+        Ok(())
+    }
+
+    fn shutdown(&mut self) {
+        let i = &self.inner;
+        {
+            let mut s = lock(&i.sched);
+            s.shutdown = true;
+            i.sched_cv.notify_all();
+        }
+        if let Some(t) = lock(&i.worker).take() {
+            let _ = t.join();
+        }
+        lock(&i.engine).close();
+        i.boot.close();
+        lock(&i.service).stop();
+    }
+
+    /// Runs a planned group on the calling thread, after any queued asynchronous work.
+    pub(crate) fn execute(
+        &self,
+        ops: Vec<OpSpec>,
+        bufs: Vec<RawBuf>,
+        what: &'static str,
+    ) -> Result<()> {
+        self.inner.check_usable()?;
+        let job = plan_group(&self.inner.geometry, &ops)?;
+        let _turn = self.inner.take_turn();
+        self.inner.run_job(job, &bufs, what)
+    }
+
+    /// Queues a planned group for the worker thread; `done` receives the result.
+    pub(crate) fn submit(
+        &self,
+        ops: Vec<OpSpec>,
+        bufs: Vec<RawBuf>,
+        what: &'static str,
+        done: Box<dyn FnOnce(Result<()>) + Send>,
+    ) -> Result<()> {
+        self.inner.check_usable()?;
+        let job = plan_group(&self.inner.geometry, &ops)?;
+        let i = &self.inner;
+        {
+            let mut w = lock(&i.worker);
+            if w.is_none() {
+                let inner = i.clone();
+                *w = Some(
+                    std::thread::Builder::new()
+                        .name(format!("oxccl-work-{}", i.rank))
+                        .spawn(move || worker(inner))
+                        .map_err(|e| Error::io(i.rank, "spawn the worker thread", None, e))?,
+                );
+            }
+        }
+        let mut s = lock(&i.sched);
+        s.queue.push_back(Box::new(move |inner: &Inner| {
+            let r = match inner.check_usable() {
+                Ok(()) => inner.run_job(job, &bufs, what),
+                Err(e) => Err(e),
+            };
+            done(r);
+        }));
+        i.sched_cv.notify_all();
+        Ok(())
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Holds the communicator's turn (no other call runs until it is dropped).
+struct Turn<'a>(&'a Inner);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        let mut s = lock(&self.0.sched);
+        s.busy = false;
+        self.0.sched_cv.notify_all();
+    }
+}
+
+impl Inner {
+    fn take_turn(&self) -> Turn<'_> {
+        let mut s = lock(&self.sched);
+        while s.busy || !s.queue.is_empty() {
+            s = self.sched_cv.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        s.busy = true;
+        Turn(self)
+    }
+
+    fn run_job(
+        &self,
+        job: oxccl_core::plan::Job,
+        bufs: &[RawBuf],
+        what: &'static str,
+    ) -> Result<()> {
+        let started = Instant::now();
+        let r = lock(&self.engine).run(job, bufs, what);
+        self.log
+            .trace(format_args!("{what} took {:?}", started.elapsed()));
+        if let Err(e) = &r {
+            if e.is_fatal() {
+                self.fail(e);
+            }
+        }
+        r
+    }
+
+    fn check_usable(&self) -> Result<()> {
+        if self.abort.load(Ordering::Relaxed) {
+            return Err(Error::Aborted { rank: self.rank });
+        }
+        if let Some(f) = lock(&self.failure).as_ref() {
+            return Err(Error::Broken {
+                rank: self.rank,
+                first: f.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    fn fail(&self, e: &Error) {
+        let mut f = lock(&self.failure);
+        if f.is_none() {
+            self.log.warn(format_args!("communicator failed: {e}"));
+            *f = Some(e.to_string());
+        }
+    }
+
+    fn abort(&self) {
+        self.abort.store(true, Ordering::SeqCst);
+        self.doorbell.notify();
+        lock(&self.service).mailbox.wake();
+        // The socket list has its own lock, so this works while a job holds the engine: the
+        // job's next socket call fails at once instead of waiting for its peer.
+        for s in lock(&self.sockets).iter() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        self.boot.shutdown();
+        let mut f = lock(&self.failure);
+        if f.is_none() {
+            *f = Some(format!("rank {} aborted the communicator", self.rank));
+        }
+    }
+}
+
+fn worker(inner: Arc<Inner>) {
+    loop {
+        let job = {
+            let mut s = lock(&inner.sched);
+            loop {
+                if !s.busy {
+                    if let Some(j) = s.queue.pop_front() {
+                        s.busy = true;
+                        break j;
+                    }
+                    if s.shutdown {
+                        return;
+                    }
+                }
+                s = inner.sched_cv.wait(s).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        job(&inner);
+        let mut s = lock(&inner.sched);
+        s.busy = false;
+        inner.sched_cv.notify_all();
+    }
+}

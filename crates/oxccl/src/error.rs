@@ -1,0 +1,132 @@
+//! The runtime's error type: every failure names the operation, the rank(s) involved and, for
+//! OS failures, the OS error.
+
+use oxccl_core::{CoreError, Rank};
+use std::io;
+use std::time::Duration;
+
+/// Why the rendezvous root turned a rank away.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RejectReason {
+    /// The rank presented a secret that is not this communicator's.
+    WrongSecret,
+    /// The rank's world size differs from the one rank 0 created the communicator with.
+    WorldSizeMismatch {
+        rank: u32,
+        size: u32,
+        root_size: u32,
+    },
+    /// Two processes claimed the same rank.
+    DuplicateRank {
+        rank: u32,
+        first: String,
+        second: String,
+    },
+    /// A rank outside `0..size`.
+    RankOutOfRange { rank: u32, size: u32 },
+    /// Peers run incompatible protocol versions.
+    Version { ours: u32, theirs: u32 },
+}
+
+impl core::fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            RejectReason::WrongSecret => {
+                write!(f, "the unique id's secret does not match the communicator's (stale or foreign unique id?)")
+            }
+            RejectReason::WorldSizeMismatch { rank, size, root_size } => write!(
+                f,
+                "rank {rank} was started with world size {size}, but rank 0 created the communicator with world size {root_size}"
+            ),
+            RejectReason::DuplicateRank { rank, first, second } => {
+                write!(f, "rank {rank} joined twice: from {first} and from {second}")
+            }
+            RejectReason::RankOutOfRange { rank, size } => {
+                write!(f, "rank {rank} is outside the world size {size}")
+            }
+            RejectReason::Version { ours, theirs } => {
+                write!(f, "protocol version {theirs} cannot join a version {ours} communicator")
+            }
+        }
+    }
+}
+
+/// An oxccl failure.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A bad argument, setting or message (the message names which).
+    #[error(transparent)]
+    Invalid(#[from] CoreError),
+    /// A call that is not allowed in the communicator's state.
+    #[error("invalid usage: {0}")]
+    InvalidUsage(String),
+    /// An OS call failed.
+    #[error("rank {rank}: {op}{}: {source}", peer.map(|p| format!(" (peer rank {p})")).unwrap_or_default())]
+    Io {
+        rank: Rank,
+        op: &'static str,
+        peer: Option<Rank>,
+        #[source]
+        source: io::Error,
+    },
+    /// The rendezvous root refused this rank or the whole communicator.
+    #[error("rank {rank}: bootstrap failed: {reason}")]
+    Rejected { rank: Rank, reason: RejectReason },
+    /// A peer closed its connection while this rank needed it.
+    #[error("rank {rank}: {op}: peer rank {peer} (host {host}) closed its connection")]
+    PeerClosed {
+        rank: Rank,
+        op: String,
+        peer: Rank,
+        host: String,
+    },
+    /// A peer sent data that does not match what this rank's call expects.
+    #[error("rank {rank}: {op}: rank {peer} sent a {got}-byte chunk where a {want}-byte chunk was expected (the two ranks' calls differ)")]
+    Mismatch {
+        rank: Rank,
+        op: String,
+        peer: Rank,
+        got: usize,
+        want: usize,
+    },
+    /// The call waited longer than the communicator's timeout.
+    #[error(
+        "rank {rank}: {op} timed out after {after:?}, still waiting for rank(s) {waiting_for:?}"
+    )]
+    Timeout {
+        rank: Rank,
+        op: String,
+        after: Duration,
+        waiting_for: Vec<Rank>,
+    },
+    /// The communicator was aborted.
+    #[error("rank {rank}: communicator aborted")]
+    Aborted { rank: Rank },
+    /// The communicator failed earlier and cannot run more calls.
+    #[error("rank {rank}: communicator unusable after an earlier failure: {first}")]
+    Broken { rank: Rank, first: String },
+    /// A broken internal invariant (a bug in oxccl).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// `Result` with oxccl's error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn io(rank: Rank, op: &'static str, peer: Option<Rank>, source: io::Error) -> Self {
+        Error::Io {
+            rank,
+            op,
+            peer,
+            source,
+        }
+    }
+
+    /// Whether the error leaves the communicator unusable (as opposed to a rejected call).
+    pub fn is_fatal(&self) -> bool {
+        !matches!(self, Error::Invalid(_) | Error::InvalidUsage(_))
+    }
+}

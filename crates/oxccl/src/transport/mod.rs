@@ -1,0 +1,168 @@
+//! Transports: how a unidirectional connection's chunks travel. Shared memory between ranks
+//! of one host ([`shm`]), TCP otherwise ([`tcp`]).
+//!
+//! Both offer the engine one interface — a sender asks for a free slot, fills it and commits;
+//! a receiver asks for the next chunk, reads it and releases it — and neither knows which
+//! collective it serves.
+
+pub mod shm;
+pub mod tcp;
+
+use crate::error::Result;
+use crate::sys::fd;
+use oxccl_core::Rank;
+use shm::{ShmRecv, ShmSend};
+use std::net::TcpStream;
+use tcp::{TcpRecv, TcpSend};
+
+/// The sending end of a connection.
+pub enum SendConn {
+    Shm(ShmSend),
+    Tcp(TcpSend),
+}
+
+/// The receiving end of a connection.
+pub enum RecvConn {
+    Shm(ShmRecv),
+    Tcp(TcpRecv),
+}
+
+impl SendConn {
+    #[inline]
+    pub fn ready(&mut self) -> bool {
+        match self {
+            SendConn::Shm(c) => c.ready(),
+            SendConn::Tcp(c) => c.ready(),
+        }
+    }
+
+    #[inline]
+    pub fn slot(&mut self) -> (*mut u8, usize) {
+        match self {
+            SendConn::Shm(c) => c.slot(),
+            SendConn::Tcp(c) => c.slot(),
+        }
+    }
+
+    #[inline]
+    pub fn commit(&mut self, len: usize) -> Result<()> {
+        match self {
+            SendConn::Shm(c) => {
+                c.commit(len);
+                Ok(())
+            }
+            SendConn::Tcp(c) => c.commit(len),
+        }
+    }
+
+    /// Moves pending bytes along; whether anything moved.
+    #[inline]
+    pub fn pump(&mut self) -> Result<bool> {
+        match self {
+            SendConn::Shm(_) => Ok(false),
+            SendConn::Tcp(c) => c.pump(),
+        }
+    }
+
+    /// Whether nothing committed is still waiting to leave this process.
+    pub fn flushed(&self) -> bool {
+        match self {
+            SendConn::Shm(_) => true,
+            SendConn::Tcp(c) => c.flushed(),
+        }
+    }
+
+    /// Prepares to sleep until this connection can make progress: announces it (shared
+    /// memory) or adds what to poll (TCP).
+    pub fn arm(&self, pfds: &mut Vec<libc::pollfd>) {
+        match self {
+            SendConn::Shm(c) => c.arm(),
+            SendConn::Tcp(c) => pfds.push(fd::pollfd(c.poll_fd(), libc::POLLOUT)),
+        }
+    }
+
+    pub fn disarm(&self) {
+        if let SendConn::Shm(c) = self {
+            c.disarm();
+        }
+    }
+
+    pub fn peer(&self) -> Rank {
+        match self {
+            SendConn::Shm(c) => c.peer(),
+            SendConn::Tcp(c) => c.peer(),
+        }
+    }
+
+    pub fn shutdown_handle(&self) -> Option<TcpStream> {
+        match self {
+            SendConn::Shm(_) => None,
+            SendConn::Tcp(c) => c.shutdown_handle(),
+        }
+    }
+}
+
+impl RecvConn {
+    #[inline]
+    pub fn ready(&mut self) -> Result<bool> {
+        match self {
+            RecvConn::Shm(c) => Ok(c.ready()),
+            RecvConn::Tcp(c) => c.ready(),
+        }
+    }
+
+    #[inline]
+    pub fn chunk(&self) -> (*const u8, usize) {
+        match self {
+            RecvConn::Shm(c) => c.chunk(),
+            RecvConn::Tcp(c) => c.chunk(),
+        }
+    }
+
+    #[inline]
+    pub fn release(&mut self) {
+        match self {
+            RecvConn::Shm(c) => c.release(),
+            RecvConn::Tcp(c) => c.release(),
+        }
+    }
+
+    #[inline]
+    pub fn pump(&mut self) -> Result<bool> {
+        match self {
+            RecvConn::Shm(_) => Ok(false),
+            RecvConn::Tcp(c) => c.pump(),
+        }
+    }
+
+    pub fn arm(&self, pfds: &mut Vec<libc::pollfd>) {
+        match self {
+            RecvConn::Shm(c) => c.arm(),
+            RecvConn::Tcp(c) => {
+                if c.wants_data() {
+                    pfds.push(fd::pollfd(c.poll_fd(), libc::POLLIN));
+                }
+            }
+        }
+    }
+
+    pub fn disarm(&self) {
+        if let RecvConn::Shm(c) = self {
+            c.disarm();
+        }
+    }
+
+    pub fn peer(&self) -> Rank {
+        match self {
+            RecvConn::Shm(c) => c.peer(),
+            RecvConn::Tcp(c) => c.peer(),
+        }
+    }
+
+    pub fn shutdown_handle(&self) -> Option<TcpStream> {
+        match self {
+            RecvConn::Shm(_) => None,
+            RecvConn::Tcp(c) => c.shutdown_handle(),
+        }
+    }
+}
