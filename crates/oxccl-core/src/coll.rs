@@ -77,18 +77,10 @@ pub fn check_len(arg: &'static str, needed: usize, got: usize) -> Result<(), Cor
 }
 
 /// `count × factor` elements, checked against overflow of the byte size.
-pub fn elems(
-    arg: &'static str,
-    count: usize,
-    factor: usize,
-    dtype: DataType,
-) -> Result<usize, CoreError> {
+pub fn elems(arg: &'static str, count: usize, factor: usize, dtype: DataType) -> Result<usize, CoreError> {
     count
         .checked_mul(factor)
-        .filter(|n| {
-            n.checked_mul(dtype.size_bytes())
-                .is_some_and(|b| b <= isize::MAX as usize)
-        })
+        .filter(|n| n.checked_mul(dtype.size_bytes()).is_some_and(|b| b <= isize::MAX as usize))
         .ok_or(CoreError::CountOverflow { arg, count, dtype })
 }
 
@@ -126,47 +118,32 @@ pub fn check_alltoallv(
             ));
         }
     }
-    let fit =
-        |cargs: &'static str, c: &[usize], d: &[usize], len: usize| -> Result<(), CoreError> {
-            for (peer, (c, d)) in c.iter().zip(d).enumerate() {
-                let end = c.checked_add(*d).ok_or_else(|| {
-                    CoreError::invalid(cargs, format!("segment for rank {peer} overflows"))
-                })?;
-                if *c > 0 && end > len {
-                    return Err(CoreError::BufferTooShort {
-                        arg: cargs,
-                        needed: end,
-                        got: len,
-                    });
-                }
+    let fit = |cargs: &'static str, c: &[usize], d: &[usize], len: usize| -> Result<(), CoreError> {
+        for (peer, (c, d)) in c.iter().zip(d).enumerate() {
+            let end = c
+                .checked_add(*d)
+                .ok_or_else(|| CoreError::invalid(cargs, format!("segment for rank {peer} overflows")))?;
+            if *c > 0 && end > len {
+                return Err(CoreError::BufferTooShort { arg: cargs, needed: end, got: len });
             }
-            Ok(())
-        };
+        }
+        Ok(())
+    };
     fit("send", send_counts, send_displs, send_len)?;
     fit("recv", recv_counts, recv_displs, recv_len)?;
     let m = me.idx();
     if send_counts[m] != recv_counts[m] {
         return Err(CoreError::invalid(
             "send_counts",
-            format!(
-                "rank {m} sends {} elements to itself but receives {}",
-                send_counts[m], recv_counts[m]
-            ),
+            format!("rank {m} sends {} elements to itself but receives {}", send_counts[m], recv_counts[m]),
         ));
     }
     // Receive segments must not overlap, or results would depend on arrival order.
-    let mut segs: Vec<(usize, usize)> = recv_counts
-        .iter()
-        .zip(recv_displs)
-        .filter(|(c, _)| **c > 0)
-        .map(|(c, d)| (*d, d + c))
-        .collect();
+    let mut segs: Vec<(usize, usize)> =
+        recv_counts.iter().zip(recv_displs).filter(|(c, _)| **c > 0).map(|(c, d)| (*d, d + c)).collect();
     segs.sort();
     if segs.windows(2).any(|w| w[1].0 < w[0].1) {
-        return Err(CoreError::invalid(
-            "recv_displs",
-            "receive segments overlap",
-        ));
+        return Err(CoreError::invalid("recv_displs", "receive segments overlap"));
     }
     Ok(())
 }
@@ -181,20 +158,13 @@ mod tests {
         assert!(check_rank("root", -1, 4).is_err());
         assert_eq!(check_rank("root", 3, 4).unwrap(), Rank(3));
         let e = check_len("recv", 10, 9).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "argument `recv`: buffer holds 9 elements but the call needs 10"
-        );
+        assert_eq!(e.to_string(), "argument `recv`: buffer holds 9 elements but the call needs 10");
         assert!(elems("count", usize::MAX / 2, 4, DataType::F32).is_err());
         assert_eq!(elems("count", 3, 4, DataType::F64).unwrap(), 12);
     }
 
     fn seg<'a>(counts: &'a [usize], displs: &'a [usize], len: usize) -> Segments<'a> {
-        Segments {
-            counts,
-            displs,
-            len,
-        }
+        Segments { counts, displs, len }
     }
 
     #[test]
@@ -203,18 +173,10 @@ mod tests {
         let ok = check_alltoallv(2, r0, seg(&[1, 2], &[0, 1], 3), seg(&[1, 1], &[0, 1], 2));
         assert!(ok.is_ok());
         let short = check_alltoallv(2, r0, seg(&[1, 2], &[0, 2], 3), seg(&[1, 1], &[0, 1], 2));
-        assert!(matches!(
-            short,
-            Err(CoreError::BufferTooShort { arg: "send", .. })
-        ));
+        assert!(matches!(short, Err(CoreError::BufferTooShort { arg: "send", .. })));
         let overlap = check_alltoallv(2, r0, seg(&[1, 1], &[0, 1], 2), seg(&[1, 2], &[0, 0], 2));
         assert!(overlap.is_err());
-        let selfm = check_alltoallv(
-            2,
-            Rank(1),
-            seg(&[1, 1], &[0, 1], 2),
-            seg(&[1, 2], &[0, 1], 3),
-        );
+        let selfm = check_alltoallv(2, Rank(1), seg(&[1, 1], &[0, 1], 2), seg(&[1, 2], &[0, 1], 3));
         assert!(selfm.is_err());
         let wrong = check_alltoallv(3, r0, seg(&[1, 1], &[0, 1], 2), seg(&[1, 1], &[0, 1], 2));
         assert!(wrong.is_err());

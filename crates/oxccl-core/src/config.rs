@@ -62,11 +62,7 @@ impl Default for Config {
 }
 
 fn bad(var: &str, value: &str, reason: &str) -> CoreError {
-    CoreError::BadSetting {
-        var: var.to_string(),
-        value: value.to_string(),
-        reason: reason.to_string(),
-    }
+    CoreError::BadSetting { var: var.to_string(), value: value.to_string(), reason: reason.to_string() }
 }
 
 fn parse_bool(var: &str, v: &str) -> Result<bool, CoreError> {
@@ -78,9 +74,7 @@ fn parse_bool(var: &str, v: &str) -> Result<bool, CoreError> {
 }
 
 fn parse_usize(var: &str, v: &str) -> Result<usize, CoreError> {
-    v.trim()
-        .parse::<usize>()
-        .map_err(|_| bad(var, v, "expected a non-negative integer"))
+    v.trim().parse::<usize>().map_err(|_| bad(var, v, "expected a non-negative integer"))
 }
 
 impl Config {
@@ -91,10 +85,10 @@ impl Config {
             c.socket_ifname = Some(IfSpec::parse(&v));
         }
         if let Some(v) = get("NCCL_SOCKET_FAMILY").filter(|v| !v.trim().is_empty()) {
-            c.socket_family =
-                Some(Family::parse(&v).ok_or_else(|| {
-                    bad("NCCL_SOCKET_FAMILY", &v, "expected AF_INET or AF_INET6")
-                })?);
+            c.socket_family = Some(
+                Family::parse(&v)
+                    .ok_or_else(|| bad("NCCL_SOCKET_FAMILY", &v, "expected AF_INET or AF_INET6"))?,
+            );
         }
         if let Some(v) = get("NCCL_SHM_DISABLE") {
             c.shm_disable = parse_bool("NCCL_SHM_DISABLE", &v)?;
@@ -118,16 +112,9 @@ impl Config {
             };
         }
         if let Some(v) = get("OXCCL_TIMEOUT") {
-            let secs: f64 = v
-                .trim()
-                .parse()
-                .map_err(|_| bad("OXCCL_TIMEOUT", &v, "expected seconds"))?;
+            let secs: f64 = v.trim().parse().map_err(|_| bad("OXCCL_TIMEOUT", &v, "expected seconds"))?;
             if !(secs >= 0.0 && secs.is_finite()) {
-                return Err(bad(
-                    "OXCCL_TIMEOUT",
-                    &v,
-                    "expected a non-negative number of seconds",
-                ));
+                return Err(bad("OXCCL_TIMEOUT", &v, "expected a non-negative number of seconds"));
             }
             c.timeout = (secs > 0.0).then(|| Duration::from_secs_f64(secs));
         }
@@ -140,8 +127,7 @@ impl Config {
 
     /// Checks the settings' ranges.
     pub fn validate(&self) -> Result<(), CoreError> {
-        if self.buffsize < tuning::MIN_BUFFSIZE_BYTES || self.buffsize > tuning::MAX_BUFFSIZE_BYTES
-        {
+        if self.buffsize < tuning::MIN_BUFFSIZE_BYTES || self.buffsize > tuning::MAX_BUFFSIZE_BYTES {
             return Err(bad(
                 "NCCL_BUFFSIZE",
                 &self.buffsize.to_string(),
@@ -152,10 +138,7 @@ impl Config {
                 ),
             ));
         }
-        if self.min_channels == 0
-            || self.max_channels == 0
-            || self.min_channels > tuning::MAX_CHANNELS
-        {
+        if self.min_channels == 0 || self.max_channels == 0 || self.min_channels > tuning::MAX_CHANNELS {
             return Err(bad(
                 "NCCL_MIN_NCHANNELS",
                 &self.min_channels.to_string(),
@@ -222,10 +205,7 @@ mod tests {
     use std::collections::HashMap;
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let m: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         move |k| m.get(k).cloned()
     }
 
@@ -257,11 +237,6 @@ mod tests {
         assert!(e.to_string().contains("OXCCL_TIMEOUT"), "{e}");
         let e = Config::from_lookup(env(&[("NCCL_BUFFSIZE", "10")])).unwrap_err();
         assert!(e.to_string().contains("NCCL_BUFFSIZE"), "{e}");
-        assert_eq!(
-            Config::from_lookup(env(&[("OXCCL_TIMEOUT", "0")]))
-                .unwrap()
-                .timeout,
-            None
-        );
+        assert_eq!(Config::from_lookup(env(&[("OXCCL_TIMEOUT", "0")])).unwrap().timeout, None);
     }
 }

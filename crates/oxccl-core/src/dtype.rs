@@ -156,9 +156,7 @@ impl ReduceOp {
 
     /// The operators valid for `dtype`.
     pub fn valid_ops(dtype: DataType) -> impl Iterator<Item = ReduceOp> {
-        ReduceOp::ALL
-            .into_iter()
-            .filter(move |o| o.valid_for(dtype))
+        ReduceOp::ALL.into_iter().filter(move |o| o.valid_for(dtype))
     }
 
     /// Checks that `self` may be applied to `dtype`.

@@ -14,25 +14,13 @@ pub enum CoreError {
     OpInvalidForType { op: ReduceOp, dtype: DataType },
     /// A rank argument outside the communicator.
     #[error("argument `{arg}`: rank {rank} is outside 0..{size}")]
-    RankOutOfRange {
-        arg: &'static str,
-        rank: i64,
-        size: usize,
-    },
+    RankOutOfRange { arg: &'static str, rank: i64, size: usize },
     /// A buffer too short for the element count the call needs.
     #[error("argument `{arg}`: buffer holds {got} elements but the call needs {needed}")]
-    BufferTooShort {
-        arg: &'static str,
-        needed: usize,
-        got: usize,
-    },
+    BufferTooShort { arg: &'static str, needed: usize, got: usize },
     /// An element count whose byte size does not fit in memory.
     #[error("argument `{arg}`: {count} elements of `{dtype}` overflow the address space")]
-    CountOverflow {
-        arg: &'static str,
-        count: usize,
-        dtype: DataType,
-    },
+    CountOverflow { arg: &'static str, count: usize, dtype: DataType },
     /// Any other invalid argument.
     #[error("argument `{arg}`: {reason}")]
     InvalidArgument { arg: &'static str, reason: String },
@@ -41,31 +29,18 @@ pub enum CoreError {
     Malformed { what: &'static str, reason: String },
     /// An environment variable (or config value) that does not parse.
     #[error("setting {var}={value:?}: {reason}")]
-    BadSetting {
-        var: String,
-        value: String,
-        reason: String,
-    },
+    BadSetting { var: String, value: String, reason: String },
     /// The launcher environment is incomplete.
     #[error("launcher environment ({launcher}): {reason}")]
-    Launcher {
-        launcher: &'static str,
-        reason: String,
-    },
+    Launcher { launcher: &'static str, reason: String },
 }
 
 impl CoreError {
     pub(crate) fn malformed(what: &'static str, reason: impl Into<String>) -> Self {
-        CoreError::Malformed {
-            what,
-            reason: reason.into(),
-        }
+        CoreError::Malformed { what, reason: reason.into() }
     }
 
     pub(crate) fn invalid(arg: &'static str, reason: impl Into<String>) -> Self {
-        CoreError::InvalidArgument {
-            arg,
-            reason: reason.into(),
-        }
+        CoreError::InvalidArgument { arg, reason: reason.into() }
     }
 }

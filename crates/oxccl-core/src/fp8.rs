@@ -54,11 +54,7 @@ impl Format {
         let mant = (mag & ((1 << m) - 1)) as i32;
         let exp_max = (1 << self.exponent_bits()) - 1;
         if self.ieee_specials && exp_field == exp_max {
-            return if mant == 0 {
-                sign * f32::INFINITY
-            } else {
-                f32::NAN
-            };
+            return if mant == 0 { sign * f32::INFINITY } else { f32::NAN };
         }
         if !self.ieee_specials && mag == self.nan_code {
             return f32::NAN;
@@ -147,16 +143,8 @@ macro_rules! fp8_type {
     };
 }
 
-fp8_type!(
-    F8E4M3,
-    E4M3,
-    "8-bit float, 4 exponent bits, 3 mantissa bits, no infinities (max 448)."
-);
-fp8_type!(
-    F8E5M2,
-    E5M2,
-    "8-bit float, 5 exponent bits, 2 mantissa bits, IEEE specials (max 57344)."
-);
+fp8_type!(F8E4M3, E4M3, "8-bit float, 4 exponent bits, 3 mantissa bits, no infinities (max 448).");
+fp8_type!(F8E5M2, E5M2, "8-bit float, 5 exponent bits, 2 mantissa bits, IEEE specials (max 57344).");
 
 /// Decoding tables: one `f32` per bit pattern, so reductions widen with a load, not a branch
 /// ladder.
@@ -169,10 +157,7 @@ pub struct DecodeTables {
 pub fn decode_tables() -> &'static DecodeTables {
     static TABLES: std::sync::OnceLock<DecodeTables> = std::sync::OnceLock::new();
     TABLES.get_or_init(|| {
-        let mut t = DecodeTables {
-            e4m3: [0.0; 256],
-            e5m2: [0.0; 256],
-        };
+        let mut t = DecodeTables { e4m3: [0.0; 256], e5m2: [0.0; 256] };
         for c in 0..256usize {
             t.e4m3[c] = E4M3.decode(c as u8);
             t.e5m2[c] = E5M2.decode(c as u8);
@@ -249,10 +234,7 @@ mod tests {
         assert!(F8E5M2::from_f32(f32::NAN).to_f32().is_nan());
         // Subnormal rounding: half of the smallest subnormal is a tie to zero.
         assert_eq!(F8E4M3::from_f32(2f32.powi(-10)).to_f32(), 0.0);
-        assert_eq!(
-            F8E4M3::from_f32(1.5 * 2f32.powi(-9)).to_f32(),
-            2.0 * 2f32.powi(-9)
-        );
+        assert_eq!(F8E4M3::from_f32(1.5 * 2f32.powi(-9)).to_f32(), 2.0 * 2f32.powi(-9));
     }
 
     fn brute_force(codes: &[(u8, f64)], max: f64, x: f32) -> f64 {
@@ -278,19 +260,13 @@ mod tests {
 
     #[test]
     fn encode_matches_brute_force_nearest_even() {
-        let e4: Vec<(u8, f64)> = (0..=255u8)
-            .map(|c| (c, F8E4M3(c).to_f32() as f64))
-            .filter(|v| v.1.is_finite())
-            .collect();
-        let e5: Vec<(u8, f64)> = (0..=255u8)
-            .map(|c| (c, F8E5M2(c).to_f32() as f64))
-            .filter(|v| v.1.is_finite())
-            .collect();
+        let e4: Vec<(u8, f64)> =
+            (0..=255u8).map(|c| (c, F8E4M3(c).to_f32() as f64)).filter(|v| v.1.is_finite()).collect();
+        let e5: Vec<(u8, f64)> =
+            (0..=255u8).map(|c| (c, F8E5M2(c).to_f32() as f64)).filter(|v| v.1.is_finite()).collect();
         let mut z: u64 = 0x1234_5678;
         for i in 0..200_000u32 {
-            z = z
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            z = z.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             // Spread over the formats' ranges: random mantissa, exponent in −20..20.
             let e = ((z >> 40) % 40) as i32 - 20;
             let m = 1.0 + ((z >> 8) as u32 & 0x7f_ffff) as f32 / 8_388_608.0;
@@ -304,34 +280,22 @@ mod tests {
             }
             let got = F8E4M3::from_f32(x).to_f32() as f64;
             let want = brute_force(&e4, 448.0, x);
-            assert!(
-                got == want || (got == 0.0 && want == 0.0),
-                "e4m3 x={x:e} got {got} want {want}"
-            );
+            assert!(got == want || (got == 0.0 && want == 0.0), "e4m3 x={x:e} got {got} want {want}");
             let got = F8E5M2::from_f32(x).to_f32() as f64;
             let want = brute_force(&e5, 57344.0, x);
-            assert!(
-                got == want || (got == 0.0 && want == 0.0),
-                "e5m2 x={x:e} got {got} want {want}"
-            );
+            assert!(got == want || (got == 0.0 && want == 0.0), "e5m2 x={x:e} got {got} want {want}");
         }
     }
 
     #[test]
     fn encode_is_nearest_for_a_sweep() {
         // For many values, the encoded value is at least as close as every other code.
-        let codes: Vec<f32> = (0..=255u8)
-            .map(|c| F8E4M3(c).to_f32())
-            .filter(|v| v.is_finite())
-            .collect();
+        let codes: Vec<f32> = (0..=255u8).map(|c| F8E4M3(c).to_f32()).filter(|v| v.is_finite()).collect();
         let mut x = -500.0f32;
         while x < 500.0 {
             let enc = F8E4M3::from_f32(x).to_f32();
             let clamped = x.clamp(-448.0, 448.0);
-            let best = codes
-                .iter()
-                .map(|c| (c - clamped).abs())
-                .fold(f32::INFINITY, f32::min);
+            let best = codes.iter().map(|c| (c - clamped).abs()).fold(f32::INFINITY, f32::min);
             assert_eq!((enc - clamped).abs(), best, "x = {x}");
             x += 0.37;
         }

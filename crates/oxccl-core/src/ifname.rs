@@ -38,10 +38,7 @@ impl Family {
     }
 
     fn matches(self, a: &IpAddr) -> bool {
-        matches!(
-            (self, a),
-            (Family::V4, IpAddr::V4(_)) | (Family::V6, IpAddr::V6(_))
-        )
+        matches!((self, a), (Family::V4, IpAddr::V4(_)) | (Family::V6, IpAddr::V6(_)))
     }
 }
 
@@ -68,23 +65,14 @@ impl IfSpec {
         IfSpec {
             exclude,
             exact,
-            names: s
-                .split(',')
-                .map(|n| n.trim().to_string())
-                .filter(|n| !n.is_empty())
-                .collect(),
+            names: s.split(',').map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect(),
         }
     }
 
     /// Whether interface `name` is selected.
     pub fn matches(&self, name: &str) -> bool {
-        let hit = self.names.iter().any(|n| {
-            if self.exact {
-                name == n
-            } else {
-                name.starts_with(n.as_str())
-            }
-        });
+        let hit =
+            self.names.iter().any(|n| if self.exact { name == n } else { name.starts_with(n.as_str()) });
         hit != self.exclude
     }
 }
@@ -104,19 +92,11 @@ fn default_class(name: &str) -> u8 {
 fn in_subnet(a: &IpAddr, prefix: u8, b: &IpAddr) -> bool {
     match (a, b) {
         (IpAddr::V4(a), IpAddr::V4(b)) => {
-            let m = if prefix == 0 {
-                0
-            } else {
-                u32::MAX << (32 - prefix.min(32))
-            };
+            let m = if prefix == 0 { 0 } else { u32::MAX << (32 - prefix.min(32)) };
             u32::from(*a) & m == u32::from(*b) & m
         }
         (IpAddr::V6(a), IpAddr::V6(b)) => {
-            let m = if prefix == 0 {
-                0
-            } else {
-                u128::MAX << (128 - prefix.min(128))
-            };
+            let m = if prefix == 0 { 0 } else { u128::MAX << (128 - prefix.min(128)) };
             u128::from(*a) & m == u128::from(*b) & m
         }
         _ => false,
@@ -146,11 +126,7 @@ pub fn select<'a>(
         .collect();
     // Stable sort: the OS order breaks ties.
     cands.sort_by_key(|i| {
-        let class = if spec.is_some() {
-            0
-        } else {
-            default_class(&i.name)
-        };
+        let class = if spec.is_some() { 0 } else { default_class(&i.name) };
         let subnet = root.is_some_and(|r| in_subnet(&i.addr, i.prefix_len, &r));
         let v6 = matches!(i.addr, IpAddr::V6(_));
         (!subnet, class, v6)
@@ -179,11 +155,7 @@ pub fn select<'a>(
             arg: "NCCL_SOCKET_IFNAME",
             reason: format!(
                 "no usable interface matches {wanted}{fam}; interfaces present: {}",
-                if names.is_empty() {
-                    "none".to_string()
-                } else {
-                    names.join(", ")
-                }
+                if names.is_empty() { "none".to_string() } else { names.join(", ") }
             ),
         }
     })
@@ -194,12 +166,8 @@ mod tests {
     use super::*;
 
     fn ifs() -> Vec<Iface> {
-        let mk = |n: &str, a: &str, p| Iface {
-            name: n.into(),
-            addr: a.parse().unwrap(),
-            prefix_len: p,
-            up: true,
-        };
+        let mk =
+            |n: &str, a: &str, p| Iface { name: n.into(), addr: a.parse().unwrap(), prefix_len: p, up: true };
         vec![
             mk("lo", "127.0.0.1", 8),
             mk("docker0", "172.17.0.1", 16),
@@ -234,10 +202,7 @@ mod tests {
         let only_lo = vec![i[0].clone(), i[1].clone()];
         assert_eq!(select(&only_lo, None, None, None).unwrap().name, "docker0");
         let s = IfSpec::parse("=eth1");
-        assert_eq!(
-            select(&i, Some(&s), None, None).unwrap().addr.to_string(),
-            "10.0.0.5"
-        );
+        assert_eq!(select(&i, Some(&s), None, None).unwrap().addr.to_string(), "10.0.0.5");
         // The link-local IPv6 address of eth0 is never chosen.
         assert!(select(&i, Some(&IfSpec::parse("=eth0")), Some(Family::V6), None).is_err());
     }
@@ -248,9 +213,6 @@ mod tests {
         let e = select(&i, Some(&IfSpec::parse("=nope0")), None, None).unwrap_err();
         let m = e.to_string();
         assert!(m.contains("NCCL_SOCKET_IFNAME==nope0"), "{m}");
-        assert!(
-            m.contains("eth0=192.0.2.2") && m.contains("lo=127.0.0.1"),
-            "{m}"
-        );
+        assert!(m.contains("eth0=192.0.2.2") && m.contains("lo=127.0.0.1"), "{m}");
     }
 }

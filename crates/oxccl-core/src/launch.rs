@@ -26,11 +26,7 @@ use std::path::PathBuf;
 pub enum Rendezvous {
     Id(UniqueId),
     File(PathBuf),
-    Addr {
-        host: String,
-        port: u16,
-        secret: [u8; 32],
-    },
+    Addr { host: String, port: u16, secret: [u8; 32] },
 }
 
 /// One process's place in the job, as its launcher describes it.
@@ -50,14 +46,10 @@ fn num(
 ) -> Result<Option<usize>, CoreError> {
     match get(var) {
         None => Ok(None),
-        Some(v) => v
-            .trim()
-            .parse::<usize>()
-            .map(Some)
-            .map_err(|_| CoreError::Launcher {
-                launcher,
-                reason: format!("{var}={v:?} is not a non-negative integer"),
-            }),
+        Some(v) => v.trim().parse::<usize>().map(Some).map_err(|_| CoreError::Launcher {
+            launcher,
+            reason: format!("{var}={v:?} is not a non-negative integer"),
+        }),
     }
 }
 
@@ -124,17 +116,12 @@ fn rendezvous(
             launcher,
             reason: format!("OXCCL_ROOT_ADDR={a:?} is not host:port"),
         })?;
-        Some((
-            h.trim_matches(['[', ']']).to_string(),
-            p.to_string(),
-            "OXCCL_ROOT_ADDR",
-        ))
+        Some((h.trim_matches(['[', ']']).to_string(), p.to_string(), "OXCCL_ROOT_ADDR"))
     } else if let (Some(h), Some(p)) = (get("MASTER_ADDR"), get("MASTER_PORT")) {
         Some((h, p, "MASTER_PORT"))
-    } else if let (Some(list), Some(job)) = (
-        get("SLURM_JOB_NODELIST").or_else(|| get("SLURM_STEP_NODELIST")),
-        get("SLURM_JOB_ID"),
-    ) {
+    } else if let (Some(list), Some(job)) =
+        (get("SLURM_JOB_NODELIST").or_else(|| get("SLURM_STEP_NODELIST")), get("SLURM_JOB_ID"))
+    {
         let host = first_slurm_host(&list).ok_or_else(|| CoreError::Launcher {
             launcher,
             reason: format!("SLURM_JOB_NODELIST={list:?} names no host"),
@@ -160,38 +147,22 @@ fn rendezvous(
         Some(s) => format!("secret:{s}"),
         None => format!("job:{}", job_identity(get)),
     };
-    let secret = derive_secret(
-        seed.as_bytes(),
-        &format!("oxccl-env-rendezvous {host}:{port}"),
-        &[size as u64],
-    );
+    let secret =
+        derive_secret(seed.as_bytes(), &format!("oxccl-env-rendezvous {host}:{port}"), &[size as u64]);
     Ok(Rendezvous::Addr { host, port, secret })
 }
 
 /// Reads the launcher's environment with `get`.
 pub fn detect(get: impl Fn(&str) -> Option<String>) -> Result<LaunchEnv, CoreError> {
     const LAUNCHERS: [(&str, &str, &str, &str); 5] = [
-        (
-            "oxccl",
-            "OXCCL_RANK",
-            "OXCCL_WORLD_SIZE",
-            "OXCCL_LOCAL_RANK",
-        ),
+        ("oxccl", "OXCCL_RANK", "OXCCL_WORLD_SIZE", "OXCCL_LOCAL_RANK"),
         ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"),
         ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
-        (
-            "openmpi",
-            "OMPI_COMM_WORLD_RANK",
-            "OMPI_COMM_WORLD_SIZE",
-            "OMPI_COMM_WORLD_LOCAL_RANK",
-        ),
+        ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
         ("pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
     ];
     for (launcher, rank_var, size_var, local_var) in LAUNCHERS {
-        let (Some(rank), size) = (
-            num(&get, launcher, rank_var)?,
-            num(&get, launcher, size_var)?,
-        ) else {
+        let (Some(rank), size) = (num(&get, launcher, rank_var)?, num(&get, launcher, size_var)?) else {
             continue;
         };
         let size = size.ok_or_else(|| CoreError::Launcher {
@@ -206,13 +177,7 @@ pub fn detect(get: impl Fn(&str) -> Option<String>) -> Result<LaunchEnv, CoreErr
         }
         let local_rank = num(&get, launcher, local_var)?;
         let rendezvous = rendezvous(&get, launcher, size)?;
-        return Ok(LaunchEnv {
-            launcher,
-            rank,
-            size,
-            local_rank,
-            rendezvous,
-        });
+        return Ok(LaunchEnv { launcher, rank, size, local_rank, rendezvous });
     }
     Err(CoreError::Launcher {
         launcher: "none",
@@ -228,10 +193,7 @@ mod tests {
     use std::collections::HashMap;
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let m: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         move |k| m.get(k).cloned()
     }
 
@@ -246,13 +208,8 @@ mod tests {
             ("TORCHELASTIC_RUN_ID", "abc"),
         ]))
         .unwrap();
-        assert_eq!(
-            (e.launcher, e.rank, e.size, e.local_rank),
-            ("torchrun", 3, 8, Some(1))
-        );
-        let Rendezvous::Addr { host, port, secret } = e.rendezvous else {
-            panic!()
-        };
+        assert_eq!((e.launcher, e.rank, e.size, e.local_rank), ("torchrun", 3, 8, Some(1)));
+        let Rendezvous::Addr { host, port, secret } = e.rendezvous else { panic!() };
         assert_eq!((host.as_str(), port), ("node7", 29500));
         // Another job on the same address gets another secret.
         let e2 = detect(env(&[
@@ -263,9 +220,7 @@ mod tests {
             ("TORCHELASTIC_RUN_ID", "other"),
         ]))
         .unwrap();
-        let Rendezvous::Addr { secret: s2, .. } = e2.rendezvous else {
-            panic!()
-        };
+        let Rendezvous::Addr { secret: s2, .. } = e2.rendezvous else { panic!() };
         assert_ne!(secret, s2);
     }
 
@@ -280,9 +235,7 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!((e.launcher, e.rank, e.size), ("slurm", 5, 16));
-        let Rendezvous::Addr { host, port, .. } = e.rendezvous else {
-            panic!()
-        };
+        let Rendezvous::Addr { host, port, .. } = e.rendezvous else { panic!() };
         assert_eq!((host.as_str(), port), ("gpu012", 23456));
         let e = detect(env(&[
             ("OMPI_COMM_WORLD_RANK", "0"),

@@ -69,15 +69,8 @@ fn binary<T: Pod>(dst: &mut [u8], a: &[u8], b: &[u8], f: impl Fn(T, T) -> T) {
         }
     } else {
         let s = core::mem::size_of::<T>();
-        for ((d, x), y) in dst
-            .chunks_exact_mut(s)
-            .zip(a.chunks_exact(s))
-            .zip(b.chunks_exact(s))
-        {
-            let v = f(
-                bytemuck::pod_read_unaligned(x),
-                bytemuck::pod_read_unaligned(y),
-            );
+        for ((d, x), y) in dst.chunks_exact_mut(s).zip(a.chunks_exact(s)).zip(b.chunks_exact(s)) {
+            let v = f(bytemuck::pod_read_unaligned(x), bytemuck::pod_read_unaligned(y));
             d.copy_from_slice(bytemuck::bytes_of(&v));
         }
     }
@@ -97,10 +90,7 @@ fn accumulate<T: Pod>(acc: &mut [u8], b: &[u8], f: impl Fn(T, T) -> T) {
     } else {
         let s = core::mem::size_of::<T>();
         for (d, y) in acc.chunks_exact_mut(s).zip(b.chunks_exact(s)) {
-            let v = f(
-                bytemuck::pod_read_unaligned(d),
-                bytemuck::pod_read_unaligned(y),
-            );
+            let v = f(bytemuck::pod_read_unaligned(d), bytemuck::pod_read_unaligned(y));
             d.copy_from_slice(bytemuck::bytes_of(&v));
         }
     }
@@ -198,31 +188,14 @@ fn dispatch(ctx: &ReduceCtx, target: Target<'_>) {
             narrow_kernel!(f16, u16, ctx.op, target, |x: f16| x.to_f32(), f16::from_f32)
         }
         DataType::Bf16 => {
-            narrow_kernel!(
-                bf16,
-                u16,
-                ctx.op,
-                target,
-                |x: bf16| x.to_f32(),
-                bf16::from_f32
-            )
+            narrow_kernel!(bf16, u16, ctx.op, target, |x: bf16| x.to_f32(), bf16::from_f32)
         }
-        DataType::F8E4M3 => narrow_kernel!(
-            F8E4M3,
-            u8,
-            ctx.op,
-            target,
-            |x: F8E4M3| t.e4m3[x.0 as usize],
-            F8E4M3::from_f32
-        ),
-        DataType::F8E5M2 => narrow_kernel!(
-            F8E5M2,
-            u8,
-            ctx.op,
-            target,
-            |x: F8E5M2| t.e5m2[x.0 as usize],
-            F8E5M2::from_f32
-        ),
+        DataType::F8E4M3 => {
+            narrow_kernel!(F8E4M3, u8, ctx.op, target, |x: F8E4M3| t.e4m3[x.0 as usize], F8E4M3::from_f32)
+        }
+        DataType::F8E5M2 => {
+            narrow_kernel!(F8E5M2, u8, ctx.op, target, |x: F8E5M2| t.e5m2[x.0 as usize], F8E5M2::from_f32)
+        }
     }
 }
 
@@ -262,12 +235,8 @@ pub fn finalize(ctx: &ReduceCtx, buf: &mut [u8]) {
         DataType::F64 => map::<f64>(buf, |x| x / n as f64),
         DataType::F16 => map::<f16>(buf, |x| f16::from_f32(x.to_f32() / n as f32)),
         DataType::Bf16 => map::<bf16>(buf, |x| bf16::from_f32(x.to_f32() / n as f32)),
-        DataType::F8E4M3 => {
-            map::<F8E4M3>(buf, |x| F8E4M3::from_f32(t.e4m3[x.0 as usize] / n as f32))
-        }
-        DataType::F8E5M2 => {
-            map::<F8E5M2>(buf, |x| F8E5M2::from_f32(t.e5m2[x.0 as usize] / n as f32))
-        }
+        DataType::F8E4M3 => map::<F8E4M3>(buf, |x| F8E4M3::from_f32(t.e4m3[x.0 as usize] / n as f32)),
+        DataType::F8E5M2 => map::<F8E5M2>(buf, |x| F8E5M2::from_f32(t.e5m2[x.0 as usize] / n as f32)),
     }
 }
 
@@ -306,10 +275,7 @@ mod tests {
         a1[1..].copy_from_slice(&a);
         b1[1..].copy_from_slice(&b);
         reduce_to(&ctx, &mut store[1..], &a1[1..], &b1[1..]);
-        let got: Vec<f64> = store[1..]
-            .chunks_exact(8)
-            .map(bytemuck::pod_read_unaligned)
-            .collect();
+        let got: Vec<f64> = store[1..].chunks_exact(8).map(bytemuck::pod_read_unaligned).collect();
         assert_eq!(got, [3.0, -6.0, 1.0]);
     }
 
@@ -317,11 +283,7 @@ mod tests {
     fn narrow_floats_widen_and_avg_finalizes() {
         let ctx = ReduceCtx::new(DataType::F16, ReduceOp::Avg, 4).unwrap();
         let mut d = bytes(&[f16::from_f32(6.0), f16::from_f32(-2.0)]);
-        reduce_into(
-            &ctx,
-            &mut d,
-            &bytes(&[f16::from_f32(2.0), f16::from_f32(-2.0)]),
-        );
+        reduce_into(&ctx, &mut d, &bytes(&[f16::from_f32(2.0), f16::from_f32(-2.0)]));
         finalize(&ctx, &mut d);
         let got: &[f16] = bytemuck::cast_slice(&d);
         assert_eq!(got, &[f16::from_f32(2.0), f16::from_f32(-1.0)]);

@@ -36,12 +36,7 @@ pub struct UniqueId {
 impl core::fmt::Debug for UniqueId {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         // The secret is not printed in debug output.
-        write!(
-            f,
-            "UniqueId {{ root: {}, comm: {} }}",
-            self.root,
-            self.comm_hash()
-        )
+        write!(f, "UniqueId {{ root: {}, comm: {} }}", self.root, self.comm_hash())
     }
 }
 
@@ -70,10 +65,7 @@ impl UniqueId {
     pub fn from_bytes(b: &[u8]) -> Result<Self, CoreError> {
         let bad = |r: &str| CoreError::malformed("unique id", r.to_string());
         if b.len() != UNIQUE_ID_BYTES {
-            return Err(bad(&format!(
-                "{} bytes, expected {UNIQUE_ID_BYTES}",
-                b.len()
-            )));
+            return Err(bad(&format!("{} bytes, expected {UNIQUE_ID_BYTES}", b.len())));
         }
         if &b[0..4] != MAGIC {
             return Err(bad("bad magic (not an oxccl unique id)"));
@@ -96,10 +88,7 @@ impl UniqueId {
         };
         let mut secret = [0u8; 32];
         secret.copy_from_slice(&b[24..56]);
-        Ok(UniqueId {
-            root: SocketAddr::new(ip, port),
-            secret,
-        })
+        Ok(UniqueId { root: SocketAddr::new(ip, port), secret })
     }
 
     /// The communicator identity derived from the secret.
@@ -150,17 +139,10 @@ impl core::str::FromStr for UniqueId {
         let rest = s
             .strip_prefix(TEXT_PREFIX)
             .ok_or_else(|| bad(&format!("does not start with {TEXT_PREFIX:?}")))?;
-        let (addr, hex) = rest
-            .rsplit_once('/')
-            .ok_or_else(|| bad("missing '/<secret>'"))?;
-        let root: SocketAddr = addr
-            .parse()
-            .map_err(|_| bad(&format!("bad address {addr:?}")))?;
+        let (addr, hex) = rest.rsplit_once('/').ok_or_else(|| bad("missing '/<secret>'"))?;
+        let root: SocketAddr = addr.parse().map_err(|_| bad(&format!("bad address {addr:?}")))?;
         if hex.len() != 64 {
-            return Err(bad(&format!(
-                "secret has {} hex digits, expected 64",
-                hex.len()
-            )));
+            return Err(bad(&format!("secret has {} hex digits, expected 64", hex.len())));
         }
         let mut secret = [0u8; 32];
         for (i, b) in secret.iter_mut().enumerate() {
@@ -180,10 +162,7 @@ mod tests {
         for (i, b) in secret.iter_mut().enumerate() {
             *b = (i * 37 + 11) as u8;
         }
-        UniqueId {
-            root: addr.parse().unwrap(),
-            secret,
-        }
+        UniqueId { root: addr.parse().unwrap(), secret }
     }
 
     #[test]
@@ -196,10 +175,7 @@ mod tests {
             let t = u.to_string();
             assert!(t.starts_with("oxccl1@"), "{t}");
             assert_eq!(t.parse::<UniqueId>().unwrap(), u);
-            assert!(
-                !format!("{u:?}").contains(&t[t.len() - 10..]),
-                "debug hides the secret"
-            );
+            assert!(!format!("{u:?}").contains(&t[t.len() - 10..]), "debug hides the secret");
         }
     }
 
@@ -219,17 +195,8 @@ mod tests {
     #[test]
     fn derived_secrets_differ_by_input() {
         let p = [1u8; 32];
-        assert_eq!(
-            derive_secret(&p, "split", &[1, 2]),
-            derive_secret(&p, "split", &[1, 2])
-        );
-        assert_ne!(
-            derive_secret(&p, "split", &[1, 2]),
-            derive_secret(&p, "split", &[1, 3])
-        );
-        assert_ne!(
-            derive_secret(&p, "split", &[1]),
-            derive_secret(&[2u8; 32], "split", &[1])
-        );
+        assert_eq!(derive_secret(&p, "split", &[1, 2]), derive_secret(&p, "split", &[1, 2]));
+        assert_ne!(derive_secret(&p, "split", &[1, 2]), derive_secret(&p, "split", &[1, 3]));
+        assert_ne!(derive_secret(&p, "split", &[1]), derive_secret(&[2u8; 32], "split", &[1]));
     }
 }

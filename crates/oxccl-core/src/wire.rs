@@ -149,10 +149,7 @@ impl<'a> Reader<'a> {
         if self.pos == self.buf.len() {
             Ok(())
         } else {
-            Err(CoreError::malformed(
-                self.what,
-                format!("{} trailing bytes", self.buf.len() - self.pos),
-            ))
+            Err(CoreError::malformed(self.what, format!("{} trailing bytes", self.buf.len() - self.pos)))
         }
     }
 }
@@ -163,12 +160,7 @@ mod tests {
 
     #[test]
     fn round_trip_and_truncation() {
-        let msg = Writer::new()
-            .u8(7)
-            .u32(0xdead_beef)
-            .str("héllo")
-            .u64(u64::MAX)
-            .finish();
+        let msg = Writer::new().u8(7).u32(0xdead_beef).str("héllo").u64(u64::MAX).finish();
         let mut r = Reader::new(&msg, "test message");
         assert_eq!(r.u8().unwrap(), 7);
         assert_eq!(r.u32().unwrap(), 0xdead_beef);
@@ -177,11 +169,7 @@ mod tests {
         r.finish().unwrap();
         for cut in 0..msg.len() {
             let mut r = Reader::new(&msg[..cut], "test message");
-            let ok = r
-                .u8()
-                .and_then(|_| r.u32())
-                .and_then(|_| r.str().map(|_| ()))
-                .and_then(|_| r.u64());
+            let ok = r.u8().and_then(|_| r.u32()).and_then(|_| r.str().map(|_| ())).and_then(|_| r.u64());
             assert!(ok.is_err(), "cut at {cut}");
         }
         // A huge length prefix is refused without allocating.

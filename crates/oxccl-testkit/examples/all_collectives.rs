@@ -28,8 +28,7 @@ fn rank_main(args: &[String]) {
         std::process::exit(1)
     });
     let count: usize = arg(args, "-n", (1 << 20) + 3);
-    let dtype =
-        DataType::parse(&arg::<String>(args, "-d", "float".into())).unwrap_or(DataType::F32);
+    let dtype = DataType::parse(&arg::<String>(args, "-d", "float".into())).unwrap_or(DataType::F32);
     let mut ok = true;
     for (i, coll) in Coll::ALL.into_iter().enumerate() {
         let case = Case {
@@ -43,11 +42,7 @@ fn rank_main(args: &[String]) {
         };
         let t = Instant::now();
         match run_case(&comm, &case) {
-            Ok(()) => println!(
-                "VERDICT {} OK {:.3}",
-                coll.name(),
-                t.elapsed().as_secs_f64() * 1e3
-            ),
+            Ok(()) => println!("VERDICT {} OK {:.3}", coll.name(), t.elapsed().as_secs_f64() * 1e3),
             Err(e) => {
                 ok = false;
                 println!("VERDICT {} FAIL {e}", coll.name());
@@ -91,15 +86,9 @@ fn main() {
     for d in &done {
         for line in d.stdout.lines().filter_map(|l| l.strip_prefix("VERDICT ")) {
             let mut parts = line.splitn(3, ' ');
-            let (name, verdict, rest) = (
-                parts.next().unwrap_or(""),
-                parts.next().unwrap_or(""),
-                parts.next().unwrap_or(""),
-            );
-            let idx = Coll::ALL
-                .iter()
-                .position(|c| c.name() == name)
-                .unwrap_or(usize::MAX);
+            let (name, verdict, rest) =
+                (parts.next().unwrap_or(""), parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+            let idx = Coll::ALL.iter().position(|c| c.name() == name).unwrap_or(usize::MAX);
             let e = table.entry(idx).or_insert((name.to_string(), 0, 0.0, None));
             if verdict == "OK" {
                 e.1 += 1;
@@ -110,10 +99,7 @@ fn main() {
         }
     }
     let mut all_ok = launch_err.is_none();
-    println!(
-        "# {:<16} {:>10} {:>12}  verdict",
-        "collective", "ranks ok", "ms (+check)"
-    );
+    println!("# {:<16} {:>10} {:>12}  verdict", "collective", "ranks ok", "ms (+check)");
     for (name, n_ok, ms, fail) in table.values() {
         let verdict = match fail {
             None if *n_ok == np => "OK (exact on every rank)".to_string(),
@@ -121,29 +107,18 @@ fn main() {
             Some(f) => format!("FAILED: {f}"),
         };
         all_ok &= fail.is_none() && *n_ok == np;
-        println!(
-            "  {name:<16} {:>10} {ms:>12.2}  {verdict}",
-            format!("{n_ok}/{np}")
-        );
+        println!("  {name:<16} {:>10} {ms:>12.2}  {verdict}", format!("{n_ok}/{np}"));
     }
     if table.len() != Coll::ALL.len() {
         all_ok = false;
-        println!(
-            "# only {} of {} collectives reported",
-            table.len(),
-            Coll::ALL.len()
-        );
+        println!("# only {} of {} collectives reported", table.len(), Coll::ALL.len());
     }
     if let Some(e) = launch_err {
         println!("# launch failed:\n{e}");
     }
     println!(
         "# {} in {:.2} s",
-        if all_ok {
-            "ALL COLLECTIVES CORRECT"
-        } else {
-            "FAILURES"
-        },
+        if all_ok { "ALL COLLECTIVES CORRECT" } else { "FAILURES" },
         started.elapsed().as_secs_f64()
     );
     std::process::exit(if all_ok { 0 } else { 1 });

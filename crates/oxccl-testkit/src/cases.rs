@@ -56,10 +56,7 @@ impl Coll {
 
     /// Whether the collective has a root.
     pub fn rooted(self) -> bool {
-        matches!(
-            self,
-            Coll::Broadcast | Coll::Reduce | Coll::Gather | Coll::Scatter
-        )
+        matches!(self, Coll::Broadcast | Coll::Reduce | Coll::Gather | Coll::Scatter)
     }
 
     /// Whether the collective has an in-place form.
@@ -83,28 +80,14 @@ pub struct Case {
 
 impl std::fmt::Display for Case {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} {} count={}",
-            self.coll.name(),
-            self.dtype,
-            self.count
-        )?;
+        write!(f, "{} {} count={}", self.coll.name(), self.dtype, self.count)?;
         if let Some(op) = self.op {
             write!(f, " op={op}")?;
         }
         if self.coll.rooted() {
             write!(f, " root={}", self.root)?;
         }
-        write!(
-            f,
-            "{}",
-            if self.in_place {
-                " in-place"
-            } else {
-                " out-of-place"
-            }
-        )
+        write!(f, "{}", if self.in_place { " in-place" } else { " out-of-place" })
     }
 }
 
@@ -157,19 +140,11 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
         Coll::Broadcast => {
             let want = input(dt, mv, p, c.root, c.seed, 0, n);
             if c.in_place {
-                let mut buf: Vec<T> = typed(&if r == c.root {
-                    want.clone()
-                } else {
-                    poison_for(&want)
-                });
+                let mut buf: Vec<T> = typed(&if r == c.root { want.clone() } else { poison_for(&want) });
                 comm.broadcast_in_place(&mut buf, root).map_err(err)?;
                 check(c, "result", &buf, &want)
             } else {
-                let send: Vec<T> = if r == c.root {
-                    typed(&want)
-                } else {
-                    Vec::new()
-                };
+                let send: Vec<T> = if r == c.root { typed(&want) } else { Vec::new() };
                 let mut recv: Vec<T> = typed(&poison_for(&want));
                 comm.broadcast(&send, &mut recv, root).map_err(err)?;
                 check(c, "result", &recv, &want)
@@ -195,12 +170,7 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
                 if r == c.root {
                     check(c, "result", &recv, &want)
                 } else {
-                    check(
-                        c,
-                        "non-root receive buffer (must be untouched)",
-                        &recv,
-                        &poison,
-                    )
+                    check(c, "non-root receive buffer (must be untouched)", &recv, &poison)
                 }
             }
         }
@@ -282,8 +252,7 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
             }
             let send: Vec<T> = typed(&send_b);
             let mut recv: Vec<T> = typed(&init);
-            comm.all_to_all_v(&send, &sc, &sd, &mut recv, &rc, &rd)
-                .map_err(err)?;
+            comm.all_to_all_v(&send, &sc, &sd, &mut recv, &rc, &rd).map_err(err)?;
             check(c, "result", &recv, &want)
         }
         Coll::Gather => {
@@ -307,11 +276,7 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
             } else {
                 let send: Vec<T> = typed(&mine);
                 let poison = poison_for(&want);
-                let mut recv: Vec<T> = if r == c.root {
-                    typed(&poison)
-                } else {
-                    Vec::new()
-                };
+                let mut recv: Vec<T> = if r == c.root { typed(&poison) } else { Vec::new() };
                 comm.gather(&send, &mut recv, root).map_err(err)?;
                 if r == c.root {
                     check(c, "result", &recv, &want)
@@ -325,11 +290,7 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
             let es = dt.size_bytes();
             let want = all[r * n * es..(r + 1) * n * es].to_vec();
             if c.in_place {
-                let mut buf: Vec<T> = if r == c.root {
-                    typed(&all)
-                } else {
-                    typed(&poison_for(&want))
-                };
+                let mut buf: Vec<T> = if r == c.root { typed(&all) } else { typed(&poison_for(&want)) };
                 comm.scatter_in_place(&mut buf, root).map_err(err)?;
                 if r == c.root {
                     check(c, "root buffer", &buf, &all)
@@ -353,15 +314,9 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
             // prev are the same peer, whose first message (its forward one) meets this rank's
             // first receive (from "next").
             let (want_from_next, want_from_prev) = if next == prev {
-                (
-                    input(dt, mv, p, next, c.seed, 0, n),
-                    input(dt, mv, p, next, c.seed, n, n),
-                )
+                (input(dt, mv, p, next, c.seed, 0, n), input(dt, mv, p, next, c.seed, n, n))
             } else {
-                (
-                    input(dt, mv, p, next, c.seed, n, n),
-                    input(dt, mv, p, prev, c.seed, 0, n),
-                )
+                (input(dt, mv, p, next, c.seed, n, n), input(dt, mv, p, prev, c.seed, 0, n))
             };
             let mut from_prev: Vec<T> = typed(&poison_for(&want_from_prev));
             let mut from_next: Vec<T> = typed(&poison_for(&want_from_next));
@@ -414,54 +369,23 @@ pub fn matrix(size: usize, spec: &MatrixSpec) -> Vec<Case> {
     let mut seed = 1u64;
     for &coll in &spec.colls {
         for &dtype in &spec.dtypes {
-            let ops: Vec<Option<ReduceOp>> = if coll.reduces() {
-                ReduceOp::valid_ops(dtype).map(Some).collect()
-            } else {
-                vec![None]
-            };
-            let places: &[bool] = if coll.has_in_place() {
-                &[false, true]
-            } else {
-                &[false]
-            };
+            let ops: Vec<Option<ReduceOp>> =
+                if coll.reduces() { ReduceOp::valid_ops(dtype).map(Some).collect() } else { vec![None] };
+            let places: &[bool] = if coll.has_in_place() { &[false, true] } else { &[false] };
             for op in &ops {
                 for &in_place in places {
                     for &count in &spec.full_counts {
                         let roots = if coll.rooted() { size } else { 1 };
                         for root in 0..roots {
                             seed += 1;
-                            v.push(Case {
-                                coll,
-                                dtype,
-                                op: *op,
-                                count,
-                                in_place,
-                                root,
-                                seed,
-                            });
+                            v.push(Case { coll, dtype, op: *op, count, in_place, root, seed });
                         }
                     }
                     let big_in_place_op = op.is_none() || *op == Some(ReduceOp::Sum);
-                    for &count in spec
-                        .big_counts
-                        .iter()
-                        .filter(|_| !in_place || big_in_place_op)
-                    {
+                    for &count in spec.big_counts.iter().filter(|_| !in_place || big_in_place_op) {
                         seed += 1;
-                        let root = if coll.rooted() {
-                            (seed as usize) % size
-                        } else {
-                            0
-                        };
-                        v.push(Case {
-                            coll,
-                            dtype,
-                            op: *op,
-                            count,
-                            in_place,
-                            root,
-                            seed,
-                        });
+                        let root = if coll.rooted() { (seed as usize) % size } else { 0 };
+                        v.push(Case { coll, dtype, op: *op, count, in_place, root, seed });
                     }
                 }
             }

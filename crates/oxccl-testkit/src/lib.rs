@@ -9,3 +9,13 @@ pub mod verify;
 
 pub use cases::{matrix, run_case, Case, Coll, MatrixSpec};
 pub use spawn::{child, ChildCtx, Finished, Launch};
+
+/// Prints a line to the process's stderr even under libtest's output capture (which only
+/// catches the `print!` family), so test logs — CI's too — show what ran and how long it took.
+#[macro_export]
+macro_rules! report {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}

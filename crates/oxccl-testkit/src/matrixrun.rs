@@ -40,11 +40,7 @@ pub fn spec_named(name: &str) -> MatrixSpec {
 pub fn rank_main(ctx: ChildCtx) {
     let comm = Communicator::from_env().unwrap_or_else(|e| panic!("init failed: {e}"));
     let mut cases = Vec::new();
-    for name in ctx
-        .args
-        .split(',')
-        .filter(|s| !s.is_empty())
-        .chain(ctx.args.is_empty().then_some("standard"))
+    for name in ctx.args.split(',').filter(|s| !s.is_empty()).chain(ctx.args.is_empty().then_some("standard"))
     {
         cases.extend(matrix(comm.size(), &spec_named(name)));
     }
@@ -66,7 +62,7 @@ pub fn rank_main(ctx: ChildCtx) {
         }
     }
     println!(
-        "MATRIX rank {} of {}: {} cases, {} failed, {:.1} s",
+        "\nMATRIX rank {} of {}: {} cases, {} failed, {:.1} s",
         comm.rank(),
         comm.size(),
         cases.len(),
@@ -104,14 +100,14 @@ pub fn launch_matrix(
     match l.run() {
         Ok(done) => {
             let n = matrix(size, &standard_spec()).len();
-            eprintln!(
+            crate::report!(
                 "matrix {scenario} P={size}: {n} cases on every rank, all exact, {:.1} s",
                 started.elapsed().as_secs_f64()
             );
             for d in &done {
                 let lines = d.stdout.lines().filter(|l| l.starts_with("MATRIX"));
                 for l in lines.filter(|l| d.rank == 0 || !l.starts_with("MATRIX  ")) {
-                    eprintln!("  {l}");
+                    crate::report!("  {l}");
                 }
             }
             n

@@ -12,18 +12,11 @@ pub struct TwoHosts {
 }
 
 fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run `ip`: {e}"))?;
+    let out = Command::new("ip").args(args).output().map_err(|e| format!("cannot run `ip`: {e}"))?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "`ip {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(format!("`ip {}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
     }
 }
 
@@ -46,24 +39,8 @@ impl TwoHosts {
             ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
             ip(&["link", "set", &va, "netns", &a])?;
             ip(&["link", "set", &vb, "netns", &b])?;
-            ip(&[
-                "-n",
-                &a,
-                "addr",
-                "add",
-                &format!("{}/24", hosts.addr_a),
-                "dev",
-                &va,
-            ])?;
-            ip(&[
-                "-n",
-                &b,
-                "addr",
-                "add",
-                &format!("{}/24", hosts.addr_b),
-                "dev",
-                &vb,
-            ])?;
+            ip(&["-n", &a, "addr", "add", &format!("{}/24", hosts.addr_a), "dev", &va])?;
+            ip(&["-n", &b, "addr", "add", &format!("{}/24", hosts.addr_b), "dev", &vb])?;
             for (ns, dev) in [(&a, &va), (&b, &vb)] {
                 ip(&["-n", ns, "link", "set", dev, "up"])?;
                 ip(&["-n", ns, "link", "set", "lo", "up"])?;

@@ -169,16 +169,10 @@ impl Launch {
                     .env("OXCCL_WORLD_SIZE", self.size.to_string())
                     .env("OXCCL_LOCAL_RANK", r.to_string());
             }
-            for (k, v) in self
-                .env
-                .iter()
-                .chain(self.rank_env.get(r).into_iter().flatten())
-            {
+            for (k, v) in self.env.iter().chain(self.rank_env.get(r).into_iter().flatten()) {
                 cmd.env(k, v);
             }
-            let child = cmd
-                .spawn()
-                .map_err(|e| fail(format!("spawn rank {r}: {e}")))?;
+            let child = cmd.spawn().map_err(|e| fail(format!("spawn rank {r}: {e}")))?;
             children.push((child, out, err, None));
         }
         let mut statuses: Vec<Option<ExitStatus>> = vec![None; self.size];
@@ -218,10 +212,7 @@ impl Launch {
             })
             .collect();
         let _ = std::fs::remove_dir_all(&dir);
-        let bad: Vec<&Finished> = results
-            .iter()
-            .filter(|f| !f.status.is_some_and(|s| s.success()))
-            .collect();
+        let bad: Vec<&Finished> = results.iter().filter(|f| !f.status.is_some_and(|s| s.success())).collect();
         if timed_out || !bad.is_empty() {
             let mut msg = if timed_out {
                 format!(
@@ -237,9 +228,7 @@ impl Launch {
                 msg.push_str(&format!(
                     "--- rank {} ({}):\n{}\n{}\n",
                     f.rank,
-                    f.status
-                        .map(|s| s.to_string())
-                        .unwrap_or_else(|| "killed".into()),
+                    f.status.map(|s| s.to_string()).unwrap_or_else(|| "killed".into()),
                     f.stdout
                         .lines()
                         .filter(|l| l.contains("FAIL") || l.contains("panicked"))

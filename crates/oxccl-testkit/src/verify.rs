@@ -177,12 +177,7 @@ macro_rules! int_expected {
     ($t:ty, $op:expr, $p:expr, $seed:expr, $first:expr, $out:expr) => {{
         let ops = int_ops!($t);
         for (k, e) in $out.chunks_exact_mut(std::mem::size_of::<$t>()).enumerate() {
-            let v = int_fold(
-                $op,
-                $p,
-                (0..$p).map(|r| hash($seed, r, $first + k) as $t),
-                ops,
-            );
+            let v = int_fold($op, $p, (0..$p).map(|r| hash($seed, r, $first + k) as $t), ops);
             e.copy_from_slice(&v.to_ne_bytes());
         }
     }};
@@ -264,15 +259,8 @@ pub fn first_mismatch(dtype: DataType, got: &[u8], want: &[u8]) -> Option<String
         return Some(format!("length {} vs expected {}", got.len(), want.len()));
     }
     let es = dtype.size_bytes();
-    let bad = got
-        .chunks_exact(es)
-        .zip(want.chunks_exact(es))
-        .position(|(a, b)| a != b)?;
-    let wrong = got
-        .chunks_exact(es)
-        .zip(want.chunks_exact(es))
-        .filter(|(a, b)| a != b)
-        .count();
+    let bad = got.chunks_exact(es).zip(want.chunks_exact(es)).position(|(a, b)| a != b)?;
+    let wrong = got.chunks_exact(es).zip(want.chunks_exact(es)).filter(|(a, b)| a != b).count();
     Some(format!(
         "{wrong} wrong element(s); first at index {bad}: got {:02x?}, expected {:02x?}",
         &got[bad * es..(bad + 1) * es],
@@ -287,13 +275,7 @@ mod tests {
     #[test]
     fn reductions_are_order_independent_and_exact() {
         // Fold in reverse order with the types' own arithmetic: same bytes as the reference.
-        for dtype in [
-            DataType::F16,
-            DataType::Bf16,
-            DataType::F8E4M3,
-            DataType::F8E5M2,
-            DataType::F32,
-        ] {
+        for dtype in [DataType::F16, DataType::Bf16, DataType::F8E4M3, DataType::F8E5M2, DataType::F32] {
             for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
                 for p in [2usize, 5, 8] {
                     for i in 0..200 {

@@ -33,30 +33,17 @@ fn split_rank() {
     let comm = Communicator::from_env().unwrap();
     let (r, p) = (comm.rank().idx(), comm.size());
     // Colors by parity; keys reverse the order inside each color.
-    let a = comm
-        .split(Some((r % 2) as u32), -(r as i64))
-        .unwrap()
-        .unwrap();
+    let a = comm.split(Some((r % 2) as u32), -(r as i64)).unwrap().unwrap();
     let mates: Vec<usize> = (0..p).filter(|q| q % 2 == r % 2).rev().collect();
     assert_eq!(a.size(), mates.len(), "color {} size", r % 2);
-    assert_eq!(
-        a.rank().idx(),
-        mates.iter().position(|q| *q == r).unwrap(),
-        "rank in color {}",
-        r % 2
-    );
+    assert_eq!(a.rank().idx(), mates.iter().position(|q| *q == r).unwrap(), "rank in color {}", r % 2);
     // Rank 0 opts out; the rest split into halves by rank / 3.
-    let b = comm
-        .split(if r == 0 { None } else { Some((r / 3) as u32) }, r as i64)
-        .unwrap();
+    let b = comm.split(if r == 0 { None } else { Some((r / 3) as u32) }, r as i64).unwrap();
     assert_eq!(b.is_none(), r == 0);
     let b_mates: Vec<usize> = (1..p).filter(|q| q / 3 == r / 3).collect();
     if let Some(b) = &b {
         assert_eq!(b.size(), b_mates.len());
-        assert_eq!(
-            b.rank().idx(),
-            b_mates.iter().position(|q| *q == r).unwrap()
-        );
+        assert_eq!(b.rank().idx(), b_mates.iter().position(|q| *q == r).unwrap());
     }
     // Collectives on both sub-communicators at once, several rounds, different sizes.
     for round in 0..6usize {
@@ -75,24 +62,11 @@ fn split_rank() {
             }
             wa.wait().unwrap();
         });
-        let want_a: u64 = mates
-            .iter()
-            .map(|q| (q + 1) as u64 * (round as u64 + 1))
-            .sum();
-        assert!(
-            out_a.iter().all(|v| *v == want_a),
-            "sub-communicator A round {round}"
-        );
+        let want_a: u64 = mates.iter().map(|q| (q + 1) as u64 * (round as u64 + 1)).sum();
+        assert!(out_a.iter().all(|v| *v == want_a), "sub-communicator A round {round}");
         if b.is_some() {
-            let want_b = b_mates
-                .iter()
-                .map(|q| (q * q) as u32 + round as u32)
-                .max()
-                .unwrap();
-            assert!(
-                out_b.iter().all(|v| *v == want_b),
-                "sub-communicator B round {round}"
-            );
+            let want_b = b_mates.iter().map(|q| (q * q) as u32 + round as u32).max().unwrap();
+            assert!(out_b.iter().all(|v| *v == want_b), "sub-communicator B round {round}");
         }
         // The parent still works between sub-communicator calls.
         let mut x = vec![1i32; 3];
@@ -100,10 +74,7 @@ fn split_rank() {
         assert_eq!(x, vec![p as i32; 3]);
     }
     // A split of a split, and a split where nobody takes part.
-    let aa = a
-        .split(Some((a.rank().idx() / 2) as u32), 0)
-        .unwrap()
-        .unwrap();
+    let aa = a.split(Some((a.rank().idx() / 2) as u32), 0).unwrap().unwrap();
     let mut v = vec![1u8; 9];
     aa.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
     assert!(v.iter().all(|x| *x as usize == aa.size()));
@@ -123,17 +94,13 @@ fn split_colors_keys_and_concurrent_subcommunicators() {
     }
     for (p, shm_off) in [(6usize, "0"), (5, "1")] {
         let id = oxccl::new_unique_id(&Config::default()).unwrap();
-        Launch::new(
-            "split_colors_keys_and_concurrent_subcommunicators",
-            "split",
-            p,
-        )
-        .env("OXCCL_UNIQUE_ID", &id.to_string())
-        .env("NCCL_SHM_DISABLE", shm_off)
-        .env("OXCCL_TIMEOUT", "60")
-        .timeout(Duration::from_secs(120))
-        .run()
-        .unwrap_or_else(|e| panic!("split with {p} ranks (NCCL_SHM_DISABLE={shm_off}):\n{e}"));
+        Launch::new("split_colors_keys_and_concurrent_subcommunicators", "split", p)
+            .env("OXCCL_UNIQUE_ID", &id.to_string())
+            .env("NCCL_SHM_DISABLE", shm_off)
+            .env("OXCCL_TIMEOUT", "60")
+            .timeout(Duration::from_secs(120))
+            .run()
+            .unwrap_or_else(|e| panic!("split with {p} ranks (NCCL_SHM_DISABLE={shm_off}):\n{e}"));
     }
 }
 
@@ -156,28 +123,18 @@ fn scoped_async_calls_complete_and_keep_order() {
                 let w2 = s.all_gather(&mine, &mut gathered).unwrap();
                 let mut g = s.group();
                 g.send(&to_next, Rank::new((r as usize + 1) % 3)).unwrap();
-                g.recv(&mut shifted, Rank::new((r as usize + 2) % 3))
-                    .unwrap();
+                g.recv(&mut shifted, Rank::new((r as usize + 2) % 3)).unwrap();
                 let w3 = g.launch().unwrap();
                 // A blocking call inside the scope runs after the queued ones.
                 c.all_reduce_in_place(&mut blocking, ReduceOp::Max).unwrap();
-                assert!(
-                    w1.test() && w2.test() && w3.test(),
-                    "queued work finished before the blocking call"
-                );
+                assert!(w1.test() && w2.test() && w3.test(), "queued work finished before the blocking call");
                 w2.wait().unwrap();
                 w3.wait().unwrap();
                 // w1 is never waited for: the scope waits anyway.
                 drop(w1);
             });
-            assert!(sum
-                .iter()
-                .enumerate()
-                .all(|(i, v)| *v == (i as u32).wrapping_mul(6)));
-            assert_eq!(
-                gathered,
-                (0..3).flat_map(|q| vec![q; 7]).collect::<Vec<u32>>()
-            );
+            assert!(sum.iter().enumerate().all(|(i, v)| *v == (i as u32).wrapping_mul(6)));
+            assert_eq!(gathered, (0..3).flat_map(|q| vec![q; 7]).collect::<Vec<u32>>());
             assert_eq!(shifted, vec![(r + 2) % 3 + 100; 11]);
             assert_eq!(blocking, vec![2]);
         });
@@ -202,32 +159,19 @@ fn abort_returns_promptly_and_fails_the_pending_call() {
     std::thread::sleep(Duration::from_millis(300));
     let t = Instant::now();
     c.abort();
-    assert!(
-        t.elapsed() < Duration::from_millis(100),
-        "abort() took {:?}",
-        t.elapsed()
-    );
+    assert!(t.elapsed() < Duration::from_millis(100), "abort() took {:?}", t.elapsed());
     let (r, _) = waiter.join().unwrap();
-    assert!(
-        t.elapsed() < Duration::from_secs(2),
-        "pending call returned {:?} after the abort",
-        t.elapsed()
-    );
+    assert!(t.elapsed() < Duration::from_secs(2), "pending call returned {:?} after the abort", t.elapsed());
     assert!(matches!(r, Err(Error::Aborted { rank: Rank(0) })), "{r:?}");
     let mut v = vec![0u8; 4];
-    assert!(matches!(
-        c.all_reduce_in_place(&mut v, ReduceOp::Sum),
-        Err(Error::Aborted { .. })
-    ));
+    assert!(matches!(c.all_reduce_in_place(&mut v, ReduceOp::Sum), Err(Error::Aborted { .. })));
     peer.abort();
 }
 
 #[test]
 fn timeout_names_the_missing_rank() {
     for shm_off in [false, true] {
-        let cfg = Config::default()
-            .with_timeout(Some(Duration::from_millis(800)))
-            .with_shm_disabled(shm_off);
+        let cfg = Config::default().with_timeout(Some(Duration::from_millis(800))).with_shm_disabled(shm_off);
         let id = oxccl::new_unique_id(&cfg).unwrap();
         let cfg2 = cfg.clone();
         let other = std::thread::spawn(move || Communicator::init(&id, 2, Rank(1), cfg2).unwrap());
@@ -238,28 +182,17 @@ fn timeout_names_the_missing_rank() {
         let r = c.all_reduce_in_place(&mut v, ReduceOp::Sum);
         let waited = t.elapsed();
         match r {
-            Err(Error::Timeout {
-                rank,
-                waiting_for,
-                op,
-                ..
-            }) => {
+            Err(Error::Timeout { rank, waiting_for, op, .. }) => {
                 assert_eq!(rank, Rank(0));
                 assert_eq!(waiting_for, vec![Rank(1)]);
                 assert_eq!(op, "all_reduce");
             }
             other => panic!("expected a timeout, got {other:?}"),
         }
-        assert!(
-            waited >= Duration::from_millis(700) && waited < Duration::from_secs(3),
-            "{waited:?}"
-        );
+        assert!(waited >= Duration::from_millis(700) && waited < Duration::from_secs(3), "{waited:?}");
         // The communicator is unusable afterwards, and says why.
         let e = c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap_err();
-        assert!(
-            matches!(e, Error::Broken { .. }) && e.to_string().contains("timed out"),
-            "{e}"
-        );
+        assert!(matches!(e, Error::Broken { .. }) && e.to_string().contains("timed out"), "{e}");
     }
 }
 
@@ -280,11 +213,7 @@ fn launcher_rank() {
 type EnvFor = Box<dyn Fn(usize) -> Vec<(String, String)>>;
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 #[test]
@@ -335,13 +264,9 @@ fn init_from_torchrun_slurm_and_openmpi_environments() {
         ),
     ];
     for (name, env) in envs {
-        let mut l = Launch::new(
-            "init_from_torchrun_slurm_and_openmpi_environments",
-            "launcher",
-            3,
-        )
-        .env("OXCCL_TIMEOUT", "30")
-        .timeout(Duration::from_secs(60));
+        let mut l = Launch::new("init_from_torchrun_slurm_and_openmpi_environments", "launcher", 3)
+            .env("OXCCL_TIMEOUT", "30")
+            .timeout(Duration::from_secs(60));
         l.oxccl_env = false;
         l.rank_env = (0..3)
             .map(|r| {
@@ -350,9 +275,8 @@ fn init_from_torchrun_slurm_and_openmpi_environments() {
                 e
             })
             .collect();
-        l.run()
-            .unwrap_or_else(|e| panic!("{name} environment:\n{e}"));
-        eprintln!("{name}: 3 ranks initialised from the launcher's variables, all-reduce exact");
+        l.run().unwrap_or_else(|e| panic!("{name} environment:\n{e}"));
+        oxccl_testkit::report!("{name}: 3 ranks initialised from the launcher's variables, all-reduce exact");
     }
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -363,26 +287,10 @@ fn init_from_torchrun_slurm_and_openmpi_environments() {
 fn init_rejects_bad_rank_and_size() {
     let id = oxccl::new_unique_id(&quick()).unwrap();
     let e = Communicator::init(&id, 4, Rank(4), quick()).err().unwrap();
-    assert!(
-        matches!(
-            e,
-            Error::Invalid(CoreError::RankOutOfRange {
-                arg: "rank",
-                rank: 4,
-                size: 4
-            })
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, Error::Invalid(CoreError::RankOutOfRange { arg: "rank", rank: 4, size: 4 })), "{e}");
     assert_eq!(e.to_string(), "argument `rank`: rank 4 is outside 0..4");
     let e = Communicator::init(&id, 0, Rank(0), quick()).err().unwrap();
-    assert!(
-        matches!(
-            e,
-            Error::Invalid(CoreError::InvalidArgument { arg: "size", .. })
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, Error::Invalid(CoreError::InvalidArgument { arg: "size", .. })), "{e}");
 }
 
 #[test]
@@ -392,16 +300,7 @@ fn wrong_secret_is_rejected_without_disturbing_the_job() {
     bad.secret[0] ^= 1;
     let t = Instant::now();
     let e = Communicator::init(&bad, 2, Rank(1), quick()).err().unwrap();
-    assert!(
-        matches!(
-            e,
-            Error::Rejected {
-                reason: RejectReason::WrongSecret,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, Error::Rejected { reason: RejectReason::WrongSecret, .. }), "{e}");
     assert!(e.to_string().contains("secret"), "{e}");
     assert!(t.elapsed() < Duration::from_secs(5));
     // The real ranks still form the communicator afterwards.
@@ -419,11 +318,7 @@ fn threads_with_id<T: Send + 'static>(
     f: impl Fn(Communicator) -> T + Send + Sync + Copy + 'static,
 ) -> Vec<T> {
     let hs: Vec<_> = (0..n)
-        .map(|r| {
-            std::thread::spawn(
-                move || f(Communicator::init(&id, n, Rank::new(r), quick()).unwrap()),
-            )
-        })
+        .map(|r| std::thread::spawn(move || f(Communicator::init(&id, n, Rank::new(r), quick()).unwrap())))
         .collect();
     hs.into_iter().map(|h| h.join().unwrap()).collect()
 }
@@ -439,17 +334,17 @@ fn world_size_mismatch_fails_every_rank_naming_the_culprit() {
         let e = h.join().unwrap().expect("init must fail");
         match &e {
             Error::Rejected {
-                reason:
-                    RejectReason::WorldSizeMismatch {
-                        rank: 2,
-                        size: 4,
-                        root_size: 3,
-                    },
+                reason: RejectReason::WorldSizeMismatch { rank: 2, size: 4, root_size: 3 },
                 ..
             } => {}
             other => panic!("unexpected: {other}"),
         }
-        assert!(e.to_string().contains("rank 2 was started with world size 4, but rank 0 created the communicator with world size 3"), "{e}");
+        assert!(
+            e.to_string().contains(
+                "rank 2 was started with world size 4, but rank 0 created the communicator with world size 3"
+            ),
+            "{e}"
+        );
     }
 }
 
@@ -462,13 +357,7 @@ fn duplicate_rank_fails_the_rendezvous() {
     for h in [h0, h1] {
         let e = h.join().unwrap().expect("init must fail");
         assert!(
-            matches!(
-                e,
-                Error::Rejected {
-                    reason: RejectReason::DuplicateRank { rank: 1, .. },
-                    ..
-                }
-            ),
+            matches!(e, Error::Rejected { reason: RejectReason::DuplicateRank { rank: 1, .. }, .. }),
             "{e}"
         );
     }
@@ -482,81 +371,34 @@ fn bad_arguments_return_errors_and_leave_the_communicator_usable() {
             let inp = vec![1f32; 10];
             // Bitwise operator on a float type.
             let e = c.all_reduce(&inp, &mut out, ReduceOp::BitXor).unwrap_err();
-            assert!(
-                matches!(e, Error::Invalid(CoreError::OpInvalidForType { .. })),
-                "{e}"
-            );
-            assert!(
-                e.to_string().contains("bxor") && e.to_string().contains("float"),
-                "{e}"
-            );
+            assert!(matches!(e, Error::Invalid(CoreError::OpInvalidForType { .. })), "{e}");
+            assert!(e.to_string().contains("bxor") && e.to_string().contains("float"), "{e}");
             // Receive buffers shorter than the call needs.
-            let e = c
-                .all_reduce(&inp, &mut out[..9], ReduceOp::Sum)
-                .unwrap_err();
-            assert_eq!(
-                e.to_string(),
-                "argument `recv`: buffer holds 9 elements but the call needs 10"
-            );
+            let e = c.all_reduce(&inp, &mut out[..9], ReduceOp::Sum).unwrap_err();
+            assert_eq!(e.to_string(), "argument `recv`: buffer holds 9 elements but the call needs 10");
             let e = c.all_gather(&inp, &mut out).unwrap_err();
             assert!(
-                matches!(
-                    e,
-                    Error::Invalid(CoreError::BufferTooShort {
-                        arg: "recv",
-                        needed: 20,
-                        got: 10
-                    })
-                ),
+                matches!(e, Error::Invalid(CoreError::BufferTooShort { arg: "recv", needed: 20, got: 10 })),
                 "{e}"
             );
-            let e = c
-                .reduce_scatter(&inp[..3], &mut out[..2], ReduceOp::Sum)
-                .unwrap_err();
+            let e = c.reduce_scatter(&inp[..3], &mut out[..2], ReduceOp::Sum).unwrap_err();
             assert!(
-                matches!(
-                    e,
-                    Error::Invalid(CoreError::BufferTooShort {
-                        arg: "send",
-                        needed: 4,
-                        got: 3
-                    })
-                ),
+                matches!(e, Error::Invalid(CoreError::BufferTooShort { arg: "send", needed: 4, got: 3 })),
                 "{e}"
             );
             // Only the root can see that its send buffer is short, so only the root calls.
             if c.rank() == Rank(0) {
                 let e = c.broadcast(&inp[..2], &mut out, Rank(0));
                 assert!(
-                    matches!(
-                        e,
-                        Err(Error::Invalid(CoreError::BufferTooShort {
-                            arg: "send",
-                            ..
-                        }))
-                    ),
+                    matches!(e, Err(Error::Invalid(CoreError::BufferTooShort { arg: "send", .. }))),
                     "{e:?}"
                 );
             }
             let e = c.all_to_all(&inp[..3], &mut out).unwrap_err();
+            assert!(matches!(e, Error::Invalid(CoreError::InvalidArgument { arg: "send", .. })), "{e}");
+            let e = c.all_to_all_v(&inp, &[1, 1, 1], &[0, 1, 2], &mut out, &[1, 1], &[0, 1]).unwrap_err();
             assert!(
-                matches!(
-                    e,
-                    Error::Invalid(CoreError::InvalidArgument { arg: "send", .. })
-                ),
-                "{e}"
-            );
-            let e = c
-                .all_to_all_v(&inp, &[1, 1, 1], &[0, 1, 2], &mut out, &[1, 1], &[0, 1])
-                .unwrap_err();
-            assert!(
-                matches!(
-                    e,
-                    Error::Invalid(CoreError::InvalidArgument {
-                        arg: "send_counts",
-                        ..
-                    })
-                ),
+                matches!(e, Error::Invalid(CoreError::InvalidArgument { arg: "send_counts", .. })),
                 "{e}"
             );
             // Ranks outside 0..size.
@@ -564,24 +406,11 @@ fn bad_arguments_return_errors_and_leave_the_communicator_usable() {
             assert_eq!(e.to_string(), "argument `root`: rank 2 is outside 0..2");
             let e = c.send(&inp, Rank(7)).unwrap_err();
             assert!(
-                matches!(
-                    e,
-                    Error::Invalid(CoreError::RankOutOfRange {
-                        arg: "peer",
-                        rank: 7,
-                        size: 2
-                    })
-                ),
+                matches!(e, Error::Invalid(CoreError::RankOutOfRange { arg: "peer", rank: 7, size: 2 })),
                 "{e}"
             );
             let e = c.gather(&inp, &mut out, Rank(5)).unwrap_err();
-            assert!(
-                matches!(
-                    e,
-                    Error::Invalid(CoreError::RankOutOfRange { arg: "root", .. })
-                ),
-                "{e}"
-            );
+            assert!(matches!(e, Error::Invalid(CoreError::RankOutOfRange { arg: "root", .. })), "{e}");
             // None of that broke the communicator.
             c.all_reduce(&inp, &mut out, ReduceOp::Sum).unwrap();
             assert_eq!(out, vec![2.0; 10]);
@@ -602,13 +431,7 @@ fn mismatched_send_and_receive_sizes_are_reported() {
         });
         assert!(r[0].is_ok(), "{:?}", r[0]);
         match &r[1] {
-            Err(Error::Mismatch {
-                rank: Rank(1),
-                peer: Rank(0),
-                got: 64,
-                want: 80,
-                ..
-            }) => {}
+            Err(Error::Mismatch { rank: Rank(1), peer: Rank(0), got: 64, want: 80, .. }) => {}
             other => panic!("NCCL_SHM_DISABLE={shm_off}: expected a mismatch, got {other:?}"),
         }
     }

@@ -51,11 +51,7 @@ fn rank() {
     for c in &cases {
         let t = Instant::now();
         run_case(&comm, c).unwrap_or_else(|e| panic!("{e}"));
-        println!(
-            "LARGE rank {} {c}: exact ({:.2} s incl. check)",
-            comm.rank(),
-            t.elapsed().as_secs_f64()
-        );
+        println!("\nLARGE rank {} {c}: exact ({:.2} s incl. check)", comm.rank(), t.elapsed().as_secs_f64());
     }
 }
 
@@ -74,12 +70,12 @@ fn large_buffers_shm_and_tcp() {
             .timeout(Duration::from_secs(600))
             .run()
             .unwrap_or_else(|e| panic!("NCCL_SHM_DISABLE={shm_off}:\n{e}"));
-        eprintln!(
+        oxccl_testkit::report!(
             "large buffers, 4 ranks, NCCL_SHM_DISABLE={shm_off}: {:.1} s",
             t.elapsed().as_secs_f64()
         );
         for l in done[0].stdout.lines().filter(|l| l.contains("LARGE rank")) {
-            eprintln!("  {l}");
+            oxccl_testkit::report!("  {l}");
         }
     }
 }

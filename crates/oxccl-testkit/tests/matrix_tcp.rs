@@ -14,12 +14,6 @@ fn matrix_tcp() {
         .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
         .unwrap_or_else(|_| vec![1, 2, 3, 4, 5, 8]);
     for p in sizes {
-        launch_matrix(
-            "matrix_tcp",
-            "matrix_tcp",
-            p,
-            &[("NCCL_SHM_DISABLE", "1")],
-            Duration::from_secs(900),
-        );
+        launch_matrix("matrix_tcp", "matrix_tcp", p, &[("NCCL_SHM_DISABLE", "1")], Duration::from_secs(900));
     }
 }

@@ -1,6 +1,7 @@
 //! Two hosts over TCP: network namespaces made by the test, ranks split 2 + 2 across them
-//! (shared memory inside each namespace, TCP over the veth pair between them). Every
-//! collective and data type at counts 0, 1, 7, and 1 Mi + 3 for f32, u8 and bf16.
+//! (shared memory inside each namespace, TCP over the veth pair between them), running the
+//! standard collective matrix; the test also checks from the ranks' INFO logs that peers in one
+//! namespace connected over shared memory and peers across namespaces over TCP.
 
 use oxccl_testkit::netns::TwoHosts;
 use oxccl_testkit::{matrix, Launch};
@@ -14,16 +15,19 @@ fn two_hosts_2_plus_2() {
     let hosts = match TwoHosts::create() {
         Ok(h) => h,
         Err(why) => {
-            eprintln!("SKIPPED two_hosts_2_plus_2: cannot create network namespaces here: {why}");
+            oxccl_testkit::report!(
+                "SKIPPED two_hosts_2_plus_2: cannot create network namespaces here: {why}"
+            );
             return;
         }
     };
     let dir = Launch::scratch();
     let idfile = dir.join("unique-id");
     let mut l = Launch::new("two_hosts_2_plus_2", "two_hosts", 4)
-        .args("light,light-big")
+        .args("standard")
         .env("OXCCL_UNIQUE_ID_FILE", idfile.to_str().unwrap())
         .env("OXCCL_TIMEOUT", "120")
+        .env("NCCL_DEBUG", "INFO")
         .timeout(Duration::from_secs(600));
     l.wrap = vec![
         TwoHosts::exec_in(&hosts.a),
@@ -34,9 +38,8 @@ fn two_hosts_2_plus_2() {
     let started = Instant::now();
     match l.run() {
         Ok(done) => {
-            let n = matrix(4, &oxccl_testkit::matrixrun::spec_named("light")).len()
-                + matrix(4, &oxccl_testkit::matrixrun::spec_named("light-big")).len();
-            eprintln!(
+            let n = matrix(4, &oxccl_testkit::matrixrun::standard_spec()).len();
+            oxccl_testkit::report!(
                 "two hosts ({} = {}, {} = {}), ranks 0-1 | 2-3: {n} cases on every rank, all exact, {:.1} s",
                 hosts.a,
                 hosts.addr_a,
@@ -44,12 +47,20 @@ fn two_hosts_2_plus_2() {
                 hosts.addr_b,
                 started.elapsed().as_secs_f64()
             );
-            for d in done {
+            for d in &done {
                 for line in d.stdout.lines().filter(|l| l.starts_with("MATRIX rank")) {
-                    eprintln!("  {line}");
+                    oxccl_testkit::report!("  {line}");
                 }
-                for line in d.stderr.lines().filter(|l| l.contains("connected to rank")) {
-                    eprintln!("  {line}");
+                // Peers in the same namespace use shared memory, peers across it TCP.
+                let me = d.rank;
+                for peer in (0..4).filter(|p| *p != me) {
+                    let want = if peer / 2 == me / 2 { "SHM" } else { "TCP" };
+                    let ring = format!("connected to rank {peer} (Ring(ChannelId(0))) over {want}");
+                    let direct = format!("connected to rank {peer} (Direct) over {want}");
+                    assert!(
+                        d.stderr.contains(&ring) || d.stderr.contains(&direct),
+                        "rank {me} never connected to rank {peer} over {want}"
+                    );
                 }
             }
         }

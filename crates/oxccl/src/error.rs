@@ -12,17 +12,9 @@ pub enum RejectReason {
     /// The rank presented a secret that is not this communicator's.
     WrongSecret,
     /// The rank's world size differs from the one rank 0 created the communicator with.
-    WorldSizeMismatch {
-        rank: u32,
-        size: u32,
-        root_size: u32,
-    },
+    WorldSizeMismatch { rank: u32, size: u32, root_size: u32 },
     /// Two processes claimed the same rank.
-    DuplicateRank {
-        rank: u32,
-        first: String,
-        second: String,
-    },
+    DuplicateRank { rank: u32, first: String, second: String },
     /// A rank outside `0..size`.
     RankOutOfRange { rank: u32, size: u32 },
     /// Peers run incompatible protocol versions.
@@ -76,31 +68,13 @@ pub enum Error {
     Rejected { rank: Rank, reason: RejectReason },
     /// A peer closed its connection while this rank needed it.
     #[error("rank {rank}: {op}: peer rank {peer} (host {host}) closed its connection")]
-    PeerClosed {
-        rank: Rank,
-        op: String,
-        peer: Rank,
-        host: String,
-    },
+    PeerClosed { rank: Rank, op: String, peer: Rank, host: String },
     /// A peer sent data that does not match what this rank's call expects.
     #[error("rank {rank}: {op}: rank {peer} sent a {got}-byte chunk where a {want}-byte chunk was expected (the two ranks' calls differ)")]
-    Mismatch {
-        rank: Rank,
-        op: String,
-        peer: Rank,
-        got: usize,
-        want: usize,
-    },
+    Mismatch { rank: Rank, op: String, peer: Rank, got: usize, want: usize },
     /// The call waited longer than the communicator's timeout.
-    #[error(
-        "rank {rank}: {op} timed out after {after:?}, still waiting for rank(s) {waiting_for:?}"
-    )]
-    Timeout {
-        rank: Rank,
-        op: String,
-        after: Duration,
-        waiting_for: Vec<Rank>,
-    },
+    #[error("rank {rank}: {op} timed out after {after:?}, still waiting for rank(s) {waiting_for:?}")]
+    Timeout { rank: Rank, op: String, after: Duration, waiting_for: Vec<Rank> },
     /// The communicator was aborted.
     #[error("rank {rank}: communicator aborted")]
     Aborted { rank: Rank },
@@ -117,12 +91,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub(crate) fn io(rank: Rank, op: &'static str, peer: Option<Rank>, source: io::Error) -> Self {
-        Error::Io {
-            rank,
-            op,
-            peer,
-            source,
-        }
+        Error::Io { rank, op, peer, source }
     }
 
     /// Whether the error leaves the communicator unusable (as opposed to a rejected call).

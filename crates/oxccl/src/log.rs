@@ -23,16 +23,8 @@ impl Logger {
 
     fn emit(&self, lvl: LogLevel, tag: &str, args: std::fmt::Arguments<'_>) {
         if self.level >= lvl {
-            let rank = self
-                .rank
-                .map(|r| r.to_string())
-                .unwrap_or_else(|| "-".into());
-            eprintln!(
-                "{}:{}:{} [{rank}] OXCCL {tag} {args}",
-                host(),
-                std::process::id(),
-                host::thread_id()
-            );
+            let rank = self.rank.map(|r| r.to_string()).unwrap_or_else(|| "-".into());
+            eprintln!("{}:{}:{} [{rank}] OXCCL {tag} {args}", host(), std::process::id(), host::thread_id());
         }
     }
 

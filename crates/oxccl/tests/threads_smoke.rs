@@ -41,9 +41,7 @@ fn all_reduce_threads_shm_and_tcp() {
 
 #[test]
 fn tcp_two_ranks_big() {
-    let cfg = Config::default()
-        .with_shm_disabled(true)
-        .with_timeout(Some(Duration::from_secs(10)));
+    let cfg = Config::default().with_shm_disabled(true).with_timeout(Some(Duration::from_secs(10)));
     with_ranks(2, cfg, |c| {
         for n in [100_003usize, 100_003] {
             let send: Vec<u32> = (0..n).map(|i| (i as u32) * (c.rank().0 + 1)).collect();

@@ -30,14 +30,7 @@ pub struct DirectStream {
 
 impl DirectStream {
     fn new(kind: StreamKind, src: Loc, dst: Loc, bytes: usize, chunk: usize) -> Self {
-        DirectStream {
-            kind,
-            src,
-            dst,
-            total: bytes,
-            chunk: chunk.max(1),
-            done: 0,
-        }
+        DirectStream { kind, src, dst, total: bytes, chunk: chunk.max(1), done: 0 }
     }
 }
 
@@ -83,21 +76,11 @@ fn chunk_for(g: &Geometry, dtype: DataType) -> usize {
 }
 
 fn send_lane(peer: Rank, class: ConnClass, steps: Box<dyn Iterator<Item = Step> + Send>) -> Lane {
-    Lane {
-        inbound: vec![],
-        outbound: vec![ConnKey { peer, class }],
-        reduce: None,
-        steps,
-    }
+    Lane { inbound: vec![], outbound: vec![ConnKey { peer, class }], reduce: None, steps }
 }
 
 fn recv_lane(peer: Rank, class: ConnClass, steps: Box<dyn Iterator<Item = Step> + Send>) -> Lane {
-    Lane {
-        inbound: vec![ConnKey { peer, class }],
-        outbound: vec![],
-        reduce: None,
-        steps,
-    }
+    Lane { inbound: vec![ConnKey { peer, class }], outbound: vec![], reduce: None, steps }
 }
 
 fn copy_lane(src: Loc, dst: Loc, bytes: usize, chunk: usize) -> Lane {
@@ -123,18 +106,9 @@ pub fn alltoallv_bytes(
     recv_displs: &[usize],
 ) -> (usize, usize) {
     let extent = |c: &[usize], d: &[usize]| {
-        c.iter()
-            .zip(d)
-            .filter(|(c, _)| **c > 0)
-            .map(|(c, d)| c + d)
-            .max()
-            .unwrap_or(0)
-            * dtype.size_bytes()
+        c.iter().zip(d).filter(|(c, _)| **c > 0).map(|(c, d)| c + d).max().unwrap_or(0) * dtype.size_bytes()
     };
-    (
-        extent(send_counts, send_displs),
-        extent(recv_counts, recv_displs),
-    )
+    (extent(send_counts, send_displs), extent(recv_counts, recv_displs))
 }
 
 /// AlltoAll(v): one send lane and one receive lane per peer, a copy lane for itself. Lanes are
@@ -244,18 +218,12 @@ pub fn p2p_checked(g: &Geometry, ops: &[OpSpec]) -> Result<Vec<Lane>, CoreError>
     let mut recvs: Vec<Vec<(Loc, usize, DataType)>> = vec![Vec::new(); g.size];
     for op in ops {
         match *op {
-            OpSpec::Send {
-                count,
-                dtype,
-                peer,
-                src,
-            } => sends[peer.idx()].push((src, count * dtype.size_bytes(), dtype)),
-            OpSpec::Recv {
-                count,
-                dtype,
-                peer,
-                dst,
-            } => recvs[peer.idx()].push((dst, count * dtype.size_bytes(), dtype)),
+            OpSpec::Send { count, dtype, peer, src } => {
+                sends[peer.idx()].push((src, count * dtype.size_bytes(), dtype))
+            }
+            OpSpec::Recv { count, dtype, peer, dst } => {
+                recvs[peer.idx()].push((dst, count * dtype.size_bytes(), dtype))
+            }
             _ => {}
         }
     }
@@ -276,10 +244,7 @@ pub fn p2p_checked(g: &Geometry, ops: &[OpSpec]) -> Result<Vec<Lane>, CoreError>
         if s.1 != r.1 {
             return Err(CoreError::invalid(
                 "count",
-                format!(
-                    "rank {me}: self-message {i} sends {} bytes but receives {} bytes",
-                    s.1, r.1
-                ),
+                format!("rank {me}: self-message {i} sends {} bytes but receives {} bytes", s.1, r.1),
             ));
         }
         if s.1 > 0 {

@@ -52,10 +52,7 @@ impl Loc {
 
     /// `self` advanced by `bytes`.
     pub const fn at(self, bytes: usize) -> Loc {
-        Loc {
-            buf: self.buf,
-            off: self.off + bytes,
-        }
+        Loc { buf: self.buf, off: self.off + bytes }
     }
 }
 
@@ -283,17 +280,9 @@ fn ring_lanes(g: &Geometry, kind: RingKind, args: RingArgs) -> Result<Vec<Lane>,
         let (inbound, outbound) = if g.size == 1 {
             (vec![], vec![])
         } else {
-            (
-                vec![ConnKey { peer: prev, class }],
-                vec![ConnKey { peer: next, class }],
-            )
+            (vec![ConnKey { peer: prev, class }], vec![ConnKey { peer: next, class }])
         };
-        lanes.push(Lane {
-            inbound,
-            outbound,
-            reduce,
-            steps: Box::new(gen),
-        });
+        lanes.push(Lane { inbound, outbound, reduce, steps: Box::new(gen) });
     }
     Ok(lanes)
 }
@@ -312,112 +301,28 @@ struct RingArgs {
 /// The lanes that carry `op` for rank `g.rank`.
 pub fn plan_op(g: &Geometry, op: &OpSpec) -> Result<Vec<Lane>, CoreError> {
     let ring = |kind, count, block, dtype, op, root, src, dst| {
-        ring_lanes(
-            g,
-            kind,
-            RingArgs {
-                count,
-                block,
-                dtype,
-                op,
-                root,
-                src,
-                dst,
-            },
-        )
+        ring_lanes(g, kind, RingArgs { count, block, dtype, op, root, src, dst })
     };
     match *op {
-        OpSpec::AllReduce {
-            count,
-            dtype,
-            op,
-            src,
-            dst,
-        } => ring(
-            RingKind::AllReduce,
-            count,
-            count,
-            dtype,
-            Some(op),
-            None,
-            src,
-            dst,
-        ),
-        OpSpec::Broadcast {
-            count,
-            dtype,
-            root,
-            src,
-            dst,
-        } => ring(
-            RingKind::Broadcast,
-            count,
-            count,
-            dtype,
-            None,
-            Some(root),
-            src,
-            dst,
-        ),
-        OpSpec::Reduce {
-            count,
-            dtype,
-            op,
-            root,
-            src,
-            dst,
-        } => ring(
-            RingKind::Reduce,
-            count,
-            count,
-            dtype,
-            Some(op),
-            Some(root),
-            src,
-            dst,
-        ),
-        OpSpec::AllGather {
-            count,
-            dtype,
-            src,
-            dst,
-        } => ring(
-            RingKind::AllGather,
-            count,
-            count,
-            dtype,
-            None,
-            None,
-            src,
-            dst,
-        ),
-        OpSpec::ReduceScatter {
-            count,
-            dtype,
-            op,
-            src,
-            dst,
-        } => ring(
-            RingKind::ReduceScatter,
-            count,
-            count,
-            dtype,
-            Some(op),
-            None,
-            src,
-            dst,
-        ),
-        OpSpec::AllToAll {
-            count,
-            dtype,
-            src,
-            dst,
-        } => {
+        OpSpec::AllReduce { count, dtype, op, src, dst } => {
+            ring(RingKind::AllReduce, count, count, dtype, Some(op), None, src, dst)
+        }
+        OpSpec::Broadcast { count, dtype, root, src, dst } => {
+            ring(RingKind::Broadcast, count, count, dtype, None, Some(root), src, dst)
+        }
+        OpSpec::Reduce { count, dtype, op, root, src, dst } => {
+            ring(RingKind::Reduce, count, count, dtype, Some(op), Some(root), src, dst)
+        }
+        OpSpec::AllGather { count, dtype, src, dst } => {
+            ring(RingKind::AllGather, count, count, dtype, None, None, src, dst)
+        }
+        OpSpec::ReduceScatter { count, dtype, op, src, dst } => {
+            ring(RingKind::ReduceScatter, count, count, dtype, Some(op), None, src, dst)
+        }
+        OpSpec::AllToAll { count, dtype, src, dst } => {
             let counts = vec![count; g.size];
             let displs: Vec<usize> = (0..g.size).map(|i| i * count).collect();
-            Ok(direct::alltoallv(
-                g, dtype, &counts, &displs, &counts, &displs, src, dst,
-            ))
+            Ok(direct::alltoallv(g, dtype, &counts, &displs, &counts, &displs, src, dst))
         }
         OpSpec::AllToAllV {
             dtype,
@@ -427,33 +332,14 @@ pub fn plan_op(g: &Geometry, op: &OpSpec) -> Result<Vec<Lane>, CoreError> {
             ref recv_displs,
             src,
             dst,
-        } => Ok(direct::alltoallv(
-            g,
-            dtype,
-            send_counts,
-            send_displs,
-            recv_counts,
-            recv_displs,
-            src,
-            dst,
-        )),
-        OpSpec::Gather {
-            count,
-            dtype,
-            root,
-            src,
-            dst,
-        } => Ok(direct::gather(g, dtype, count, root, src, dst)),
-        OpSpec::Scatter {
-            count,
-            dtype,
-            root,
-            src,
-            dst,
-        } => Ok(direct::scatter(g, dtype, count, root, src, dst)),
-        OpSpec::Send { .. } | OpSpec::Recv { .. } => {
-            direct::p2p_checked(g, std::slice::from_ref(op))
+        } => Ok(direct::alltoallv(g, dtype, send_counts, send_displs, recv_counts, recv_displs, src, dst)),
+        OpSpec::Gather { count, dtype, root, src, dst } => {
+            Ok(direct::gather(g, dtype, count, root, src, dst))
         }
+        OpSpec::Scatter { count, dtype, root, src, dst } => {
+            Ok(direct::scatter(g, dtype, count, root, src, dst))
+        }
+        OpSpec::Send { .. } | OpSpec::Recv { .. } => direct::p2p_checked(g, std::slice::from_ref(op)),
     }
 }
 

@@ -117,13 +117,7 @@ impl RingCollective {
     }
 
     fn step(&self, input: Input, dst: Option<Loc>, send: bool, finalize: bool, n: usize) -> Step {
-        Step {
-            input,
-            dst,
-            send: send.then_some(NEXT),
-            finalize,
-            len: n * self.es,
-        }
+        Step { input, dst, send: send.then_some(NEXT), finalize, len: n * self.es }
     }
 
     /// Step `k` of the current loop, or `None` when it carries no data.
@@ -133,17 +127,8 @@ impl RingCollective {
         if p == 1 {
             let n = self.loop_elems();
             let off = self.base * es;
-            let fin = matches!(
-                self.kind,
-                RingKind::AllReduce | RingKind::ReduceScatter | RingKind::Reduce
-            );
-            return Some(self.step(
-                Input::Src(self.src.at(off)),
-                Some(self.dst.at(off)),
-                false,
-                fin,
-                n,
-            ));
+            let fin = matches!(self.kind, RingKind::AllReduce | RingKind::ReduceScatter | RingKind::Reduce);
+            return Some(self.step(Input::Src(self.src.at(off)), Some(self.dst.at(off)), false, fin, n));
         }
         match self.kind {
             RingKind::AllReduce => {
@@ -165,9 +150,7 @@ impl RingCollective {
                 Some(match k {
                     0 => self.step(Input::Src(s), None, true, false, n),
                     k if k < p - 1 => self.step(Input::RecvReduce(PREV, s), None, true, false, n),
-                    k if k == p - 1 => {
-                        self.step(Input::RecvReduce(PREV, s), Some(d), true, true, n)
-                    }
+                    k if k == p - 1 => self.step(Input::RecvReduce(PREV, s), Some(d), true, true, n),
                     k if k < 2 * p - 2 => self.step(Input::Recv(PREV), Some(d), true, false, n),
                     _ => self.step(Input::Recv(PREV), Some(d), false, false, n),
                 })
@@ -180,9 +163,7 @@ impl RingCollective {
                     _ => self.pos,
                 };
                 let n = self.rc;
-                let s = self
-                    .src
-                    .at((self.ring[owner].idx() * self.block + self.base) * es);
+                let s = self.src.at((self.ring[owner].idx() * self.block + self.base) * es);
                 Some(match k {
                     0 => self.step(Input::Src(s), None, true, false, n),
                     k if k < p - 1 => self.step(Input::RecvReduce(PREV, s), None, true, false, n),
@@ -201,17 +182,9 @@ impl RingCollective {
                     0 => self.pos,
                     k => self.modp(self.pos + p - k),
                 };
-                let d = self
-                    .dst
-                    .at((self.ring[owner].idx() * self.block + self.base) * es);
+                let d = self.dst.at((self.ring[owner].idx() * self.block + self.base) * es);
                 Some(match k {
-                    0 => self.step(
-                        Input::Src(self.src.at(self.base * es)),
-                        Some(d),
-                        true,
-                        false,
-                        n,
-                    ),
+                    0 => self.step(Input::Src(self.src.at(self.base * es)), Some(d), true, false, n),
                     k if k < p - 1 => self.step(Input::Recv(PREV), Some(d), true, false, n),
                     _ => self.step(Input::Recv(PREV), Some(d), false, false, n),
                 })
@@ -221,21 +194,9 @@ impl RingCollective {
                 let off = self.base * es;
                 let d = self.modp(self.pos + p - self.root_pos);
                 Some(if d == 0 {
-                    self.step(
-                        Input::Src(self.src.at(off)),
-                        Some(self.dst.at(off)),
-                        true,
-                        false,
-                        n,
-                    )
+                    self.step(Input::Src(self.src.at(off)), Some(self.dst.at(off)), true, false, n)
                 } else {
-                    self.step(
-                        Input::Recv(PREV),
-                        Some(self.dst.at(off)),
-                        d < p - 1,
-                        false,
-                        n,
-                    )
+                    self.step(Input::Recv(PREV), Some(self.dst.at(off)), d < p - 1, false, n)
                 })
             }
             RingKind::Reduce => {
@@ -245,13 +206,7 @@ impl RingCollective {
                 let s = self.src.at(off);
                 Some(match d {
                     1 => self.step(Input::Src(s), None, true, false, n),
-                    0 => self.step(
-                        Input::RecvReduce(PREV, s),
-                        Some(self.dst.at(off)),
-                        false,
-                        true,
-                        n,
-                    ),
+                    0 => self.step(Input::RecvReduce(PREV, s), Some(self.dst.at(off)), false, true, n),
                     _ => self.step(Input::RecvReduce(PREV, s), None, true, false, n),
                 })
             }

@@ -17,20 +17,9 @@ pub enum SimError {
     #[error("deadlock: no lane can progress; blocked: {0}")]
     Deadlock(String),
     #[error("rank {rank}: received a chunk of {got} bytes from rank {from} where the step expects {want}")]
-    LengthMismatch {
-        rank: usize,
-        from: usize,
-        got: usize,
-        want: usize,
-    },
+    LengthMismatch { rank: usize, from: usize, got: usize, want: usize },
     #[error("rank {rank}: step touches bytes {off}..{end} of buffer {buf}, which has {len}")]
-    OutOfBounds {
-        rank: usize,
-        buf: u16,
-        off: usize,
-        end: usize,
-        len: usize,
-    },
+    OutOfBounds { rank: usize, buf: u16, off: usize, end: usize, len: usize },
     #[error("{0} chunk(s) left unreceived on connections at the end")]
     Leftover(usize),
     #[error(transparent)]
@@ -61,11 +50,7 @@ struct LaneState {
 impl LaneState {
     fn new(mut lane: Lane) -> Self {
         let pending = lane.steps.next();
-        LaneState {
-            done: pending.is_none(),
-            lane,
-            pending,
-        }
+        LaneState { done: pending.is_none(), lane, pending }
     }
 }
 
@@ -80,22 +65,16 @@ fn slice(bufs: &[Vec<u8>], rank: usize, loc: Loc, len: usize) -> Result<&[u8], S
     })
 }
 
-fn slice_mut(
-    bufs: &mut [Vec<u8>],
-    rank: usize,
-    loc: Loc,
-    len: usize,
-) -> Result<&mut [u8], SimError> {
+fn slice_mut(bufs: &mut [Vec<u8>], rank: usize, loc: Loc, len: usize) -> Result<&mut [u8], SimError> {
     let b = &mut bufs[loc.buf.0 as usize];
     let blen = b.len();
-    b.get_mut(loc.off..loc.off + len)
-        .ok_or(SimError::OutOfBounds {
-            rank,
-            buf: loc.buf.0,
-            off: loc.off,
-            end: loc.off + len,
-            len: blen,
-        })
+    b.get_mut(loc.off..loc.off + len).ok_or(SimError::OutOfBounds {
+        rank,
+        buf: loc.buf.0,
+        off: loc.off,
+        end: loc.off + len,
+        len: blen,
+    })
 }
 
 /// Tries the pending step of one lane; returns whether it ran.
@@ -124,12 +103,7 @@ fn try_step(
         match fifos.get(&k).and_then(|f| f.front()) {
             None => return Ok(false),
             Some(c) if c.len() != step.len => {
-                return Err(SimError::LengthMismatch {
-                    rank,
-                    from: k.0,
-                    got: c.len(),
-                    want: step.len,
-                })
+                return Err(SimError::LengthMismatch { rank, from: k.0, got: c.len(), want: step.len })
             }
             Some(_) => {}
         }
@@ -144,14 +118,8 @@ fn try_step(
     // Inputs are copied out of the user buffers first so the destination can be borrowed
     // mutably even when it lives in the same buffer.
     let (data_owned, in_place): (Option<Vec<u8>>, bool) = match step.input {
-        Input::Src(l) => (
-            Some(slice(bufs, rank, l, step.len)?.to_vec()),
-            step.dst == Some(l),
-        ),
-        Input::RecvReduce(_, l) => (
-            Some(slice(bufs, rank, l, step.len)?.to_vec()),
-            step.dst == Some(l),
-        ),
+        Input::Src(l) => (Some(slice(bufs, rank, l, step.len)?.to_vec()), step.dst == Some(l)),
+        Input::RecvReduce(_, l) => (Some(slice(bufs, rank, l, step.len)?.to_vec()), step.dst == Some(l)),
         Input::Recv(_) => (None, false),
     };
     let recv_ref = received.as_deref();
@@ -167,13 +135,7 @@ fn try_step(
         Some(l) if !skip_dst => Some(slice_mut(bufs, rank, l, step.len)?),
         _ => None,
     };
-    apply(
-        ls.lane.reduce.as_ref(),
-        step.finalize,
-        data,
-        dst,
-        out.as_deref_mut(),
-    )?;
+    apply(ls.lane.reduce.as_ref(), step.finalize, data, dst, out.as_deref_mut())?;
     if let (Some(k), Some(o)) = (send_key, out) {
         fifos.entry(k).or_default().push_back(o);
     }
@@ -183,20 +145,12 @@ fn try_step(
 }
 
 /// Runs one job per rank; `bufs[r]` are rank r's buffers, indexed by [`BufId`](super::BufId).
-pub fn run(
-    jobs: Vec<Job>,
-    bufs: &mut [Vec<Vec<u8>>],
-    capacity: usize,
-) -> Result<SimStats, SimError> {
+pub fn run(jobs: Vec<Job>, bufs: &mut [Vec<Vec<u8>>], capacity: usize) -> Result<SimStats, SimError> {
     let mut ranks: Vec<RankState> = jobs
         .into_iter()
         .map(|j| RankState {
             p2p: j.p2p.into_iter().map(LaneState::new).collect(),
-            phases: j
-                .phases
-                .into_iter()
-                .map(|p| p.into_iter().map(LaneState::new).collect())
-                .collect(),
+            phases: j.phases.into_iter().map(|p| p.into_iter().map(LaneState::new).collect()).collect(),
         })
         .collect();
     let mut fifos: HashMap<(usize, usize, ConnClass), Fifo> = HashMap::new();
@@ -209,11 +163,7 @@ pub fn run(
             while st.phases.front().is_some_and(|p| p.iter().all(|l| l.done)) {
                 st.phases.pop_front();
             }
-            let phase = st
-                .phases
-                .front_mut()
-                .map(|p| p.as_mut_slice())
-                .unwrap_or(&mut []);
+            let phase = st.phases.front_mut().map(|p| p.as_mut_slice()).unwrap_or(&mut []);
             for ls in st.p2p.iter_mut().chain(phase.iter_mut()) {
                 while try_step(r, ls, &mut fifos, &mut bufs[r], capacity)? {
                     stats.steps += 1;
@@ -235,10 +185,7 @@ pub fn run(
             for (r, st) in ranks.iter().enumerate() {
                 let lanes = st.p2p.iter().chain(st.phases.front().into_iter().flatten());
                 for l in lanes.filter(|l| !l.done) {
-                    blocked.push(format!(
-                        "rank {r} in {:?} out {:?}",
-                        l.lane.inbound, l.lane.outbound
-                    ));
+                    blocked.push(format!("rank {r} in {:?} out {:?}", l.lane.inbound, l.lane.outbound));
                 }
             }
             return Err(SimError::Deadlock(blocked.join("; ")));

@@ -80,10 +80,7 @@ fn get_addr(r: &mut Reader<'_>) -> Result<SocketAddr, CoreError> {
         4 => IpAddr::V4(Ipv4Addr::new(b[0], b[1], b[2], b[3])),
         6 => IpAddr::V6(Ipv6Addr::from(b)),
         f => {
-            return Err(CoreError::Malformed {
-                what: "peer address",
-                reason: format!("address family {f}"),
-            })
+            return Err(CoreError::Malformed { what: "peer address", reason: format!("address family {f}") })
         }
     };
     Ok(SocketAddr::new(ip, port))
@@ -91,10 +88,7 @@ fn get_addr(r: &mut Reader<'_>) -> Result<SocketAddr, CoreError> {
 
 impl PeerInfo {
     pub(crate) fn encode(&self, w: &mut Writer) {
-        w.u32(self.rank.0)
-            .u32(self.pid)
-            .u64(self.host_id)
-            .str(&self.hostname);
+        w.u32(self.rank.0).u32(self.pid).u64(self.host_id).str(&self.hostname);
         put_addr(w, &self.addr);
         w.raw(&self.unix_name);
     }
@@ -131,10 +125,7 @@ pub(crate) fn decode_class(r: &mut Reader<'_>) -> Result<ConnClass, CoreError> {
         0 => Ok(ConnClass::Ring(ChannelId(ch))),
         1 => Ok(ConnClass::Direct),
         2 => Ok(ConnClass::P2p),
-        _ => Err(CoreError::Malformed {
-            what: "connection class",
-            reason: format!("kind {k}"),
-        }),
+        _ => Err(CoreError::Malformed { what: "connection class", reason: format!("kind {k}") }),
     }
 }
 
@@ -151,12 +142,7 @@ impl Waiter {
     /// A waiter for `rank` that gives up after `timeout` (never if `None`).
     pub fn new(rank: Rank, timeout: Option<Duration>, abort: Arc<AtomicBool>) -> Waiter {
         let now = Instant::now();
-        Waiter {
-            rank,
-            deadline: timeout.map(|t| now + t),
-            abort,
-            started: now,
-        }
+        Waiter { rank, deadline: timeout.map(|t| now + t), abort, started: now }
     }
 
     /// Fails if aborted or past the deadline; `what` and `waiting_for` describe the wait.
@@ -199,13 +185,7 @@ pub(crate) fn write_frame(s: &mut TcpStream, k: u8, payload: &[u8]) -> io::Resul
 }
 
 /// Reads exactly `buf.len()` bytes from a blocking stream, honouring the waiter.
-fn read_full(
-    s: &mut TcpStream,
-    buf: &mut [u8],
-    w: &Waiter,
-    what: &str,
-    peer: &[Rank],
-) -> Result<()> {
+fn read_full(s: &mut TcpStream, buf: &mut [u8], w: &Waiter, what: &str, peer: &[Rank]) -> Result<()> {
     let mut got = 0;
     while got < buf.len() {
         w.check(what, peer)?;
@@ -217,40 +197,23 @@ fn read_full(
                     w.rank,
                     "bootstrap read",
                     peer.first().copied(),
-                    io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        format!("connection closed during {what}"),
-                    ),
+                    io::Error::new(io::ErrorKind::UnexpectedEof, format!("connection closed during {what}")),
                 ))
             }
             Ok(n) => got += n,
             Err(e)
                 if matches!(
                     e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
                 ) => {}
-            Err(e) => {
-                return Err(Error::io(
-                    w.rank,
-                    "bootstrap read",
-                    peer.first().copied(),
-                    e,
-                ))
-            }
+            Err(e) => return Err(Error::io(w.rank, "bootstrap read", peer.first().copied(), e)),
         }
     }
     Ok(())
 }
 
 /// Reads one frame from a blocking stream.
-pub(crate) fn read_frame(
-    s: &mut TcpStream,
-    w: &Waiter,
-    what: &str,
-    peer: &[Rank],
-) -> Result<(u8, Vec<u8>)> {
+pub(crate) fn read_frame(s: &mut TcpStream, w: &Waiter, what: &str, peer: &[Rank]) -> Result<(u8, Vec<u8>)> {
     let mut hdr = [0u8; 8];
     read_full(s, &mut hdr, w, what, peer)?;
     let len = u32::from_le_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]) as usize;
@@ -267,12 +230,7 @@ pub(crate) fn read_frame(
 }
 
 /// Connects to `addr`, retrying while nothing listens there yet.
-pub(crate) fn connect_retry(
-    addr: SocketAddr,
-    w: &Waiter,
-    what: &str,
-    peer: &[Rank],
-) -> Result<TcpStream> {
+pub(crate) fn connect_retry(addr: SocketAddr, w: &Waiter, what: &str, peer: &[Rank]) -> Result<TcpStream> {
     loop {
         w.check(what, peer)?;
         match TcpStream::connect_timeout(&addr, w.slice().max(Duration::from_millis(10))) {
@@ -311,11 +269,7 @@ pub(crate) struct Join {
 impl Join {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::new();
-        w.u32(JOIN_MAGIC)
-            .u32(self.version)
-            .raw(&self.secret)
-            .u32(self.rank)
-            .u32(self.nranks);
+        w.u32(JOIN_MAGIC).u32(self.version).raw(&self.secret).u32(self.rank).u32(self.nranks);
         self.info.encode(&mut w);
         w.finish()
     }
@@ -323,10 +277,7 @@ impl Join {
     pub fn decode(b: &[u8]) -> Result<Join, CoreError> {
         let mut r = Reader::new(b, "join request");
         if r.u32()? != JOIN_MAGIC {
-            return Err(CoreError::Malformed {
-                what: "join request",
-                reason: "bad magic".into(),
-            });
+            return Err(CoreError::Malformed { what: "join request", reason: "bad magic".into() });
         }
         let j = Join {
             version: r.u32()?,
@@ -344,16 +295,10 @@ pub(crate) fn encode_reject(reason: &RejectReason) -> Vec<u8> {
     let mut w = Writer::new();
     match reason {
         RejectReason::WrongSecret => w.u8(0),
-        RejectReason::WorldSizeMismatch {
-            rank,
-            size,
-            root_size,
-        } => w.u8(1).u32(*rank).u32(*size).u32(*root_size),
-        RejectReason::DuplicateRank {
-            rank,
-            first,
-            second,
-        } => w.u8(2).u32(*rank).str(first).str(second),
+        RejectReason::WorldSizeMismatch { rank, size, root_size } => {
+            w.u8(1).u32(*rank).u32(*size).u32(*root_size)
+        }
+        RejectReason::DuplicateRank { rank, first, second } => w.u8(2).u32(*rank).str(first).str(second),
         RejectReason::RankOutOfRange { rank, size } => w.u8(3).u32(*rank).u32(*size),
         RejectReason::Version { ours, theirs } => w.u8(4).u32(*ours).u32(*theirs),
     };
@@ -364,30 +309,15 @@ pub(crate) fn decode_reject(b: &[u8]) -> Result<RejectReason, CoreError> {
     let mut r = Reader::new(b, "rejection");
     Ok(match r.u8()? {
         0 => RejectReason::WrongSecret,
-        1 => RejectReason::WorldSizeMismatch {
-            rank: r.u32()?,
-            size: r.u32()?,
-            root_size: r.u32()?,
-        },
+        1 => RejectReason::WorldSizeMismatch { rank: r.u32()?, size: r.u32()?, root_size: r.u32()? },
         2 => RejectReason::DuplicateRank {
             rank: r.u32()?,
             first: r.str()?.to_string(),
             second: r.str()?.to_string(),
         },
-        3 => RejectReason::RankOutOfRange {
-            rank: r.u32()?,
-            size: r.u32()?,
-        },
-        4 => RejectReason::Version {
-            ours: r.u32()?,
-            theirs: r.u32()?,
-        },
-        k => {
-            return Err(CoreError::Malformed {
-                what: "rejection",
-                reason: format!("code {k}"),
-            })
-        }
+        3 => RejectReason::RankOutOfRange { rank: r.u32()?, size: r.u32()? },
+        4 => RejectReason::Version { ours: r.u32()?, theirs: r.u32()? },
+        k => return Err(CoreError::Malformed { what: "rejection", reason: format!("code {k}") }),
     })
 }
 
@@ -410,9 +340,7 @@ pub(crate) fn decode_table(b: &[u8]) -> Result<Vec<PeerInfo>, CoreError> {
             reason: format!("claims {n} entries in {} bytes", b.len()),
         });
     }
-    let t = (0..n)
-        .map(|_| PeerInfo::decode(&mut r))
-        .collect::<Result<Vec<_>, _>>()?;
+    let t = (0..n).map(|_| PeerInfo::decode(&mut r)).collect::<Result<Vec<_>, _>>()?;
     r.finish()?;
     Ok(t)
 }
@@ -448,15 +376,10 @@ pub(crate) fn join(
             }
             Ok(t)
         }
-        kind::REJECT => Err(Error::Rejected {
-            rank: w.rank,
-            reason: decode_reject(&payload)?,
-        }),
-        other => Err(CoreError::Malformed {
-            what: "root reply",
-            reason: format!("frame kind {other}"),
+        kind::REJECT => Err(Error::Rejected { rank: w.rank, reason: decode_reject(&payload)? }),
+        other => {
+            Err(CoreError::Malformed { what: "root reply", reason: format!("frame kind {other}") }.into())
         }
-        .into()),
     }
 }
 
@@ -473,11 +396,7 @@ pub(crate) struct Hello {
 impl Hello {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::new();
-        w.u32(HELLO_MAGIC)
-            .u32(PROTOCOL_VERSION)
-            .raw(&self.secret)
-            .u32(self.from.0)
-            .u32(self.to.0);
+        w.u32(HELLO_MAGIC).u32(PROTOCOL_VERSION).raw(&self.secret).u32(self.from.0).u32(self.to.0);
         match self.data {
             None => {
                 w.u8(0);
@@ -493,10 +412,7 @@ impl Hello {
     pub fn decode(b: &[u8]) -> Result<Hello, CoreError> {
         let mut r = Reader::new(b, "hello");
         if r.u32()? != HELLO_MAGIC || r.u32()? != PROTOCOL_VERSION {
-            return Err(CoreError::Malformed {
-                what: "hello",
-                reason: "bad magic or version".into(),
-            });
+            return Err(CoreError::Malformed { what: "hello", reason: "bad magic or version".into() });
         }
         let secret = r.fixed()?;
         let from = Rank(r.u32()?);
@@ -504,20 +420,10 @@ impl Hello {
         let data = match r.u8()? {
             0 => None,
             1 => Some(decode_class(&mut r)?),
-            k => {
-                return Err(CoreError::Malformed {
-                    what: "hello",
-                    reason: format!("connection kind {k}"),
-                })
-            }
+            k => return Err(CoreError::Malformed { what: "hello", reason: format!("connection kind {k}") }),
         };
         r.finish()?;
-        Ok(Hello {
-            secret,
-            from,
-            to,
-            data,
-        })
+        Ok(Hello { secret, from, to, data })
     }
 }
 
@@ -537,13 +443,7 @@ impl Bootstrap {
         peers: Arc<Vec<PeerInfo>>,
         mailbox: Arc<Mailbox>,
     ) -> Bootstrap {
-        Bootstrap {
-            me,
-            secret,
-            peers,
-            mailbox,
-            out: Mutex::new(HashMap::new()),
-        }
+        Bootstrap { me, secret, peers, mailbox, out: Mutex::new(HashMap::new()) }
     }
 
     /// Sends `payload` to `to` under `tag`.
@@ -558,12 +458,7 @@ impl Bootstrap {
             std::collections::hash_map::Entry::Vacant(v) => {
                 let peer = &self.peers[to.idx()];
                 let mut s = connect_retry(peer.addr, w, "bootstrap: connecting to a peer", &[to])?;
-                let hello = Hello {
-                    secret: self.secret,
-                    from: self.me,
-                    to,
-                    data: None,
-                };
+                let hello = Hello { secret: self.secret, from: self.me, to, data: None };
                 write_frame(&mut s, kind::HELLO, &hello.encode())
                     .map_err(|e| Error::io(self.me, "bootstrap send", Some(to), e))?;
                 v.insert(s)
@@ -592,13 +487,7 @@ impl Bootstrap {
             self.send(to, tag, payload, w)?;
         }
         (0..n)
-            .map(|r| {
-                if r == self.me.idx() {
-                    Ok(payload.to_vec())
-                } else {
-                    self.recv(Rank::new(r), tag, w)
-                }
-            })
+            .map(|r| if r == self.me.idx() { Ok(payload.to_vec()) } else { self.recv(Rank::new(r), tag, w) })
             .collect()
     }
 

@@ -42,9 +42,7 @@ struct Joined {
 /// Starts the root thread on `listener`.
 pub(crate) fn spawn(listener: TcpListener, secret: [u8; 32], log: Logger) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
-    std::thread::Builder::new()
-        .name("oxccl-root".into())
-        .spawn(move || run(listener, secret, log))?;
+    std::thread::Builder::new().name("oxccl-root".into()).spawn(move || run(listener, secret, log))?;
     Ok(())
 }
 
@@ -86,10 +84,7 @@ fn read_join(p: &mut Pending) -> Result<Option<Vec<u8>>, String> {
 fn judge(joined: &BTreeMap<u32, Joined>) -> Option<Result<(), RejectReason>> {
     for (r, j) in joined {
         if *r >= j.nranks {
-            return Some(Err(RejectReason::RankOutOfRange {
-                rank: *r,
-                size: j.nranks,
-            }));
+            return Some(Err(RejectReason::RankOutOfRange { rank: *r, size: j.nranks }));
         }
     }
     let root = joined.get(&0)?;
@@ -116,25 +111,14 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
             }
         }
         let mut pfds = vec![fd::pollfd(listener.as_raw_fd(), libc::POLLIN)];
-        pfds.extend(
-            pending
-                .iter()
-                .map(|p| fd::pollfd(p.s.as_raw_fd(), libc::POLLIN)),
-        );
+        pfds.extend(pending.iter().map(|p| fd::pollfd(p.s.as_raw_fd(), libc::POLLIN)));
         let _ = fd::poll(&mut pfds, Duration::from_millis(500));
         while let Ok((s, peer)) = listener.accept() {
             if pending.len() >= MAX_PENDING_CONNECTIONS || s.set_nonblocking(true).is_err() {
-                log.warn(format_args!(
-                    "root: dropping connection from {peer}: too many pending"
-                ));
+                log.warn(format_args!("root: dropping connection from {peer}: too many pending"));
                 continue;
             }
-            pending.push(Pending {
-                s,
-                peer,
-                buf: Vec::new(),
-                since: Instant::now(),
-            });
+            pending.push(Pending { s, peer, buf: Vec::new(), since: Instant::now() });
         }
         let mut still = Vec::new();
         for mut p in pending.drain(..) {
@@ -144,10 +128,7 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                     if p.since.elapsed() < Duration::from_millis(HELLO_DEADLINE_MS) {
                         still.push(p);
                     } else {
-                        log.warn(format_args!(
-                            "root: dropping {}: no request in time",
-                            p.peer
-                        ));
+                        log.warn(format_args!("root: dropping {}: no request in time", p.peer));
                     }
                     continue;
                 }
@@ -164,13 +145,7 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                 }
             };
             if j.version != PROTOCOL_VERSION {
-                reject(
-                    &mut p.s,
-                    &RejectReason::Version {
-                        ours: PROTOCOL_VERSION,
-                        theirs: j.version,
-                    },
-                );
+                reject(&mut p.s, &RejectReason::Version { ours: PROTOCOL_VERSION, theirs: j.version });
                 continue;
             }
             if !same_secret(&j.secret, &secret) {
@@ -193,14 +168,7 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                 continue;
             }
             let _ = p.s.set_nonblocking(false);
-            joined.insert(
-                j.rank,
-                Joined {
-                    s: p.s,
-                    nranks: j.nranks,
-                    info: j.info,
-                },
-            );
+            joined.insert(j.rank, Joined { s: p.s, nranks: j.nranks, info: j.info });
         }
         pending = still;
         if failed.is_none() {

@@ -66,11 +66,7 @@ pub struct ShmOfferMsg {
 impl ShmOfferMsg {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::new();
-        w.u32(SHM_OFFER_MAGIC)
-            .u32(super::PROTOCOL_VERSION)
-            .raw(&self.secret)
-            .u32(self.from.0)
-            .u32(self.to.0);
+        w.u32(SHM_OFFER_MAGIC).u32(super::PROTOCOL_VERSION).raw(&self.secret).u32(self.from.0).u32(self.to.0);
         super::encode_class(&mut w, self.class);
         w.u32(self.slots).u32(self.slot_bytes);
         w.finish()
@@ -114,10 +110,7 @@ pub fn decode_offer_reply(b: &[u8]) -> Result<Result<(), String>, CoreError> {
     match r.u32()? {
         SHM_ACCEPT_MAGIC => Ok(Ok(())),
         SHM_REJECT_MAGIC => Ok(Err(r.str()?.to_string())),
-        _ => Err(CoreError::Malformed {
-            what: "shared-memory offer reply",
-            reason: "bad magic".into(),
-        }),
+        _ => Err(CoreError::Malformed { what: "shared-memory offer reply", reason: "bad magic".into() }),
     }
 }
 
@@ -146,20 +139,12 @@ impl Mailbox {
     }
 
     pub(crate) fn deliver_msg(&self, from: Rank, tag: u64, msg: Vec<u8>) {
-        self.lock()
-            .msgs
-            .entry((from.0, tag))
-            .or_default()
-            .push_back(msg);
+        self.lock().msgs.entry((from.0, tag)).or_default().push_back(msg);
         self.cv.notify_all();
     }
 
     fn deliver_conn(&self, from: Rank, class: ConnClass, inc: Incoming) {
-        self.lock()
-            .conns
-            .entry((from.0, class))
-            .or_default()
-            .push_back(inc);
+        self.lock().conns.entry((from.0, class)).or_default().push_back(inc);
         self.cv.notify_all();
     }
 
@@ -187,9 +172,7 @@ impl Mailbox {
                 return Ok(v);
             }
             if st.closed {
-                return Err(Error::InvalidUsage(format!(
-                    "{what}: the communicator was destroyed"
-                )));
+                return Err(Error::InvalidUsage(format!("{what}: the communicator was destroyed")));
             }
             w.check(what, &[from])?;
             let (g, _) = self
@@ -209,16 +192,9 @@ impl Mailbox {
 
     /// Waits for the data connection `from` opens for `class`.
     pub fn wait_conn(&self, from: Rank, class: ConnClass, w: &Waiter) -> Result<Incoming> {
-        self.wait(
-            w,
-            "connection setup: waiting for a peer to connect",
-            from,
-            |st| {
-                st.conns
-                    .get_mut(&(from.0, class))
-                    .and_then(|q| q.pop_front())
-            },
-        )
+        self.wait(w, "connection setup: waiting for a peer to connect", from, |st| {
+            st.conns.get_mut(&(from.0, class)).and_then(|q| q.pop_front())
+        })
     }
 }
 
@@ -253,16 +229,12 @@ impl Service {
     ) -> Result<Service> {
         let tcp = TcpListener::bind(SocketAddr::new(ip, 0))
             .map_err(|e| Error::io(me, "bind the service listener", None, e))?;
-        tcp.set_nonblocking(true)
-            .map_err(|e| Error::io(me, "service listener", None, e))?;
-        let addr = tcp
-            .local_addr()
-            .map_err(|e| Error::io(me, "service listener", None, e))?;
+        tcp.set_nonblocking(true).map_err(|e| Error::io(me, "service listener", None, e))?;
+        let addr = tcp.local_addr().map_err(|e| Error::io(me, "service listener", None, e))?;
         let mut unix_name = [0u8; 16];
         let unix = loop {
             let mut token = [0u8; 8];
-            getrandom::getrandom(&mut token)
-                .map_err(|e| Error::Internal(format!("no randomness: {e}")))?;
+            getrandom::getrandom(&mut token).map_err(|e| Error::Internal(format!("no randomness: {e}")))?;
             let name = format!("ox{:016x}", u64::from_le_bytes(token));
             unix_name[..name.len().min(16)].copy_from_slice(&name.as_bytes()[..16]);
             match SeqListener::bind_abstract(&unix_name) {
@@ -273,26 +245,13 @@ impl Service {
         };
         let stop = Arc::new(EventFd::new().map_err(|e| Error::io(me, "eventfd", None, e))?);
         let mailbox = Arc::new(Mailbox::default());
-        let ctx = Ctx {
-            me,
-            size,
-            secret,
-            doorbell,
-            mailbox: mailbox.clone(),
-            log,
-        };
+        let ctx = Ctx { me, size, secret, doorbell, mailbox: mailbox.clone(), log };
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name(format!("oxccl-svc-{me}"))
             .spawn(move || serve(ctx, tcp, unix, stop2))
             .map_err(|e| Error::io(me, "spawn the service thread", None, e))?;
-        Ok(Service {
-            mailbox,
-            addr,
-            unix_name,
-            stop,
-            thread: Some(thread),
-        })
+        Ok(Service { mailbox, addr, unix_name, stop, thread: Some(thread) })
     }
 
     /// Stops the thread and closes the listeners.
@@ -322,13 +281,7 @@ struct FrameReader {
 
 impl FrameReader {
     fn new(max: usize) -> Self {
-        FrameReader {
-            hdr: [0; 8],
-            hdr_got: 0,
-            payload: Vec::new(),
-            got: 0,
-            max,
-        }
+        FrameReader { hdr: [0; 8], hdr_got: 0, payload: Vec::new(), got: 0, max }
     }
 
     /// Reads what is available; a whole frame when complete. End of stream is an error.
@@ -342,8 +295,7 @@ impl FrameReader {
                 }
                 if self.hdr_got == 8 {
                     let len =
-                        u32::from_le_bytes([self.hdr[0], self.hdr[1], self.hdr[2], self.hdr[3]])
-                            as usize;
+                        u32::from_le_bytes([self.hdr[0], self.hdr[1], self.hdr[2], self.hdr[3]]) as usize;
                     if len > self.max {
                         return Err(io::Error::new(
                             io::ErrorKind::InvalidData,
@@ -397,16 +349,8 @@ fn serve(ctx: Ctx, tcp: TcpListener, unix: SeqListener, stop: Arc<EventFd>) {
             fd::pollfd(tcp.as_raw_fd(), libc::POLLIN),
             fd::pollfd(unix.as_raw_fd(), libc::POLLIN),
         ];
-        pfds.extend(
-            conns
-                .iter()
-                .map(|c| fd::pollfd(c.s.as_raw_fd(), libc::POLLIN)),
-        );
-        pfds.extend(
-            unix_pending
-                .iter()
-                .map(|(s, _)| fd::pollfd(s.as_raw_fd(), libc::POLLIN)),
-        );
+        pfds.extend(conns.iter().map(|c| fd::pollfd(c.s.as_raw_fd(), libc::POLLIN)));
+        pfds.extend(unix_pending.iter().map(|(s, _)| fd::pollfd(s.as_raw_fd(), libc::POLLIN)));
         if fd::poll(&mut pfds, Duration::from_millis(500)).is_err() {
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -415,12 +359,11 @@ fn serve(ctx: Ctx, tcp: TcpListener, unix: SeqListener, stop: Arc<EventFd>) {
         }
         // New TCP connections.
         while let Ok((s, peer)) = tcp.accept() {
-            let pending = conns
-                .iter()
-                .filter(|c| matches!(c.state, ConnState::Hello { .. }))
-                .count();
+            let pending = conns.iter().filter(|c| matches!(c.state, ConnState::Hello { .. })).count();
             if pending >= MAX_PENDING_CONNECTIONS || s.set_nonblocking(true).is_err() {
-                ctx.log.warn(format_args!("service: dropping connection from {peer}: too many unauthenticated connections"));
+                ctx.log.warn(format_args!(
+                    "service: dropping connection from {peer}: too many unauthenticated connections"
+                ));
                 continue;
             }
             let _ = s.set_nodelay(true);
@@ -428,9 +371,7 @@ fn serve(ctx: Ctx, tcp: TcpListener, unix: SeqListener, stop: Arc<EventFd>) {
                 s,
                 peer,
                 rd: FrameReader::new(MAX_HELLO_BYTES),
-                state: ConnState::Hello {
-                    since: Instant::now(),
-                },
+                state: ConnState::Hello { since: Instant::now() },
             });
         }
         while let Ok(Some(s)) = unix.accept() {
@@ -471,13 +412,8 @@ fn tcp_step(ctx: &Ctx, c: &mut TcpConn, now: Instant, deadline: Duration) -> Ste
                 return Step::Keep;
             }
             Err(e) => {
-                if matches!(c.state, ConnState::Hello { .. })
-                    || e.kind() != io::ErrorKind::UnexpectedEof
-                {
-                    ctx.log.info(format_args!(
-                        "service: connection from {} closed: {e}",
-                        c.peer
-                    ));
+                if matches!(c.state, ConnState::Hello { .. }) || e.kind() != io::ErrorKind::UnexpectedEof {
+                    ctx.log.info(format_args!("service: connection from {} closed: {e}", c.peer));
                 }
                 return Step::Drop;
             }
@@ -487,17 +423,11 @@ fn tcp_step(ctx: &Ctx, c: &mut TcpConn, now: Instant, deadline: Duration) -> Ste
                 let h = match Hello::decode(&payload) {
                     Ok(h) => h,
                     Err(e) => {
-                        ctx.log.warn(format_args!(
-                            "service: dropping connection from {}: {e}",
-                            c.peer
-                        ));
+                        ctx.log.warn(format_args!("service: dropping connection from {}: {e}", c.peer));
                         return Step::Drop;
                     }
                 };
-                if !same_secret(&h.secret, &ctx.secret)
-                    || h.to != ctx.me
-                    || h.from.idx() >= ctx.size
-                {
+                if !same_secret(&h.secret, &ctx.secret) || h.to != ctx.me || h.from.idx() >= ctx.size {
                     ctx.log.warn(format_args!(
                         "service: dropping connection from {}: wrong secret or ranks (from {} to {})",
                         c.peer, h.from, h.to
@@ -524,8 +454,7 @@ fn tcp_step(ctx: &Ctx, c: &mut TcpConn, now: Instant, deadline: Duration) -> Ste
             }
             (ConnState::Msgs { from }, (kind::MSG, payload)) => {
                 if payload.len() < 8 {
-                    ctx.log
-                        .warn(format_args!("service: short message from rank {from}"));
+                    ctx.log.warn(format_args!("service: short message from rank {from}"));
                     return Step::Drop;
                 }
                 let tag = u64::from_le_bytes(payload[..8].try_into().unwrap_or([0; 8]));
@@ -548,14 +477,12 @@ fn unix_step(ctx: &Ctx, s: &SeqSocket) -> Step {
         Ok(Some(m)) => m,
         Ok(None) => return Step::Keep,
         Err(e) => {
-            ctx.log
-                .warn(format_args!("service: bad unix socket message: {e}"));
+            ctx.log.warn(format_args!("service: bad unix socket message: {e}"));
             return Step::Drop;
         }
     };
     let refuse = |why: &str| {
-        ctx.log
-            .warn(format_args!("service: refusing shared-memory offer: {why}"));
+        ctx.log.warn(format_args!("service: refusing shared-memory offer: {why}"));
         let _ = s.set_nonblocking(false);
         let _ = s.set_timeouts(Duration::from_secs(1));
         let _ = s.send(&encode_offer_reply(false, why), &[]);
@@ -579,21 +506,13 @@ fn unix_step(ctx: &Ctx, s: &SeqSocket) -> Step {
     let _ = s.set_nonblocking(false);
     let _ = s.set_timeouts(Duration::from_secs(5));
     if let Err(e) = s.send(&encode_offer_reply(true, ""), &[ctx.doorbell.as_raw_fd()]) {
-        ctx.log.warn(format_args!(
-            "service: cannot answer rank {}'s offer: {e}",
-            m.from
-        ));
+        ctx.log.warn(format_args!("service: cannot answer rank {}'s offer: {e}", m.from));
         return Step::Drop;
     }
     ctx.mailbox.deliver_conn(
         m.from,
         m.class,
-        Incoming::Shm(ShmOffer {
-            region,
-            doorbell,
-            slots: m.slots,
-            slot_bytes: m.slot_bytes,
-        }),
+        Incoming::Shm(ShmOffer { region, doorbell, slots: m.slots, slot_bytes: m.slot_bytes }),
     );
     Step::Handed
 }

@@ -57,14 +57,7 @@ impl Communicator {
 
 impl<'a, M> Group<'a, M> {
     pub(super) fn new(comm: &'a Communicator, mode: M) -> Self {
-        Group {
-            comm,
-            ops: Vec::new(),
-            bufs: Vec::new(),
-            what: "group",
-            mode,
-            _borrows: PhantomData,
-        }
+        Group { comm, ops: Vec::new(), bufs: Vec::new(), what: "group", mode, _borrows: PhantomData }
     }
 
     fn size(&self) -> usize {
@@ -118,37 +111,15 @@ impl<'a, M> Group<'a, M> {
         let src = self.buf(RawBuf::of(bytes(send)))?;
         let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
         let count = send.len();
-        Ok(self.push(
-            OpSpec::AllReduce {
-                count,
-                dtype: T::DTYPE,
-                op,
-                src,
-                dst,
-            },
-            "all_reduce",
-        ))
+        Ok(self.push(OpSpec::AllReduce { count, dtype: T::DTYPE, op, src, dst }, "all_reduce"))
     }
 
     /// All-reduce in place.
-    pub fn all_reduce_in_place<T: Element>(
-        &mut self,
-        buf: &'a mut [T],
-        op: ReduceOp,
-    ) -> Result<&mut Self> {
+    pub fn all_reduce_in_place<T: Element>(&mut self, buf: &'a mut [T], op: ReduceOp) -> Result<&mut Self> {
         op.check(T::DTYPE)?;
         let count = buf.len();
         let b = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
-        Ok(self.push(
-            OpSpec::AllReduce {
-                count,
-                dtype: T::DTYPE,
-                op,
-                src: b,
-                dst: b,
-            },
-            "all_reduce",
-        ))
+        Ok(self.push(OpSpec::AllReduce { count, dtype: T::DTYPE, op, src: b, dst: b }, "all_reduce"))
     }
 
     /// Every rank's `recv` gets the root's `send` (`recv.len()` elements; `send` is read on
@@ -166,37 +137,15 @@ impl<'a, M> Group<'a, M> {
         }
         let src = self.buf(RawBuf::of(bytes(send)))?;
         let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
-        Ok(self.push(
-            OpSpec::Broadcast {
-                count,
-                dtype: T::DTYPE,
-                root,
-                src,
-                dst,
-            },
-            "broadcast",
-        ))
+        Ok(self.push(OpSpec::Broadcast { count, dtype: T::DTYPE, root, src, dst }, "broadcast"))
     }
 
     /// Broadcast in place.
-    pub fn broadcast_in_place<T: Element>(
-        &mut self,
-        buf: &'a mut [T],
-        root: Rank,
-    ) -> Result<&mut Self> {
+    pub fn broadcast_in_place<T: Element>(&mut self, buf: &'a mut [T], root: Rank) -> Result<&mut Self> {
         let root = self.rank_arg("root", root)?;
         let count = buf.len();
         let b = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
-        Ok(self.push(
-            OpSpec::Broadcast {
-                count,
-                dtype: T::DTYPE,
-                root,
-                src: b,
-                dst: b,
-            },
-            "broadcast",
-        ))
+        Ok(self.push(OpSpec::Broadcast { count, dtype: T::DTYPE, root, src: b, dst: b }, "broadcast"))
     }
 
     /// The root's `recv` gets the reduction of every rank's `send` (`recv` is written on the
@@ -216,17 +165,7 @@ impl<'a, M> Group<'a, M> {
         }
         let src = self.buf(RawBuf::of(bytes(send)))?;
         let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
-        Ok(self.push(
-            OpSpec::Reduce {
-                count,
-                dtype: T::DTYPE,
-                op,
-                root,
-                src,
-                dst,
-            },
-            "reduce",
-        ))
+        Ok(self.push(OpSpec::Reduce { count, dtype: T::DTYPE, op, root, src, dst }, "reduce"))
     }
 
     /// Reduce in place (the root's `buf` gets the result).
@@ -240,42 +179,16 @@ impl<'a, M> Group<'a, M> {
         let root = self.rank_arg("root", root)?;
         let count = buf.len();
         let b = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
-        Ok(self.push(
-            OpSpec::Reduce {
-                count,
-                dtype: T::DTYPE,
-                op,
-                root,
-                src: b,
-                dst: b,
-            },
-            "reduce",
-        ))
+        Ok(self.push(OpSpec::Reduce { count, dtype: T::DTYPE, op, root, src: b, dst: b }, "reduce"))
     }
 
     /// Every rank's `recv` gets all ranks' `send`, concatenated in rank order.
-    pub fn all_gather<T: Element>(
-        &mut self,
-        send: &'a [T],
-        recv: &'a mut [T],
-    ) -> Result<&mut Self> {
+    pub fn all_gather<T: Element>(&mut self, send: &'a [T], recv: &'a mut [T]) -> Result<&mut Self> {
         let count = send.len();
-        check_len(
-            "recv",
-            elems("recv", count, self.size(), T::DTYPE)?,
-            recv.len(),
-        )?;
+        check_len("recv", elems("recv", count, self.size(), T::DTYPE)?, recv.len())?;
         let src = self.buf(RawBuf::of(bytes(send)))?;
         let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
-        Ok(self.push(
-            OpSpec::AllGather {
-                count,
-                dtype: T::DTYPE,
-                src,
-                dst,
-            },
-            "all_gather",
-        ))
+        Ok(self.push(OpSpec::AllGather { count, dtype: T::DTYPE, src, dst }, "all_gather"))
     }
 
     /// All-gather in place: `buf` holds `size` blocks; this rank's block is its input.
@@ -284,15 +197,7 @@ impl<'a, M> Group<'a, M> {
         let me = self.me().idx();
         let dst = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
         let src = dst.at(me * count * T::DTYPE.size_bytes());
-        Ok(self.push(
-            OpSpec::AllGather {
-                count,
-                dtype: T::DTYPE,
-                src,
-                dst,
-            },
-            "all_gather",
-        ))
+        Ok(self.push(OpSpec::AllGather { count, dtype: T::DTYPE, src, dst }, "all_gather"))
     }
 
     /// Block `r` of the reduction of every rank's `send` lands in rank `r`'s `recv`
@@ -305,23 +210,10 @@ impl<'a, M> Group<'a, M> {
     ) -> Result<&mut Self> {
         op.check(T::DTYPE)?;
         let count = recv.len();
-        check_len(
-            "send",
-            elems("send", count, self.size(), T::DTYPE)?,
-            send.len(),
-        )?;
+        check_len("send", elems("send", count, self.size(), T::DTYPE)?, send.len())?;
         let src = self.buf(RawBuf::of(bytes(send)))?;
         let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
-        Ok(self.push(
-            OpSpec::ReduceScatter {
-                count,
-                dtype: T::DTYPE,
-                op,
-                src,
-                dst,
-            },
-            "reduce_scatter",
-        ))
+        Ok(self.push(OpSpec::ReduceScatter { count, dtype: T::DTYPE, op, src, dst }, "reduce_scatter"))
     }
 
     /// Reduce-scatter in place: this rank's block of `buf` gets its result.
@@ -335,38 +227,17 @@ impl<'a, M> Group<'a, M> {
         let me = self.me().idx();
         let src = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
         let dst = src.at(me * count * T::DTYPE.size_bytes());
-        Ok(self.push(
-            OpSpec::ReduceScatter {
-                count,
-                dtype: T::DTYPE,
-                op,
-                src,
-                dst,
-            },
-            "reduce_scatter",
-        ))
+        Ok(self.push(OpSpec::ReduceScatter { count, dtype: T::DTYPE, op, src, dst }, "reduce_scatter"))
     }
 
     /// Block `j` of this rank's `send` goes to rank `j`; block `i` of `recv` comes from rank
     /// `i` (`send.len() / size` elements per block).
-    pub fn all_to_all<T: Element>(
-        &mut self,
-        send: &'a [T],
-        recv: &'a mut [T],
-    ) -> Result<&mut Self> {
+    pub fn all_to_all<T: Element>(&mut self, send: &'a [T], recv: &'a mut [T]) -> Result<&mut Self> {
         let count = self.per_rank("send", send.len())?;
         check_len("recv", send.len(), recv.len())?;
         let src = self.buf(RawBuf::of(bytes(send)))?;
         let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
-        Ok(self.push(
-            OpSpec::AllToAll {
-                count,
-                dtype: T::DTYPE,
-                src,
-                dst,
-            },
-            "all_to_all",
-        ))
+        Ok(self.push(OpSpec::AllToAll { count, dtype: T::DTYPE, src, dst }, "all_to_all"))
     }
 
     /// All-to-all with per-peer counts and displacements (in elements): this rank sends
@@ -382,16 +253,8 @@ impl<'a, M> Group<'a, M> {
         recv_counts: &[usize],
         recv_displs: &[usize],
     ) -> Result<&mut Self> {
-        let s = Segments {
-            counts: send_counts,
-            displs: send_displs,
-            len: send.len(),
-        };
-        let r = Segments {
-            counts: recv_counts,
-            displs: recv_displs,
-            len: recv.len(),
-        };
+        let s = Segments { counts: send_counts, displs: send_displs, len: send.len() };
+        let r = Segments { counts: recv_counts, displs: recv_displs, len: recv.len() };
         check_alltoallv(self.size(), self.me(), s, r)?;
         let src = self.buf(RawBuf::of(bytes(send)))?;
         let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
@@ -409,42 +272,20 @@ impl<'a, M> Group<'a, M> {
 
     /// The root's `recv` gets every rank's `send` in rank order (`recv` is written on the
     /// root only).
-    pub fn gather<T: Element>(
-        &mut self,
-        send: &'a [T],
-        recv: &'a mut [T],
-        root: Rank,
-    ) -> Result<&mut Self> {
+    pub fn gather<T: Element>(&mut self, send: &'a [T], recv: &'a mut [T], root: Rank) -> Result<&mut Self> {
         let root = self.rank_arg("root", root)?;
         let count = send.len();
         if self.me() == root {
-            check_len(
-                "recv",
-                elems("recv", count, self.size(), T::DTYPE)?,
-                recv.len(),
-            )?;
+            check_len("recv", elems("recv", count, self.size(), T::DTYPE)?, recv.len())?;
         }
         let src = self.buf(RawBuf::of(bytes(send)))?;
         let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
-        Ok(self.push(
-            OpSpec::Gather {
-                count,
-                dtype: T::DTYPE,
-                root,
-                src,
-                dst,
-            },
-            "gather",
-        ))
+        Ok(self.push(OpSpec::Gather { count, dtype: T::DTYPE, root, src, dst }, "gather"))
     }
 
     /// Gather in place: on the root, `buf` holds `size` blocks with the root's input already
     /// in its own block; elsewhere `buf` is the rank's input (and is left untouched).
-    pub fn gather_in_place<T: Element>(
-        &mut self,
-        buf: &'a mut [T],
-        root: Rank,
-    ) -> Result<&mut Self> {
+    pub fn gather_in_place<T: Element>(&mut self, buf: &'a mut [T], root: Rank) -> Result<&mut Self> {
         let root = self.rank_arg("root", root)?;
         let es = T::DTYPE.size_bytes();
         let (count, own) = if self.me() == root {
@@ -455,56 +296,25 @@ impl<'a, M> Group<'a, M> {
         };
         let dst = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
         let src = dst.at(own);
-        Ok(self.push(
-            OpSpec::Gather {
-                count,
-                dtype: T::DTYPE,
-                root,
-                src,
-                dst,
-            },
-            "gather",
-        ))
+        Ok(self.push(OpSpec::Gather { count, dtype: T::DTYPE, root, src, dst }, "gather"))
     }
 
     /// Rank `r`'s `recv` gets block `r` of the root's `send` (`send` is read on the root
     /// only).
-    pub fn scatter<T: Element>(
-        &mut self,
-        send: &'a [T],
-        recv: &'a mut [T],
-        root: Rank,
-    ) -> Result<&mut Self> {
+    pub fn scatter<T: Element>(&mut self, send: &'a [T], recv: &'a mut [T], root: Rank) -> Result<&mut Self> {
         let root = self.rank_arg("root", root)?;
         let count = recv.len();
         if self.me() == root {
-            check_len(
-                "send",
-                elems("send", count, self.size(), T::DTYPE)?,
-                send.len(),
-            )?;
+            check_len("send", elems("send", count, self.size(), T::DTYPE)?, send.len())?;
         }
         let src = self.buf(RawBuf::of(bytes(send)))?;
         let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
-        Ok(self.push(
-            OpSpec::Scatter {
-                count,
-                dtype: T::DTYPE,
-                root,
-                src,
-                dst,
-            },
-            "scatter",
-        ))
+        Ok(self.push(OpSpec::Scatter { count, dtype: T::DTYPE, root, src, dst }, "scatter"))
     }
 
     /// Scatter in place: on the root, `buf` holds `size` blocks (its own block stays where it
     /// is); elsewhere `buf` receives the rank's block.
-    pub fn scatter_in_place<T: Element>(
-        &mut self,
-        buf: &'a mut [T],
-        root: Rank,
-    ) -> Result<&mut Self> {
+    pub fn scatter_in_place<T: Element>(&mut self, buf: &'a mut [T], root: Rank) -> Result<&mut Self> {
         let root = self.rank_arg("root", root)?;
         let es = T::DTYPE.size_bytes();
         let (count, own) = if self.me() == root {
@@ -515,31 +325,14 @@ impl<'a, M> Group<'a, M> {
         };
         let src = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
         let dst = src.at(own);
-        Ok(self.push(
-            OpSpec::Scatter {
-                count,
-                dtype: T::DTYPE,
-                root,
-                src,
-                dst,
-            },
-            "scatter",
-        ))
+        Ok(self.push(OpSpec::Scatter { count, dtype: T::DTYPE, root, src, dst }, "scatter"))
     }
 
     /// Sends `buf` to `peer`, which must post a matching receive.
     pub fn send<T: Element>(&mut self, buf: &'a [T], peer: Rank) -> Result<&mut Self> {
         let peer = self.rank_arg("peer", peer)?;
         let src = self.buf(RawBuf::of(bytes(buf)))?;
-        Ok(self.push(
-            OpSpec::Send {
-                count: buf.len(),
-                dtype: T::DTYPE,
-                peer,
-                src,
-            },
-            "send",
-        ))
+        Ok(self.push(OpSpec::Send { count: buf.len(), dtype: T::DTYPE, peer, src }, "send"))
     }
 
     /// Receives `buf.len()` elements from `peer`.
@@ -547,15 +340,7 @@ impl<'a, M> Group<'a, M> {
         let peer = self.rank_arg("peer", peer)?;
         let count = buf.len();
         let dst = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
-        Ok(self.push(
-            OpSpec::Recv {
-                count,
-                dtype: T::DTYPE,
-                peer,
-                dst,
-            },
-            "recv",
-        ))
+        Ok(self.push(OpSpec::Recv { count, dtype: T::DTYPE, peer, dst }, "recv"))
     }
 
     /// How many operations the group holds.
@@ -585,9 +370,7 @@ impl<'scope, 'env> Group<'scope, Scoped<'scope, 'env>> {
     pub fn launch(self) -> Result<Work<'scope>> {
         let scope = self.mode.scope;
         if !std::ptr::eq(scope.comm(), self.comm) {
-            return Err(Error::Internal(
-                "scoped group of another communicator".into(),
-            ));
+            return Err(Error::Internal("scoped group of another communicator".into()));
         }
         scope.launch(self.ops, self.bufs, self.what)
     }

@@ -89,12 +89,9 @@ pub fn new_unique_id(config: &Config) -> Result<UniqueId> {
     let ip = choose_ip(config, None, Rank(0))?;
     let listener = TcpListener::bind(SocketAddr::new(ip, 0))
         .map_err(|e| Error::io(Rank(0), "bind the rendezvous root", None, e))?;
-    let root = listener
-        .local_addr()
-        .map_err(|e| Error::io(Rank(0), "rendezvous root", None, e))?;
+    let root = listener.local_addr().map_err(|e| Error::io(Rank(0), "rendezvous root", None, e))?;
     let mut secret = [0u8; 32];
-    getrandom::getrandom(&mut secret)
-        .map_err(|e| Error::Internal(format!("no randomness: {e}")))?;
+    getrandom::getrandom(&mut secret).map_err(|e| Error::Internal(format!("no randomness: {e}")))?;
     root::spawn(listener, secret, log)
         .map_err(|e| Error::io(Rank(0), "start the rendezvous root", None, e))?;
     log.info(format_args!("rendezvous root listening on {root}"));
@@ -103,12 +100,7 @@ pub fn new_unique_id(config: &Config) -> Result<UniqueId> {
 
 fn choose_ip(config: &Config, root: Option<IpAddr>, rank: Rank) -> Result<IpAddr> {
     let list = ifaces::list().map_err(|e| Error::io(rank, "list network interfaces", None, e))?;
-    let i = ifname::select(
-        &list,
-        config.socket_ifname.as_ref(),
-        config.socket_family,
-        root,
-    )?;
+    let i = ifname::select(&list, config.socket_ifname.as_ref(), config.socket_family, root)?;
     Ok(i.addr)
 }
 
@@ -222,12 +214,7 @@ impl Communicator {
                     let listener = TcpListener::bind(("0.0.0.0", port))
                         .or_else(|_| TcpListener::bind(("::", port)))
                         .map_err(|e| {
-                            Error::io(
-                                rank,
-                                "bind the rendezvous root at the launcher's port",
-                                None,
-                                e,
-                            )
+                            Error::io(rank, "bind the rendezvous root at the launcher's port", None, e)
                         })?;
                     root::spawn(listener, secret, Logger::new(config.log, Some(0)))
                         .map_err(|e| Error::io(rank, "start the rendezvous root", None, e))?;
@@ -361,13 +348,8 @@ impl Communicator {
         let seq = i.split_seq.fetch_add(1, Ordering::Relaxed);
         let w = Waiter::new(i.rank, i.config.timeout, i.abort.clone());
         let mut msg = Writer::new();
-        msg.u8(color.is_some() as u8)
-            .u32(color.unwrap_or(0))
-            .i64(key);
-        let all = i
-            .boot
-            .all_gather(TAG_SPLIT | seq, &msg.finish(), &w)
-            .inspect_err(|e| i.fail(e))?;
+        msg.u8(color.is_some() as u8).u32(color.unwrap_or(0)).i64(key);
+        let all = i.boot.all_gather(TAG_SPLIT | seq, &msg.finish(), &w).inspect_err(|e| i.fail(e))?;
         let mut members: Vec<(i64, u32, u32)> = Vec::new();
         for (r, m) in all.iter().enumerate() {
             let mut rd = Reader::new(m, "split request");
@@ -378,11 +360,8 @@ impl Communicator {
         }
         let mine: Vec<(i64, u32)> = match color {
             Some(c) => {
-                let mut v: Vec<(i64, u32)> = members
-                    .iter()
-                    .filter(|m| m.2 == c)
-                    .map(|m| (m.0, m.1))
-                    .collect();
+                let mut v: Vec<(i64, u32)> =
+                    members.iter().filter(|m| m.2 == c).map(|m| (m.0, m.1)).collect();
                 v.sort();
                 v
             }
@@ -406,21 +385,14 @@ impl Communicator {
         match &service {
             Some(s) => {
                 msg.u8(1);
-                let info = PeerInfo {
-                    addr: s.addr,
-                    unix_name: s.unix_name,
-                    ..i.peers[i.rank.idx()].clone()
-                };
+                let info = PeerInfo { addr: s.addr, unix_name: s.unix_name, ..i.peers[i.rank.idx()].clone() };
                 info.encode(&mut msg);
             }
             None => {
                 msg.u8(0);
             }
         }
-        let addrs = i
-            .boot
-            .all_gather(TAG_SPLIT_ADDR | seq, &msg.finish(), &w)
-            .inspect_err(|e| i.fail(e))?;
+        let addrs = i.boot.all_gather(TAG_SPLIT_ADDR | seq, &msg.finish(), &w).inspect_err(|e| i.fail(e))?;
         let (Some(cr), Some(service)) = (child_rank, service) else {
             return Ok(None);
         };
@@ -428,20 +400,14 @@ impl Communicator {
         for (new_rank, (_, parent)) in mine.iter().enumerate() {
             let mut rd = Reader::new(&addrs[*parent as usize], "split address");
             if rd.u8()? != 1 {
-                return Err(Error::Internal(format!(
-                    "rank {parent} sent no address for its split"
-                )));
+                return Err(Error::Internal(format!("rank {parent} sent no address for its split")));
             }
             let mut info = PeerInfo::decode(&mut rd)?;
             info.rank = Rank::new(new_rank);
             peers.push(info);
         }
         let log = Logger::new(i.config.log, Some(cr.0));
-        log.info(format_args!(
-            "split {seq}: color {:?} → rank {cr} of {}",
-            color,
-            peers.len()
-        ));
+        log.info(format_args!("split {seq}: color {:?} → rank {cr} of {}", color, peers.len()));
         Communicator::assemble(Parts {
             rank: cr,
             size: mine.len(),
@@ -485,12 +451,7 @@ impl Communicator {
     }
 
     /// Runs a planned group on the calling thread, after any queued asynchronous work.
-    pub(crate) fn execute(
-        &self,
-        ops: Vec<OpSpec>,
-        bufs: Vec<RawBuf>,
-        what: &'static str,
-    ) -> Result<()> {
+    pub(crate) fn execute(&self, ops: Vec<OpSpec>, bufs: Vec<RawBuf>, what: &'static str) -> Result<()> {
         self.inner.check_usable()?;
         let job = plan_group(&self.inner.geometry, &ops)?;
         let _turn = self.inner.take_turn();
@@ -560,16 +521,15 @@ impl Inner {
         Turn(self)
     }
 
-    fn run_job(
-        &self,
-        job: oxccl_core::plan::Job,
-        bufs: &[RawBuf],
-        what: &'static str,
-    ) -> Result<()> {
+    fn run_job(&self, job: oxccl_core::plan::Job, bufs: &[RawBuf], what: &'static str) -> Result<()> {
         let started = Instant::now();
-        let r = lock(&self.engine).run(job, bufs, what);
-        self.log
-            .trace(format_args!("{what} took {:?}", started.elapsed()));
+        let mut r = lock(&self.engine).run(job, bufs, what);
+        self.log.trace(format_args!("{what} took {:?}", started.elapsed()));
+        // An abort shuts sockets down under a running job: report the abort, not the socket
+        // error it caused.
+        if r.is_err() && self.abort.load(Ordering::Relaxed) {
+            r = Err(Error::Aborted { rank: self.rank });
+        }
         if let Err(e) = &r {
             if e.is_fatal() {
                 self.fail(e);
@@ -583,10 +543,7 @@ impl Inner {
             return Err(Error::Aborted { rank: self.rank });
         }
         if let Some(f) = lock(&self.failure).as_ref() {
-            return Err(Error::Broken {
-                rank: self.rank,
-                first: f.clone(),
-            });
+            return Err(Error::Broken { rank: self.rank, first: f.clone() });
         }
         Ok(())
     }

@@ -39,8 +39,7 @@ impl WorkState {
     fn take(&self) -> Result<()> {
         self.wait_done();
         let mut g = self.res.lock().unwrap_or_else(|e| e.into_inner());
-        g.1.take()
-            .unwrap_or_else(|| Err(Error::Internal("work result taken twice".into())))
+        g.1.take().unwrap_or_else(|| Err(Error::Internal("work result taken twice".into())))
     }
 
     fn is_done(&self) -> bool {
@@ -95,12 +94,8 @@ impl Communicator {
     where
         F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> T,
     {
-        let scope = Scope {
-            comm: self,
-            pending: Mutex::new(Vec::new()),
-            _scope: PhantomData,
-            _env: PhantomData,
-        };
+        let scope =
+            Scope { comm: self, pending: Mutex::new(Vec::new()), _scope: PhantomData, _env: PhantomData };
         let r = catch_unwind(AssertUnwindSafe(|| f(&scope)));
         scope.wait_all();
         match r {
@@ -131,17 +126,10 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         if ops.is_empty() {
             st.complete(Ok(()));
         } else {
-            self.comm
-                .submit(ops, bufs, what, Box::new(move |r| st2.complete(r)))?;
+            self.comm.submit(ops, bufs, what, Box::new(move |r| st2.complete(r)))?;
         }
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(st.clone());
-        Ok(Work {
-            st,
-            _scope: PhantomData,
-        })
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).push(st.clone());
+        Ok(Work { st, _scope: PhantomData })
     }
 
     fn wait_all(&self) {

@@ -50,20 +50,12 @@ unsafe impl Send for RawBuf {}
 impl RawBuf {
     /// A read-only buffer over `s`.
     pub fn of(s: &[u8]) -> RawBuf {
-        RawBuf {
-            ptr: s.as_ptr() as *mut u8,
-            len: s.len(),
-            writable: false,
-        }
+        RawBuf { ptr: s.as_ptr() as *mut u8, len: s.len(), writable: false }
     }
 
     /// A writable buffer over `s`.
     pub fn of_mut(s: &mut [u8]) -> RawBuf {
-        RawBuf {
-            ptr: s.as_mut_ptr(),
-            len: s.len(),
-            writable: true,
-        }
+        RawBuf { ptr: s.as_mut_ptr(), len: s.len(), writable: true }
     }
 }
 
@@ -100,21 +92,17 @@ struct LaneRt {
 }
 
 fn span(bufs: &[RawBuf], loc: Loc, len: usize) -> Result<RawBuf> {
-    let b = bufs.get(loc.buf.0 as usize).ok_or_else(|| {
-        Error::Internal(format!("step names buffer {} of {}", loc.buf.0, bufs.len()))
+    let b = bufs
+        .get(loc.buf.0 as usize)
+        .ok_or_else(|| Error::Internal(format!("step names buffer {} of {}", loc.buf.0, bufs.len())))?;
+    let end = loc.off.checked_add(len).filter(|e| *e <= b.len).ok_or_else(|| {
+        Error::Internal(format!(
+            "step touches bytes {}..{} of a {}-byte buffer",
+            loc.off,
+            loc.off + len,
+            b.len
+        ))
     })?;
-    let end = loc
-        .off
-        .checked_add(len)
-        .filter(|e| *e <= b.len)
-        .ok_or_else(|| {
-            Error::Internal(format!(
-                "step touches bytes {}..{} of a {}-byte buffer",
-                loc.off,
-                loc.off + len,
-                b.len
-            ))
-        })?;
     let _ = end;
     Ok(RawBuf {
         // SAFETY: loc.off + len ≤ b.len, so the offset stays inside the buffer's allocation.
@@ -140,26 +128,17 @@ impl Engine {
 
     fn remember(&self, s: Option<TcpStream>) {
         if let Some(s) = s {
-            self.sockets
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(s);
+            self.sockets.lock().unwrap_or_else(|e| e.into_inner()).push(s);
         }
     }
 
     /// Establishes every connection in `needed` that does not exist yet: outbound ones first
     /// (they never wait for the peer's engine), then inbound ones.
     pub fn connect(&mut self, needed: &[(ConnKey, bool)], w: &Waiter) -> Result<()> {
-        let outs: Vec<ConnKey> = needed
-            .iter()
-            .filter(|(k, out)| *out && !self.sends.contains_key(k))
-            .map(|(k, _)| *k)
-            .collect();
-        let ins: Vec<ConnKey> = needed
-            .iter()
-            .filter(|(k, out)| !*out && !self.recvs.contains_key(k))
-            .map(|(k, _)| *k)
-            .collect();
+        let outs: Vec<ConnKey> =
+            needed.iter().filter(|(k, out)| *out && !self.sends.contains_key(k)).map(|(k, _)| *k).collect();
+        let ins: Vec<ConnKey> =
+            needed.iter().filter(|(k, out)| !*out && !self.recvs.contains_key(k)).map(|(k, _)| *k).collect();
         for key in &outs {
             let c = &self.ctx;
             let peer = &c.peers[key.peer.idx()];
@@ -174,25 +153,13 @@ impl Engine {
                     &c.doorbell,
                 )?)
             } else {
-                SendConn::Tcp(TcpSend::connect(
-                    c.me,
-                    &c.secret,
-                    peer,
-                    key.class,
-                    c.slots,
-                    c.slot_bytes,
-                    w,
-                )?)
+                SendConn::Tcp(TcpSend::connect(c.me, &c.secret, peer, key.class, c.slots, c.slot_bytes, w)?)
             };
-            c.log.trace(format_args!(
+            c.log.info(format_args!(
                 "connected to rank {} ({:?}) over {}",
                 key.peer,
                 key.class,
-                if matches!(conn, SendConn::Shm(_)) {
-                    "SHM"
-                } else {
-                    "TCP"
-                }
+                if matches!(conn, SendConn::Shm(_)) { "SHM" } else { "TCP" }
             ));
             self.remember(conn.shutdown_handle());
             self.sends.insert(*key, conn);
@@ -201,12 +168,8 @@ impl Engine {
             let c = &self.ctx;
             let peer = &c.peers[key.peer.idx()];
             let conn = match c.mailbox.wait_conn(key.peer, key.class, w)? {
-                Incoming::Tcp(s) => {
-                    RecvConn::Tcp(TcpRecv::accept(c.me, peer, s, c.slots, c.slot_bytes)?)
-                }
-                Incoming::Shm(o) => {
-                    RecvConn::Shm(ShmRecv::accept(c.me, key.peer, o, c.slots, c.slot_bytes)?)
-                }
+                Incoming::Tcp(s) => RecvConn::Tcp(TcpRecv::accept(c.me, peer, s, c.slots, c.slot_bytes)?),
+                Incoming::Shm(o) => RecvConn::Shm(ShmRecv::accept(c.me, key.peer, o, c.slots, c.slot_bytes)?),
             };
             self.remember(conn.shutdown_handle());
             self.recvs.insert(*key, conn);
@@ -245,33 +208,16 @@ impl Engine {
         w: &Waiter,
         what: &str,
     ) -> Result<()> {
-        let sidx: HashMap<ConnKey, usize> =
-            sv.iter().enumerate().map(|(i, (k, _))| (*k, i)).collect();
-        let ridx: HashMap<ConnKey, usize> =
-            rv.iter().enumerate().map(|(i, (k, _))| (*k, i)).collect();
+        let sidx: HashMap<ConnKey, usize> = sv.iter().enumerate().map(|(i, (k, _))| (*k, i)).collect();
+        let ridx: HashMap<ConnKey, usize> = rv.iter().enumerate().map(|(i, (k, _))| (*k, i)).collect();
         let mk = |mut lane: Lane| -> Result<LaneRt> {
-            let inb = lane
-                .inbound
-                .iter()
-                .map(|k| ridx.get(k).copied())
-                .collect::<Option<Vec<_>>>();
-            let out = lane
-                .outbound
-                .iter()
-                .map(|k| sidx.get(k).copied())
-                .collect::<Option<Vec<_>>>();
+            let inb = lane.inbound.iter().map(|k| ridx.get(k).copied()).collect::<Option<Vec<_>>>();
+            let out = lane.outbound.iter().map(|k| sidx.get(k).copied()).collect::<Option<Vec<_>>>();
             let (Some(inb), Some(out)) = (inb, out) else {
-                return Err(Error::Internal(
-                    "lane names a connection that was not set up".into(),
-                ));
+                return Err(Error::Internal("lane names a connection that was not set up".into()));
             };
             let pending = lane.steps.next();
-            Ok(LaneRt {
-                lane,
-                inb,
-                out,
-                pending,
-            })
+            Ok(LaneRt { lane, inb, out, pending })
         };
         let mut p2p: Vec<LaneRt> = job.p2p.into_iter().map(mk).collect::<Result<_>>()?;
         let mut phases: VecDeque<Vec<LaneRt>> = job
@@ -290,17 +236,11 @@ impl Engine {
                 progressed |= r.pump()?;
             }
             loop {
-                while phases
-                    .front()
-                    .is_some_and(|p| p.iter().all(|l| l.pending.is_none()))
-                {
+                while phases.front().is_some_and(|p| p.iter().all(|l| l.pending.is_none())) {
                     phases.pop_front();
                 }
                 let mut moved = false;
-                let phase = phases
-                    .front_mut()
-                    .map(|p| p.as_mut_slice())
-                    .unwrap_or(&mut []);
+                let phase = phases.front_mut().map(|p| p.as_mut_slice()).unwrap_or(&mut []);
                 for l in p2p.iter_mut().chain(phase.iter_mut()) {
                     while self.try_step(l, sv, rv, bufs, what)? {
                         moved = true;
@@ -308,17 +248,12 @@ impl Engine {
                 }
                 progressed |= moved;
                 // A phase that just finished lets the next one start at once.
-                let phase_done = phases
-                    .front()
-                    .is_some_and(|p| p.iter().all(|l| l.pending.is_none()));
+                let phase_done = phases.front().is_some_and(|p| p.iter().all(|l| l.pending.is_none()));
                 if !(moved && phase_done) {
                     break;
                 }
             }
-            while phases
-                .front()
-                .is_some_and(|p| p.iter().all(|l| l.pending.is_none()))
-            {
+            while phases.front().is_some_and(|p| p.iter().all(|l| l.pending.is_none())) {
                 phases.pop_front();
             }
             if phases.is_empty()
@@ -365,13 +300,10 @@ impl Engine {
                     s.arm(&mut pfds);
                 }
             }
-            let ready_now = p2p
-                .iter()
-                .chain(phases.front().into_iter().flatten())
-                .any(|l| can_step(l, sv, rv));
+            let ready_now =
+                p2p.iter().chain(phases.front().into_iter().flatten()).any(|l| can_step(l, sv, rv));
             if !ready_now {
-                fd::poll(&mut pfds, w.slice())
-                    .map_err(|e| Error::io(self.ctx.me, "poll", None, e))?;
+                fd::poll(&mut pfds, w.slice()).map_err(|e| Error::io(self.ctx.me, "poll", None, e))?;
             }
             for (_, s) in sv.iter() {
                 s.disarm();
@@ -432,9 +364,7 @@ impl Engine {
             Some(s) => {
                 let (p, cap) = sv[s].1.slot();
                 if cap < len {
-                    return Err(Error::Internal(format!(
-                        "{len}-byte chunk for a {cap}-byte slot"
-                    )));
+                    return Err(Error::Internal(format!("{len}-byte chunk for a {cap}-byte slot")));
                 }
                 Some(p)
             }
@@ -460,9 +390,7 @@ impl Engine {
                 if let (Some(s), false) = (src, in_place) {
                     let (a, b) = (s.ptr as usize, d.ptr as usize);
                     if a < b + len && b < a + len {
-                        return Err(Error::Internal(
-                            "step's source and destination overlap".into(),
-                        ));
+                        return Err(Error::Internal("step's source and destination overlap".into()));
                     }
                 }
                 Some(d)
@@ -476,13 +404,11 @@ impl Engine {
         // no one else touches now (rule 3); each points at `len` valid bytes.
         let data = unsafe {
             match (step.input, recv, src) {
-                (Input::Src(_), _, Some(s)) => {
-                    StepData::Src(std::slice::from_raw_parts(s.ptr, len))
-                }
+                (Input::Src(_), _, Some(s)) => StepData::Src(std::slice::from_raw_parts(s.ptr, len)),
                 (Input::Recv(_), Some(r), _) => StepData::Recv(std::slice::from_raw_parts(r, len)),
-                (Input::RecvReduce(..), Some(r), _) if in_place => StepData::RecvReduceInPlace {
-                    recv: std::slice::from_raw_parts(r, len),
-                },
+                (Input::RecvReduce(..), Some(r), _) if in_place => {
+                    StepData::RecvReduceInPlace { recv: std::slice::from_raw_parts(r, len) }
+                }
                 (Input::RecvReduce(..), Some(r), Some(s)) => StepData::RecvReduce {
                     recv: std::slice::from_raw_parts(r, len),
                     src: std::slice::from_raw_parts(s.ptr, len),
@@ -494,13 +420,7 @@ impl Engine {
         let dst_mut = dst.map(|d| unsafe { std::slice::from_raw_parts_mut(d.ptr, len) });
         // SAFETY: the send slot is free (ready) and holds at least `len` bytes.
         let send_mut = send.map(|p| unsafe { std::slice::from_raw_parts_mut(p, len) });
-        apply(
-            l.lane.reduce.as_ref(),
-            step.finalize,
-            data,
-            dst_mut,
-            send_mut,
-        )?;
+        apply(l.lane.reduce.as_ref(), step.finalize, data, dst_mut, send_mut)?;
         if let Some(s) = sout {
             sv[s].1.commit(len)?;
         }
@@ -515,10 +435,7 @@ impl Engine {
     pub fn close(&mut self) {
         self.sends.clear();
         self.recvs.clear();
-        self.sockets
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        self.sockets.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 }
 

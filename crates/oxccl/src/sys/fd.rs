@@ -56,11 +56,7 @@ impl AsRawFd for EventFd {
 
 /// A `pollfd` for `fd` waiting for `events` (`libc::POLLIN`, `libc::POLLOUT`).
 pub fn pollfd(fd: RawFd, events: i16) -> libc::pollfd {
-    libc::pollfd {
-        fd,
-        events,
-        revents: 0,
-    }
+    libc::pollfd { fd, events, revents: 0 }
 }
 
 /// Waits until one of `fds` is ready or `timeout` passes; returns how many are ready.
@@ -85,10 +81,7 @@ pub fn send_vectored(fd: RawFd, bufs: &[&[u8]]) -> io::Result<usize> {
     let mut iov: Vec<libc::iovec> = bufs
         .iter()
         .filter(|b| !b.is_empty())
-        .map(|b| libc::iovec {
-            iov_base: b.as_ptr() as *mut libc::c_void,
-            iov_len: b.len(),
-        })
+        .map(|b| libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: b.len() })
         .collect();
     if iov.is_empty() {
         return Ok(0);

@@ -33,9 +33,8 @@ pub fn host_id(override_id: Option<&str>) -> u64 {
         return fnv1a(s.as_bytes());
     }
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    let netns = std::fs::read_link("/proc/self/ns/net")
-        .map(|p| p.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let netns =
+        std::fs::read_link("/proc/self/ns/net").map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
     fnv1a(format!("{}|{}|{}", hostname(), boot.trim(), netns).as_bytes())
 }
 

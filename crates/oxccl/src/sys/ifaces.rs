@@ -18,11 +18,7 @@ fn prefix_of(mask: *const libc::sockaddr) -> u8 {
             }
             libc::AF_INET6 => {
                 let m = &*(mask as *const libc::sockaddr_in6);
-                m.sin6_addr
-                    .s6_addr
-                    .iter()
-                    .map(|b| b.count_ones())
-                    .sum::<u32>() as u8
+                m.sin6_addr.s6_addr.iter().map(|b| b.count_ones()).sum::<u32>() as u8
             }
             _ => 0,
         }
@@ -46,9 +42,7 @@ pub fn list() -> io::Result<Vec<Iface>> {
             continue;
         }
         // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
-            .to_string_lossy()
-            .into_owned();
+        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
         // SAFETY: ifa_addr is non-null and points at a sockaddr of the family it names.
         let addr = unsafe {
             match (*ifa.ifa_addr).sa_family as i32 {

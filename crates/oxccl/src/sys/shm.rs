@@ -33,10 +33,7 @@ impl ShmRegion {
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         // SAFETY: ftruncate on a descriptor we own.
         cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) }).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("cannot size a {len}-byte shared memory region: {e}"),
-            )
+            io::Error::new(e.kind(), format!("cannot size a {len}-byte shared memory region: {e}"))
         })?;
         Self::map(fd, len)
     }
@@ -76,11 +73,7 @@ impl ShmRegion {
                 format!("cannot map a {len}-byte shared memory region: {e}"),
             ));
         }
-        Ok(ShmRegion {
-            ptr: ptr.cast(),
-            len,
-            fd,
-        })
+        Ok(ShmRegion { ptr: ptr.cast(), len, fd })
     }
 
     /// The start of the mapping (page-aligned).

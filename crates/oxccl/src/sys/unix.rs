@@ -18,10 +18,7 @@ fn addr(name: &[u8]) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
     let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     a.sun_family = libc::AF_UNIX as libc::sa_family_t;
     if name.len() + 1 > a.sun_path.len() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "unix socket name too long",
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "unix socket name too long"));
     }
     // Leading NUL: abstract namespace.
     for (i, b) in name.iter().enumerate() {
@@ -33,8 +30,7 @@ fn addr(name: &[u8]) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
 
 fn socket() -> io::Result<OwnedFd> {
     // SAFETY: plain socket creation; the result is checked.
-    let fd =
-        cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) })?;
+    let fd = cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) })?;
     // SAFETY: `fd` is fresh and owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
@@ -42,11 +38,7 @@ fn socket() -> io::Result<OwnedFd> {
 fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
     // SAFETY: fcntl on a descriptor the caller owns.
     let flags = cvt(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
-    let flags = if on {
-        flags | libc::O_NONBLOCK
-    } else {
-        flags & !libc::O_NONBLOCK
-    };
+    let flags = if on { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
     // SAFETY: as above.
     cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, flags) })?;
     Ok(())
@@ -115,13 +107,7 @@ impl SeqSocket {
         let s = SeqSocket { fd };
         s.set_timeouts(timeout)?;
         // SAFETY: `a` is a valid sockaddr_un of `len` bytes.
-        cvt(unsafe {
-            libc::connect(
-                s.fd.as_raw_fd(),
-                (&a as *const libc::sockaddr_un).cast(),
-                len,
-            )
-        })?;
+        cvt(unsafe { libc::connect(s.fd.as_raw_fd(), (&a as *const libc::sockaddr_un).cast(), len) })?;
         Ok(s)
     }
 
@@ -154,10 +140,7 @@ impl SeqSocket {
     /// Sends one message with up to [`MAX_FDS`] descriptors.
     pub fn send(&self, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
         assert!(fds.len() <= MAX_FDS);
-        let mut iov = libc::iovec {
-            iov_base: data.as_ptr() as *mut libc::c_void,
-            iov_len: data.len(),
-        };
+        let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
         let mut cbuf = [0u64; 16];
         // SAFETY: a zeroed msghdr is valid.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -177,20 +160,13 @@ impl SeqSocket {
                 (*c).cmsg_level = libc::SOL_SOCKET;
                 (*c).cmsg_type = libc::SCM_RIGHTS;
                 (*c).cmsg_len = libc::CMSG_LEN(payload) as _;
-                std::ptr::copy_nonoverlapping(
-                    fds.as_ptr(),
-                    libc::CMSG_DATA(c).cast::<RawFd>(),
-                    fds.len(),
-                );
+                std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c).cast::<RawFd>(), fds.len());
             }
         }
         // SAFETY: `msg` refers to live buffers for the duration of the call.
         let n = cvt_size(unsafe { libc::sendmsg(self.fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) })?;
         if n != data.len() {
-            return Err(io::Error::new(
-                io::ErrorKind::WriteZero,
-                "short unix socket send",
-            ));
+            return Err(io::Error::new(io::ErrorKind::WriteZero, "short unix socket send"));
         }
         Ok(())
     }
@@ -199,10 +175,7 @@ impl SeqSocket {
     /// byte count and the descriptors that came with it. A message larger than `buf` is an
     /// error, not a silent truncation.
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
+        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
         let mut cbuf = [0u64; 16];
         // SAFETY: a zeroed msghdr is valid.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -237,10 +210,7 @@ impl SeqSocket {
             }
         }
         if msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "oversized unix socket message",
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "oversized unix socket message"));
         }
         Ok(Some((r as usize, fds)))
     }

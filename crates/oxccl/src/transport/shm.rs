@@ -133,9 +133,7 @@ impl ShmSend {
             slots: slots as u32,
             slot_bytes: slot_bytes as u32,
         };
-        let rfd = region
-            .try_clone_fd()
-            .map_err(io("share a shared-memory region"))?;
+        let rfd = region.try_clone_fd().map_err(io("share a shared-memory region"))?;
         sock.send(&msg.encode(), &[rfd.as_raw_fd(), my_bell.as_raw_fd()])
             .map_err(io("offer a shared-memory connection"))?;
         let mut buf = [0u8; 512];
@@ -149,9 +147,8 @@ impl ShmSend {
                 peer.rank
             )));
         }
-        let bell = fds
-            .pop()
-            .ok_or_else(|| Error::Internal("shared-memory answer without a doorbell".into()))?;
+        let bell =
+            fds.pop().ok_or_else(|| Error::Internal("shared-memory answer without a doorbell".into()))?;
         Ok(ShmSend {
             sh: Shared {
                 region,
@@ -219,9 +216,7 @@ impl ShmRecv {
         slot_bytes: usize,
     ) -> Result<ShmRecv> {
         let bad = |why: String| {
-            Error::InvalidUsage(format!(
-                "rank {me}: shared-memory connection from rank {peer}: {why}"
-            ))
+            Error::InvalidUsage(format!("rank {me}: shared-memory connection from rank {peer}: {why}"))
         };
         if offer.slots as usize != slots || offer.slot_bytes as usize != slot_bytes {
             return Err(bad(format!(
@@ -248,11 +243,7 @@ impl ShmRecv {
         {
             return Err(bad("header does not match the offer".into()));
         }
-        Ok(ShmRecv {
-            sh,
-            tail: 0,
-            head_seen: 0,
-        })
+        Ok(ShmRecv { sh, tail: 0, head_seen: 0 })
     }
 
     /// Whether a chunk is waiting.
@@ -269,8 +260,7 @@ impl ShmRecv {
     /// length clamped to the slot.
     #[inline]
     pub fn chunk(&self) -> (*const u8, usize) {
-        let len = self.sh.hdr().lens.0[(self.tail % self.sh.slots) as usize].load(Ordering::Relaxed)
-            as usize;
+        let len = self.sh.hdr().lens.0[(self.tail % self.sh.slots) as usize].load(Ordering::Relaxed) as usize;
         (self.sh.slot_ptr(self.tail), len.min(self.sh.slot_bytes))
     }
 

@@ -26,9 +26,7 @@ use std::os::fd::{AsRawFd, RawFd};
 const FRAME_HEADER: usize = 8;
 
 fn staging(slots: usize, slot_bytes: usize) -> Vec<Box<[u8]>> {
-    (0..slots)
-        .map(|_| vec![0u8; slot_bytes].into_boxed_slice())
-        .collect()
+    (0..slots).map(|_| vec![0u8; slot_bytes].into_boxed_slice()).collect()
 }
 
 /// The sending end of a TCP connection.
@@ -57,16 +55,10 @@ impl TcpSend {
         w: &Waiter,
     ) -> Result<TcpSend> {
         let mut s = connect_retry(peer.addr, w, "connection setup: TCP connect", &[peer.rank])?;
-        let hello = Hello {
-            secret: *secret,
-            from: me,
-            to: peer.rank,
-            data: Some(class),
-        };
+        let hello = Hello { secret: *secret, from: me, to: peer.rank, data: Some(class) };
         write_frame(&mut s, kind::HELLO, &hello.encode())
             .map_err(|e| Error::io(me, "TCP connection hello", Some(peer.rank), e))?;
-        s.set_nonblocking(true)
-            .map_err(|e| Error::io(me, "TCP connection setup", Some(peer.rank), e))?;
+        s.set_nonblocking(true).map_err(|e| Error::io(me, "TCP connection setup", Some(peer.rank), e))?;
         let _ = s.set_nodelay(true);
         Ok(TcpSend {
             fd: s.as_raw_fd(),
@@ -177,8 +169,7 @@ impl TcpRecv {
         slots: usize,
         slot_bytes: usize,
     ) -> Result<TcpRecv> {
-        s.set_nonblocking(true)
-            .map_err(|e| Error::io(me, "TCP connection setup", Some(peer.rank), e))?;
+        s.set_nonblocking(true).map_err(|e| Error::io(me, "TCP connection setup", Some(peer.rank), e))?;
         let _ = s.set_nodelay(true);
         Ok(TcpRecv {
             fd: s.as_raw_fd(),
@@ -225,8 +216,7 @@ impl TcpRecv {
                 }
                 continue;
             }
-            let len =
-                u32::from_le_bytes([self.hdr[0], self.hdr[1], self.hdr[2], self.hdr[3]]) as usize;
+            let len = u32::from_le_bytes([self.hdr[0], self.hdr[1], self.hdr[2], self.hdr[3]]) as usize;
             let i = (self.filled % self.slots.len() as u64) as usize;
             if len > self.slots[i].len() {
                 return Err(Error::InvalidUsage(format!(

@@ -9,16 +9,11 @@ const SEND: Loc = Loc::start(BufId(0));
 const RECV: Loc = Loc::start(BufId(1));
 
 fn input(r: usize, i: usize) -> u32 {
-    (r as u32)
-        .wrapping_mul(1_000_003)
-        .wrapping_add((i as u32).wrapping_mul(7919))
-        .wrapping_add(13)
+    (r as u32).wrapping_mul(1_000_003).wrapping_add((i as u32).wrapping_mul(7919)).wrapping_add(13)
 }
 
 fn u32s(b: &[u8]) -> Vec<u32> {
-    b.chunks_exact(4)
-        .map(|c| u32::from_ne_bytes(c.try_into().unwrap()))
-        .collect()
+    b.chunks_exact(4).map(|c| u32::from_ne_bytes(c.try_into().unwrap())).collect()
 }
 
 fn bytes(v: &[u32]) -> Vec<u8> {
@@ -39,12 +34,7 @@ fn cases() -> impl Iterator<Item = Case> {
     (1..=P_MAX).flat_map(|p| {
         [4usize, 12, 64].into_iter().flat_map(move |chunk| {
             [1usize, 3].into_iter().flat_map(move |channels| {
-                [2usize, 4].into_iter().map(move |cap| Case {
-                    p,
-                    chunk,
-                    channels,
-                    cap,
-                })
+                [2usize, 4].into_iter().map(move |cap| Case { p, chunk, channels, cap })
             })
         })
     })
@@ -63,17 +53,10 @@ fn run_case(
     for r in 0..c.p {
         let g = Geometry::simple(rank(r), c.p, c.channels, c.chunk);
         jobs.push(plan_group(&g, &make(r)).unwrap());
-        bufs.push(vec![
-            bytes(&send(r)),
-            bytes(&vec![0xdead_beef; recv_len(r)]),
-        ]);
+        bufs.push(vec![bytes(&send(r)), bytes(&vec![0xdead_beef; recv_len(r)])]);
     }
-    run(jobs, &mut bufs, c.cap).unwrap_or_else(|e| {
-        panic!(
-            "p={} chunk={} ch={} cap={}: {e}",
-            c.p, c.chunk, c.channels, c.cap
-        )
-    });
+    run(jobs, &mut bufs, c.cap)
+        .unwrap_or_else(|e| panic!("p={} chunk={} ch={} cap={}: {e}", c.p, c.chunk, c.channels, c.cap));
     bufs.iter().map(|b| (u32s(&b[0]), u32s(&b[1]))).collect()
 }
 
@@ -97,11 +80,7 @@ fn all_reduce_out_of_place_and_in_place() {
             let out = run_case(&c, op, |r| (0..n).map(|i| input(r, i)).collect(), |_| n);
             for (r, (_, recv)) in out.iter().enumerate() {
                 for (i, v) in recv.iter().enumerate() {
-                    assert_eq!(
-                        *v,
-                        sum_over(c.p, |q| input(q, i)),
-                        "rank {r} elem {i} n={n}"
-                    );
+                    assert_eq!(*v, sum_over(c.p, |q| input(q, i)), "rank {r} elem {i} n={n}");
                 }
             }
             let op = |_| {
@@ -137,12 +116,7 @@ fn avg_divides_once() {
                 dst: RECV,
             }]
         };
-        let out = run_case(
-            &c,
-            op,
-            |r| (0..n).map(|i| (r * 10 + i) as u32).collect(),
-            |_| n,
-        );
+        let out = run_case(&c, op, |r| (0..n).map(|i| (r * 10 + i) as u32).collect(), |_| n);
         for (_, recv) in &out {
             for (i, v) in recv.iter().enumerate() {
                 let s: usize = (0..c.p).map(|q| q * 10 + i).sum();
@@ -209,12 +183,7 @@ fn all_gather_and_reduce_scatter() {
             for in_place in [false, true] {
                 let ag = |r: usize| {
                     let src = if in_place { RECV.at(r * n * 4) } else { SEND };
-                    vec![OpSpec::AllGather {
-                        count: n,
-                        dtype: DataType::U32,
-                        src,
-                        dst: RECV,
-                    }]
+                    vec![OpSpec::AllGather { count: n, dtype: DataType::U32, src, dst: RECV }]
                 };
                 // In place, the rank's own block of the receive buffer holds its input.
                 let mut jobs = Vec::new();
@@ -250,11 +219,7 @@ fn all_gather_and_reduce_scatter() {
                 };
                 let out = run_case(&c, rs, |r| (0..n * p).map(|i| input(r, i)).collect(), |_| n);
                 for (r, (send, recv)) in out.iter().enumerate() {
-                    let got = if in_place {
-                        &send[r * n..(r + 1) * n]
-                    } else {
-                        &recv[..]
-                    };
+                    let got = if in_place { &send[r * n..(r + 1) * n] } else { &recv[..] };
                     for (i, v) in got.iter().enumerate() {
                         assert_eq!(*v, sum_over(p, |q| input(q, r * n + i)), "rs p={p} n={n}");
                     }
@@ -269,20 +234,8 @@ fn all_to_all_gather_scatter() {
     for c in cases().filter(|c| c.channels == 1) {
         let p = c.p;
         for n in [0usize, 1, 7, 33] {
-            let a2a = |_| {
-                vec![OpSpec::AllToAll {
-                    count: n,
-                    dtype: DataType::U32,
-                    src: SEND,
-                    dst: RECV,
-                }]
-            };
-            let out = run_case(
-                &c,
-                a2a,
-                |r| (0..n * p).map(|i| input(r, i)).collect(),
-                |_| n * p,
-            );
+            let a2a = |_| vec![OpSpec::AllToAll { count: n, dtype: DataType::U32, src: SEND, dst: RECV }];
+            let out = run_case(&c, a2a, |r| (0..n * p).map(|i| input(r, i)).collect(), |_| n * p);
             for (r, (_, recv)) in out.iter().enumerate() {
                 for q in 0..p {
                     for i in 0..n {
@@ -401,12 +354,7 @@ fn grouped_ring_shift_pairwise_and_collectives_do_not_deadlock() {
             let next = rank((r + 1) % p);
             let prev = rank((r + p - 1) % p);
             let ops = vec![
-                OpSpec::Send {
-                    count: n,
-                    dtype: DataType::U32,
-                    peer: next,
-                    src: SEND,
-                },
+                OpSpec::Send { count: n, dtype: DataType::U32, peer: next, src: SEND },
                 OpSpec::AllReduce {
                     count: n,
                     dtype: DataType::U32,
@@ -414,47 +362,16 @@ fn grouped_ring_shift_pairwise_and_collectives_do_not_deadlock() {
                     src: SEND,
                     dst: Loc::start(BufId(4)),
                 },
-                OpSpec::Recv {
-                    count: n,
-                    dtype: DataType::U32,
-                    peer: prev,
-                    dst: RECV,
-                },
-                OpSpec::Send {
-                    count: n,
-                    dtype: DataType::U32,
-                    peer: prev,
-                    src: SEND,
-                },
-                OpSpec::Recv {
-                    count: n,
-                    dtype: DataType::U32,
-                    peer: next,
-                    dst: Loc::start(BufId(2)),
-                },
-                OpSpec::Recv {
-                    count: n,
-                    dtype: DataType::U32,
-                    peer: rank(r),
-                    dst: Loc::start(BufId(3)),
-                },
-                OpSpec::Send {
-                    count: n,
-                    dtype: DataType::U32,
-                    peer: rank(r),
-                    src: SEND,
-                },
+                OpSpec::Recv { count: n, dtype: DataType::U32, peer: prev, dst: RECV },
+                OpSpec::Send { count: n, dtype: DataType::U32, peer: prev, src: SEND },
+                OpSpec::Recv { count: n, dtype: DataType::U32, peer: next, dst: Loc::start(BufId(2)) },
+                OpSpec::Recv { count: n, dtype: DataType::U32, peer: rank(r), dst: Loc::start(BufId(3)) },
+                OpSpec::Send { count: n, dtype: DataType::U32, peer: rank(r), src: SEND },
             ];
             jobs.push(plan_group(&g, &ops).unwrap());
             let send: Vec<u32> = (0..n).map(|i| input(r, i)).collect();
             let poison = bytes(&vec![0xdead_beef; n]);
-            bufs.push(vec![
-                bytes(&send),
-                poison.clone(),
-                poison.clone(),
-                poison.clone(),
-                poison,
-            ]);
+            bufs.push(vec![bytes(&send), poison.clone(), poison.clone(), poison.clone(), poison]);
         }
         run(jobs, &mut bufs, c.cap).unwrap();
         for (r, b) in bufs.iter().enumerate() {
@@ -476,12 +393,7 @@ fn grouped_ring_shift_pairwise_and_collectives_do_not_deadlock() {
 #[test]
 fn unpaired_self_send_is_an_error() {
     let g = Geometry::simple(rank(0), 2, 1, 64);
-    let ops = [OpSpec::Send {
-        count: 4,
-        dtype: DataType::U32,
-        peer: rank(0),
-        src: SEND,
-    }];
+    let ops = [OpSpec::Send { count: 4, dtype: DataType::U32, peer: rank(0), src: SEND }];
     assert!(plan_group(&g, &ops).is_err());
 }
 
@@ -492,50 +404,27 @@ fn mismatched_counts_are_detected() {
     for r in 0..2 {
         let g = Geometry::simple(rank(r), 2, 1, 64);
         let ops = if r == 0 {
-            [OpSpec::Send {
-                count: 4,
-                dtype: DataType::U32,
-                peer: rank(1),
-                src: SEND,
-            }]
+            [OpSpec::Send { count: 4, dtype: DataType::U32, peer: rank(1), src: SEND }]
         } else {
-            [OpSpec::Recv {
-                count: 5,
-                dtype: DataType::U32,
-                peer: rank(0),
-                dst: RECV,
-            }]
+            [OpSpec::Recv { count: 5, dtype: DataType::U32, peer: rank(0), dst: RECV }]
         };
         jobs.push(plan_group(&g, &ops).unwrap());
         bufs.push(vec![vec![0u8; 16], vec![0u8; 20]]);
     }
-    assert!(matches!(
-        run(jobs, &mut bufs, 4),
-        Err(SimError::LengthMismatch { .. })
-    ));
+    assert!(matches!(run(jobs, &mut bufs, 4), Err(SimError::LengthMismatch { .. })));
 }
 
 #[test]
 fn pipelining_keeps_the_fifo_busy() {
     // A large all-reduce with deep FIFOs uses more than one slot: the steps overlap.
-    let c = Case {
-        p: 4,
-        chunk: 16,
-        channels: 1,
-        cap: 8,
-    };
+    let c = Case { p: 4, chunk: 16, channels: 1, cap: 8 };
     let n = 1000;
     let mut jobs = Vec::new();
     let mut bufs = Vec::new();
     for r in 0..c.p {
         let g = Geometry::simple(rank(r), c.p, 1, c.chunk);
-        let ops = [OpSpec::AllReduce {
-            count: n,
-            dtype: DataType::U32,
-            op: ReduceOp::Sum,
-            src: SEND,
-            dst: RECV,
-        }];
+        let ops =
+            [OpSpec::AllReduce { count: n, dtype: DataType::U32, op: ReduceOp::Sum, src: SEND, dst: RECV }];
         jobs.push(plan_group(&g, &ops).unwrap());
         bufs.push(vec![vec![1u8; n * 4], vec![0u8; n * 4]]);
     }
