@@ -15,6 +15,7 @@
 //! | `NCCL_DEBUG` | `WARN`, `INFO`, `TRACE` | off |
 //! | `OXCCL_TIMEOUT` | seconds a call may wait for peers; `0` = forever | forever |
 //! | `OXCCL_HOST_ID` | overrides the host identity (ranks with equal ids share memory) | derived |
+//! | `OXCCL_DIRECT` | `0`: single-host communicators use the ring engine, not direct memory access | `1` |
 
 use crate::error::CoreError;
 use crate::ifname::{Family, IfSpec};
@@ -43,6 +44,8 @@ pub struct Config {
     pub log: LogLevel,
     pub timeout: Option<Duration>,
     pub host_id: Option<String>,
+    /// Single-host communicators run collectives by direct memory access (`OXCCL_DIRECT`).
+    pub direct: bool,
 }
 
 impl Default for Config {
@@ -57,6 +60,7 @@ impl Default for Config {
             log: LogLevel::Off,
             timeout: None,
             host_id: None,
+            direct: true,
         }
     }
 }
@@ -117,6 +121,9 @@ impl Config {
                 return Err(bad("OXCCL_TIMEOUT", &v, "expected a non-negative number of seconds"));
             }
             c.timeout = (secs > 0.0).then(|| Duration::from_secs_f64(secs));
+        }
+        if let Some(v) = get("OXCCL_DIRECT") {
+            c.direct = parse_bool("OXCCL_DIRECT", &v)?;
         }
         if let Some(v) = get("OXCCL_HOST_ID").filter(|v| !v.is_empty()) {
             c.host_id = Some(v);
@@ -190,6 +197,11 @@ impl Config {
 
     pub fn with_host_id(mut self, id: &str) -> Self {
         self.host_id = Some(id.to_string());
+        self
+    }
+
+    pub fn with_direct(mut self, on: bool) -> Self {
+        self.direct = on;
         self
     }
 

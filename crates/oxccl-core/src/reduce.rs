@@ -209,6 +209,22 @@ pub fn reduce_into(ctx: &ReduceCtx, acc: &mut [u8], b: &[u8]) {
     dispatch(ctx, Target::Accumulate(acc, b));
 }
 
+/// `out = srcs[0] ⊕ srcs[1] ⊕ …`, element-wise, in source order (so every rank that computes
+/// the same sources gets the same bits); `out` must not alias a source. With one source it is a
+/// copy. Finalizing (Avg) is the caller's choice, see [`finalize`].
+pub fn reduce_many(ctx: &ReduceCtx, out: &mut [u8], srcs: &[&[u8]]) {
+    match srcs {
+        [] => {}
+        [a] => out.copy_from_slice(&a[..out.len()]),
+        [a, b, rest @ ..] => {
+            reduce_to(ctx, out, a, b);
+            for s in rest {
+                reduce_into(ctx, out, s);
+            }
+        }
+    }
+}
+
 /// Turns a finished reduction into its final value: for `Avg`, divides by the rank count.
 /// A no-op for every other operator.
 pub fn finalize(ctx: &ReduceCtx, buf: &mut [u8]) {
@@ -295,6 +311,17 @@ mod tests {
         let mut d = bytes(&[7i32, -7]);
         finalize(&ctx, &mut d);
         assert_eq!(bytemuck::cast_slice::<u8, i32>(&d), &[2, -2]);
+    }
+
+    #[test]
+    fn reduce_many_folds_in_order() {
+        let ctx = ReduceCtx::new(DataType::I32, ReduceOp::Sum, 3).unwrap();
+        let (a, b, c) = (bytes(&[1i32, 2]), bytes(&[10i32, 20]), bytes(&[100i32, 200]));
+        let mut out = vec![0u8; 8];
+        reduce_many(&ctx, &mut out, &[&a, &b, &c]);
+        assert_eq!(bytemuck::cast_slice::<u8, i32>(&out), &[111, 222]);
+        reduce_many(&ctx, &mut out, &[&c]);
+        assert_eq!(bytemuck::cast_slice::<u8, i32>(&out), &[100, 200]);
     }
 
     #[test]

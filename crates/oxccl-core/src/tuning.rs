@@ -25,3 +25,16 @@ pub const HELLO_DEADLINE_MS: u64 = 10_000;
 pub const MAX_PENDING_CONNECTIONS: usize = 1024;
 /// Bootstrap: delay between attempts to reach a root or peer that is not listening yet.
 pub const CONNECT_RETRY_MS: u64 = 20;
+
+/// Direct path: the largest contribution a rank copies into its inline post (bytes); larger
+/// calls read peers' buffers in place (shared allocations) or take the ring.
+pub const DIRECT_INLINE_BYTES: usize = 64 << 10;
+/// Direct path: calls whose largest contribution is at most this many bytes always go
+/// inline; above it, ranks whose buffers are shared allocations post them for zero-copy.
+pub const DIRECT_ZERO_COPY_MIN_BYTES: usize = 1 << 10;
+/// Direct path: bytes reduced per block (kept in L1 while it is written to every output).
+pub const DIRECT_BLOCK_BYTES: usize = 8 << 10;
+/// Direct path: how long a waiting rank spins before it yields, when it has a core to itself
+/// and when ranks outnumber cores.
+pub const DIRECT_SPIN_NS: u64 = 20_000;
+pub const DIRECT_SPIN_OVERSUBSCRIBED_NS: u64 = 300;

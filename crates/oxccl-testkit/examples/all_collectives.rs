@@ -5,6 +5,7 @@
 //! cargo run --release -p oxccl-testkit --example all_collectives -- -np 4
 //! options: -np N (ranks, default 4)   -n COUNT (elements per rank, default 1048579)
 //!          --tcp (NCCL_SHM_DISABLE=1)   -d TYPE (data type, default float)
+//!          --shared (buffers in oxccl shared memory: the zero-copy path)
 //! ```
 
 use oxccl::{Communicator, Config, DataType, ReduceOp};
@@ -39,6 +40,7 @@ fn rank_main(args: &[String]) {
             in_place: false,
             root: comm.size() - 1,
             seed: 1000 + i as u64,
+            shared: args.iter().any(|a| a == "--shared"),
         };
         let t = Instant::now();
         match run_case(&comm, &case) {
@@ -69,7 +71,10 @@ fn main() {
         "# oxccl all_collectives: {np} ranks, {count} {dtype} elements per rank, transport {}",
         if tcp { "TCP" } else { "shared memory" }
     );
-    let child_args = ["-n".to_string(), count.to_string(), "-d".to_string(), dtype];
+    let mut child_args = vec!["-n".to_string(), count.to_string(), "-d".to_string(), dtype];
+    if args.iter().any(|a| a == "--shared") {
+        child_args.push("--shared".into());
+    }
     let child_args: Vec<&str> = child_args.iter().map(|s| s.as_str()).collect();
     let l = Launch::program(SCENARIO, np, &child_args)
         .env("OXCCL_UNIQUE_ID", &id.to_string())

@@ -76,6 +76,8 @@ pub struct Case {
     pub in_place: bool,
     pub root: usize,
     pub seed: u64,
+    /// Buffers in oxccl's shared memory (the zero-copy direct path) instead of the heap.
+    pub shared: bool,
 }
 
 impl std::fmt::Display for Case {
@@ -87,14 +89,48 @@ impl std::fmt::Display for Case {
         if self.coll.rooted() {
             write!(f, " root={}", self.root)?;
         }
-        write!(f, "{}", if self.in_place { " in-place" } else { " out-of-place" })
+        write!(f, "{}", if self.in_place { " in-place" } else { " out-of-place" })?;
+        if self.shared {
+            write!(f, " shared-buffers")?;
+        }
+        Ok(())
     }
 }
 
-fn typed<T: Element>(bytes: &[u8]) -> Vec<T> {
-    let mut v = vec![T::zeroed(); bytes.len() / std::mem::size_of::<T>()];
-    bytemuck::cast_slice_mut::<T, u8>(&mut v).copy_from_slice(bytes);
-    v
+/// A test buffer: on the heap or in oxccl's shared memory.
+enum Buf<T: Element> {
+    Heap(Vec<T>),
+    Shared(oxccl::mem::SharedBuf<T>),
+}
+
+impl<T: Element> std::ops::Deref for Buf<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            Buf::Heap(v) => v,
+            Buf::Shared(b) => b,
+        }
+    }
+}
+
+impl<T: Element> std::ops::DerefMut for Buf<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        match self {
+            Buf::Heap(v) => v,
+            Buf::Shared(b) => b,
+        }
+    }
+}
+
+fn typed_in<T: Element>(shared: bool, bytes: &[u8]) -> Buf<T> {
+    let n = bytes.len() / std::mem::size_of::<T>();
+    let mut b = if shared {
+        Buf::Shared(oxccl::mem::SharedBuf::zeroed(n).expect("shared memory"))
+    } else {
+        Buf::Heap(vec![T::zeroed(); n])
+    };
+    bytemuck::cast_slice_mut::<T, u8>(&mut b).copy_from_slice(bytes);
+    b
 }
 
 fn raw<T: Element>(v: &[T]) -> &[u8] {
@@ -126,12 +162,12 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
             let inp = input(dt, Use::Reduce(op), p, r, c.seed, 0, n);
             let want = expected_reduction(dt, op, p, c.seed, 0, n);
             if c.in_place {
-                let mut buf: Vec<T> = typed(&inp);
+                let mut buf: Buf<T> = typed_in(c.shared, &inp);
                 comm.all_reduce_in_place(&mut buf, op).map_err(err)?;
                 check(c, "result", &buf, &want)
             } else {
-                let send: Vec<T> = typed(&inp);
-                let mut recv: Vec<T> = typed(&poison_for(&want));
+                let send: Buf<T> = typed_in(c.shared, &inp);
+                let mut recv: Buf<T> = typed_in(c.shared, &poison_for(&want));
                 comm.all_reduce(&send, &mut recv, op).map_err(err)?;
                 check(c, "send buffer", &send, &inp)?;
                 check(c, "result", &recv, &want)
@@ -140,12 +176,14 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
         Coll::Broadcast => {
             let want = input(dt, mv, p, c.root, c.seed, 0, n);
             if c.in_place {
-                let mut buf: Vec<T> = typed(&if r == c.root { want.clone() } else { poison_for(&want) });
+                let mut buf: Buf<T> =
+                    typed_in(c.shared, &if r == c.root { want.clone() } else { poison_for(&want) });
                 comm.broadcast_in_place(&mut buf, root).map_err(err)?;
                 check(c, "result", &buf, &want)
             } else {
-                let send: Vec<T> = if r == c.root { typed(&want) } else { Vec::new() };
-                let mut recv: Vec<T> = typed(&poison_for(&want));
+                let send: Buf<T> =
+                    if r == c.root { typed_in(c.shared, &want) } else { typed_in(c.shared, &[]) };
+                let mut recv: Buf<T> = typed_in(c.shared, &poison_for(&want));
                 comm.broadcast(&send, &mut recv, root).map_err(err)?;
                 check(c, "result", &recv, &want)
             }
@@ -155,7 +193,7 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
             let inp = input(dt, Use::Reduce(op), p, r, c.seed, 0, n);
             let want = expected_reduction(dt, op, p, c.seed, 0, n);
             if c.in_place {
-                let mut buf: Vec<T> = typed(&inp);
+                let mut buf: Buf<T> = typed_in(c.shared, &inp);
                 comm.reduce_in_place(&mut buf, op, root).map_err(err)?;
                 if r == c.root {
                     check(c, "result", &buf, &want)
@@ -163,9 +201,9 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
                     check(c, "non-root buffer (must be untouched)", &buf, &inp)
                 }
             } else {
-                let send: Vec<T> = typed(&inp);
+                let send: Buf<T> = typed_in(c.shared, &inp);
                 let poison = poison_for(&want);
-                let mut recv: Vec<T> = typed(&poison);
+                let mut recv: Buf<T> = typed_in(c.shared, &poison);
                 comm.reduce(&send, &mut recv, op, root).map_err(err)?;
                 if r == c.root {
                     check(c, "result", &recv, &want)
@@ -181,12 +219,12 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
                 let mut init = poison_for(&want);
                 let es = dt.size_bytes();
                 init[r * n * es..(r + 1) * n * es].copy_from_slice(&mine);
-                let mut buf: Vec<T> = typed(&init);
+                let mut buf: Buf<T> = typed_in(c.shared, &init);
                 comm.all_gather_in_place(&mut buf).map_err(err)?;
                 check(c, "result", &buf, &want)
             } else {
-                let send: Vec<T> = typed(&mine);
-                let mut recv: Vec<T> = typed(&poison_for(&want));
+                let send: Buf<T> = typed_in(c.shared, &mine);
+                let mut recv: Buf<T> = typed_in(c.shared, &poison_for(&want));
                 comm.all_gather(&send, &mut recv).map_err(err)?;
                 check(c, "result", &recv, &want)
             }
@@ -196,20 +234,20 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
             let inp = input(dt, Use::Reduce(op), p, r, c.seed, 0, n * p);
             let want = expected_reduction(dt, op, p, c.seed, r * n, n);
             if c.in_place {
-                let mut buf: Vec<T> = typed(&inp);
+                let mut buf: Buf<T> = typed_in(c.shared, &inp);
                 comm.reduce_scatter_in_place(&mut buf, op).map_err(err)?;
                 check(c, "result", &buf[r * n..(r + 1) * n], &want)
             } else {
-                let send: Vec<T> = typed(&inp);
-                let mut recv: Vec<T> = typed(&poison_for(&want));
+                let send: Buf<T> = typed_in(c.shared, &inp);
+                let mut recv: Buf<T> = typed_in(c.shared, &poison_for(&want));
                 comm.reduce_scatter(&send, &mut recv, op).map_err(err)?;
                 check(c, "result", &recv, &want)
             }
         }
         Coll::AllToAll => {
-            let send: Vec<T> = typed(&input(dt, mv, p, r, c.seed, 0, n * p));
+            let send: Buf<T> = typed_in(c.shared, &input(dt, mv, p, r, c.seed, 0, n * p));
             let want = concat((0..p).map(|q| input(dt, mv, p, q, c.seed, r * n, n)));
-            let mut recv: Vec<T> = typed(&poison_for(&want));
+            let mut recv: Buf<T> = typed_in(c.shared, &poison_for(&want));
             comm.all_to_all(&send, &mut recv).map_err(err)?;
             check(c, "result", &recv, &want)
         }
@@ -250,8 +288,8 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
                 let gap = if s == 0 { 0 } else { rd[s - 1] + rc[s - 1] };
                 init[gap * es..(gap + 1) * es].fill(0x5a);
             }
-            let send: Vec<T> = typed(&send_b);
-            let mut recv: Vec<T> = typed(&init);
+            let send: Buf<T> = typed_in(c.shared, &send_b);
+            let mut recv: Buf<T> = typed_in(c.shared, &init);
             comm.all_to_all_v(&send, &sc, &sd, &mut recv, &rc, &rd).map_err(err)?;
             check(c, "result", &recv, &want)
         }
@@ -260,12 +298,12 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
             let want = concat((0..p).map(|q| input(dt, mv, p, q, c.seed, 0, n)));
             if c.in_place {
                 let es = dt.size_bytes();
-                let mut buf: Vec<T> = if r == c.root {
+                let mut buf: Buf<T> = if r == c.root {
                     let mut init = poison_for(&want);
                     init[r * n * es..(r + 1) * n * es].copy_from_slice(&mine);
-                    typed(&init)
+                    typed_in(c.shared, &init)
                 } else {
-                    typed(&mine)
+                    typed_in(c.shared, &mine)
                 };
                 comm.gather_in_place(&mut buf, root).map_err(err)?;
                 if r == c.root {
@@ -274,9 +312,10 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
                     check(c, "non-root buffer (must be untouched)", &buf, &mine)
                 }
             } else {
-                let send: Vec<T> = typed(&mine);
+                let send: Buf<T> = typed_in(c.shared, &mine);
                 let poison = poison_for(&want);
-                let mut recv: Vec<T> = if r == c.root { typed(&poison) } else { Vec::new() };
+                let mut recv: Buf<T> =
+                    if r == c.root { typed_in(c.shared, &poison) } else { typed_in(c.shared, &[]) };
                 comm.gather(&send, &mut recv, root).map_err(err)?;
                 if r == c.root {
                     check(c, "result", &recv, &want)
@@ -290,7 +329,11 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
             let es = dt.size_bytes();
             let want = all[r * n * es..(r + 1) * n * es].to_vec();
             if c.in_place {
-                let mut buf: Vec<T> = if r == c.root { typed(&all) } else { typed(&poison_for(&want)) };
+                let mut buf: Buf<T> = if r == c.root {
+                    typed_in(c.shared, &all)
+                } else {
+                    typed_in(c.shared, &poison_for(&want))
+                };
                 comm.scatter_in_place(&mut buf, root).map_err(err)?;
                 if r == c.root {
                     check(c, "root buffer", &buf, &all)
@@ -298,8 +341,9 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
                     check(c, "result", &buf, &want)
                 }
             } else {
-                let send: Vec<T> = if r == c.root { typed(&all) } else { Vec::new() };
-                let mut recv: Vec<T> = typed(&poison_for(&want));
+                let send: Buf<T> =
+                    if r == c.root { typed_in(c.shared, &all) } else { typed_in(c.shared, &[]) };
+                let mut recv: Buf<T> = typed_in(c.shared, &poison_for(&want));
                 comm.scatter(&send, &mut recv, root).map_err(err)?;
                 check(c, "result", &recv, &want)
             }
@@ -308,8 +352,8 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
             let next = (r + 1) % p;
             let prev = (r + p - 1) % p;
             // Two messages to each neighbour: what goes "forward" and what goes "backward".
-            let fwd: Vec<T> = typed(&input(dt, mv, p, r, c.seed, 0, n));
-            let bwd: Vec<T> = typed(&input(dt, mv, p, r, c.seed, n, n));
+            let fwd: Buf<T> = typed_in(c.shared, &input(dt, mv, p, r, c.seed, 0, n));
+            let bwd: Buf<T> = typed_in(c.shared, &input(dt, mv, p, r, c.seed, n, n));
             // Messages between one pair match in issue order: with one or two ranks, next and
             // prev are the same peer, whose first message (its forward one) meets this rank's
             // first receive (from "next").
@@ -318,8 +362,8 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
             } else {
                 (input(dt, mv, p, next, c.seed, n, n), input(dt, mv, p, prev, c.seed, 0, n))
             };
-            let mut from_prev: Vec<T> = typed(&poison_for(&want_from_prev));
-            let mut from_next: Vec<T> = typed(&poison_for(&want_from_next));
+            let mut from_prev: Buf<T> = typed_in(c.shared, &poison_for(&want_from_prev));
+            let mut from_next: Buf<T> = typed_in(c.shared, &poison_for(&want_from_next));
             let mut g = comm.group();
             g.send(&fwd, Rank::new(next)).map_err(err)?;
             g.recv(&mut from_next, Rank::new(next)).map_err(err)?;
@@ -360,6 +404,10 @@ pub struct MatrixSpec {
     pub big_counts: Vec<usize>,
     pub colls: Vec<Coll>,
     pub dtypes: Vec<DataType>,
+    /// Counts run again with shared buffers (every op out of place, Sum in place), for the
+    /// data types in `shared_dtypes`.
+    pub shared_counts: Vec<usize>,
+    pub shared_dtypes: Vec<DataType>,
 }
 
 /// Every case of `spec` for a communicator of `size`, in a deterministic order (all ranks
@@ -378,14 +426,22 @@ pub fn matrix(size: usize, spec: &MatrixSpec) -> Vec<Case> {
                         let roots = if coll.rooted() { size } else { 1 };
                         for root in 0..roots {
                             seed += 1;
-                            v.push(Case { coll, dtype, op: *op, count, in_place, root, seed });
+                            v.push(Case { coll, dtype, op: *op, count, in_place, root, seed, shared: false });
                         }
                     }
                     let big_in_place_op = op.is_none() || *op == Some(ReduceOp::Sum);
                     for &count in spec.big_counts.iter().filter(|_| !in_place || big_in_place_op) {
                         seed += 1;
                         let root = if coll.rooted() { (seed as usize) % size } else { 0 };
-                        v.push(Case { coll, dtype, op: *op, count, in_place, root, seed });
+                        v.push(Case { coll, dtype, op: *op, count, in_place, root, seed, shared: false });
+                    }
+                    let shared_ok = spec.shared_dtypes.contains(&dtype);
+                    for &count in
+                        spec.shared_counts.iter().filter(|_| shared_ok && (!in_place || big_in_place_op))
+                    {
+                        seed += 1;
+                        let root = if coll.rooted() { (seed as usize) % size } else { 0 };
+                        v.push(Case { coll, dtype, op: *op, count, in_place, root, seed, shared: true });
                     }
                 }
             }

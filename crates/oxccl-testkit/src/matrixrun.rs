@@ -12,6 +12,15 @@ pub fn standard_spec() -> MatrixSpec {
         big_counts: vec![(1 << 20) + 3],
         colls: Coll::ALL.to_vec(),
         dtypes: DataType::ALL.to_vec(),
+        shared_counts: vec![2000, (1 << 20) + 3],
+        shared_dtypes: vec![
+            DataType::U8,
+            DataType::I64,
+            DataType::F32,
+            DataType::F64,
+            DataType::Bf16,
+            DataType::F8E5M2,
+        ],
     }
 }
 
@@ -24,12 +33,16 @@ pub fn spec_named(name: &str) -> MatrixSpec {
             big_counts: vec![],
             colls: Coll::ALL.to_vec(),
             dtypes: DataType::ALL.to_vec(),
+            shared_counts: vec![],
+            shared_dtypes: vec![],
         },
         "light-big" => MatrixSpec {
             full_counts: vec![],
             big_counts: vec![(1 << 20) + 3],
             colls: Coll::ALL.to_vec(),
             dtypes: vec![DataType::F32, DataType::U8, DataType::Bf16],
+            shared_counts: vec![(1 << 20) + 3],
+            shared_dtypes: vec![DataType::F32],
         },
         _ => standard_spec(),
     }

@@ -1,5 +1,6 @@
 //! Runs of 64 MiB and more per rank, over shared memory and over TCP, checked exactly:
-//! all-reduce of 64 MiB of f32, all-gather into 64 MiB, broadcast of 64 MiB.
+//! all-reduce of 64 MiB of f32 (heap and shared buffers), bf16 in place (shared), all-gather
+//! into 64 MiB (shared), broadcast of 64 MiB.
 
 use oxccl::{Communicator, DataType, ReduceOp};
 use oxccl_testkit::{child, run_case, Case, Coll, Launch};
@@ -19,6 +20,7 @@ fn rank() {
             in_place: false,
             root: 0,
             seed: 64,
+            shared: false,
         },
         Case {
             coll: Coll::AllReduce,
@@ -28,6 +30,7 @@ fn rank() {
             in_place: true,
             root: 0,
             seed: 65,
+            shared: true,
         },
         Case {
             coll: Coll::AllGather,
@@ -37,6 +40,7 @@ fn rank() {
             in_place: false,
             root: 0,
             seed: 66,
+            shared: true,
         },
         Case {
             coll: Coll::Broadcast,
@@ -46,6 +50,17 @@ fn rank() {
             in_place: false,
             root: p - 1,
             seed: 67,
+            shared: false,
+        },
+        Case {
+            coll: Coll::AllReduce,
+            dtype: DataType::F32,
+            op: Some(ReduceOp::Sum),
+            count: MIB64_F32 + 5,
+            in_place: false,
+            root: 0,
+            seed: 68,
+            shared: true,
         },
     ];
     for c in &cases {

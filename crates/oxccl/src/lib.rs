@@ -26,6 +26,7 @@ pub mod engine;
 pub mod env;
 pub mod error;
 mod log;
+pub mod mem;
 pub mod sys;
 pub mod transport;
 

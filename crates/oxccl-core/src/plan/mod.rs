@@ -21,6 +21,7 @@
 
 mod direct;
 pub mod exec;
+pub mod hostdirect;
 mod ring;
 pub mod sim;
 

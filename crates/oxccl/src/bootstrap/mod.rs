@@ -129,20 +129,21 @@ pub(crate) fn decode_class(r: &mut Reader<'_>) -> Result<ConnClass, CoreError> {
     }
 }
 
-/// When a blocking bootstrap step gives up, and the flag that interrupts it.
+/// When a blocking step gives up, and the flag that interrupts it.
 #[derive(Clone, Debug)]
 pub struct Waiter {
     pub rank: Rank,
     pub deadline: Option<Instant>,
     pub abort: Arc<AtomicBool>,
-    pub started: Instant,
+    /// When the wait began (only known when there is a deadline: reading the clock costs).
+    pub started: Option<Instant>,
 }
 
 impl Waiter {
     /// A waiter for `rank` that gives up after `timeout` (never if `None`).
     pub fn new(rank: Rank, timeout: Option<Duration>, abort: Arc<AtomicBool>) -> Waiter {
-        let now = Instant::now();
-        Waiter { rank, deadline: timeout.map(|t| now + t), abort, started: now }
+        let started = timeout.map(|_| Instant::now());
+        Waiter { rank, deadline: started.zip(timeout).map(|(s, t)| s + t), abort, started }
     }
 
     /// Fails if aborted or past the deadline; `what` and `waiting_for` describe the wait.
@@ -150,12 +151,12 @@ impl Waiter {
         if self.abort.load(Ordering::Relaxed) {
             return Err(Error::Aborted { rank: self.rank });
         }
-        if let Some(d) = self.deadline {
+        if let (Some(d), Some(s)) = (self.deadline, self.started) {
             if Instant::now() >= d {
                 return Err(Error::Timeout {
                     rank: self.rank,
                     op: what.to_string(),
-                    after: self.started.elapsed(),
+                    after: s.elapsed(),
                     waiting_for: waiting_for.to_vec(),
                 });
             }

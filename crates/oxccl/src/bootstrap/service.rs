@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::log::Logger;
 use crate::sys::fd::{self, EventFd};
 use crate::sys::unix::{SeqListener, SeqSocket};
+use crate::transport::hostmem::Ctl;
 use oxccl_core::plan::ConnClass;
 use oxccl_core::tuning::{HELLO_DEADLINE_MS, MAX_BOOTSTRAP_FRAME_BYTES, MAX_PENDING_CONNECTIONS};
 use oxccl_core::wire::{Reader, Writer};
@@ -34,6 +35,8 @@ use std::time::{Duration, Instant};
 const SHM_OFFER_MAGIC: u32 = u32::from_le_bytes(*b"OXSH");
 const SHM_ACCEPT_MAGIC: u32 = u32::from_le_bytes(*b"OXSA");
 const SHM_REJECT_MAGIC: u32 = u32::from_le_bytes(*b"OXSR");
+const ARENA_MAGIC: u32 = u32::from_le_bytes(*b"OXAR");
+const MAP_MAGIC: u32 = u32::from_le_bytes(*b"OXMR");
 const MAX_HELLO_BYTES: usize = 1024;
 
 /// A shared-memory connection offered by a peer.
@@ -93,6 +96,45 @@ impl ShmOfferMsg {
     }
 }
 
+/// A request over a rank's Unix socket other than a connection offer: an exchange of
+/// host-memory control blocks (with doorbells), or a request for a shared allocation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostRequest {
+    Arena { secret: [u8; 32], from: Rank, to: Rank },
+    Map { secret: [u8; 32], from: Rank, to: Rank, alloc: u64 },
+}
+
+impl HostRequest {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        match self {
+            HostRequest::Arena { secret, from, to } => {
+                w.u32(ARENA_MAGIC).u32(super::PROTOCOL_VERSION).raw(secret).u32(from.0).u32(to.0);
+            }
+            HostRequest::Map { secret, from, to, alloc } => {
+                w.u32(MAP_MAGIC).u32(super::PROTOCOL_VERSION).raw(secret).u32(from.0).u32(to.0).u64(*alloc);
+            }
+        }
+        w.finish()
+    }
+
+    fn decode(b: &[u8]) -> Result<HostRequest, CoreError> {
+        let mut r = Reader::new(b, "host-memory request");
+        let magic = r.u32()?;
+        if r.u32()? != super::PROTOCOL_VERSION {
+            return Err(CoreError::Malformed { what: "host-memory request", reason: "version".into() });
+        }
+        let (secret, from, to) = (r.fixed()?, Rank(r.u32()?), Rank(r.u32()?));
+        let req = match magic {
+            ARENA_MAGIC => HostRequest::Arena { secret, from, to },
+            MAP_MAGIC => HostRequest::Map { secret, from, to, alloc: r.u64()? },
+            _ => return Err(CoreError::Malformed { what: "host-memory request", reason: "magic".into() }),
+        };
+        r.finish()?;
+        Ok(req)
+    }
+}
+
 /// The answer to an offer: accepted (the receiver's doorbell travels beside it) or refused.
 pub fn encode_offer_reply(accepted: bool, reason: &str) -> Vec<u8> {
     let mut w = Writer::new();
@@ -123,6 +165,8 @@ pub(crate) fn same_secret(a: &[u8; 32], b: &[u8; 32]) -> bool {
 struct MailState {
     msgs: HashMap<(u32, u64), VecDeque<Vec<u8>>>,
     conns: HashMap<(u32, ConnClass), VecDeque<Incoming>>,
+    /// Control blocks (and doorbells) peers offered: (ctl, doorbell).
+    arenas: HashMap<u32, (OwnedFd, OwnedFd)>,
     closed: bool,
 }
 
@@ -190,6 +234,13 @@ impl Mailbox {
         })
     }
 
+    /// Waits for the control block `from` offers.
+    pub fn wait_arena(&self, from: Rank, w: &Waiter) -> Result<(OwnedFd, OwnedFd)> {
+        self.wait(w, "direct path setup: waiting for a peer's control block", from, |st| {
+            st.arenas.remove(&from.0)
+        })
+    }
+
     /// Waits for the data connection `from` opens for `class`.
     pub fn wait_conn(&self, from: Rank, class: ConnClass, w: &Waiter) -> Result<Incoming> {
         self.wait(w, "connection setup: waiting for a peer to connect", from, |st| {
@@ -204,6 +255,7 @@ struct Ctx {
     size: usize,
     secret: [u8; 32],
     doorbell: Arc<EventFd>,
+    ctl: Arc<Ctl>,
     mailbox: Arc<Mailbox>,
     log: Logger,
 }
@@ -225,6 +277,7 @@ impl Service {
         size: usize,
         secret: [u8; 32],
         doorbell: Arc<EventFd>,
+        ctl: Arc<Ctl>,
         log: Logger,
     ) -> Result<Service> {
         let tcp = TcpListener::bind(SocketAddr::new(ip, 0))
@@ -245,7 +298,7 @@ impl Service {
         };
         let stop = Arc::new(EventFd::new().map_err(|e| Error::io(me, "eventfd", None, e))?);
         let mailbox = Arc::new(Mailbox::default());
-        let ctx = Ctx { me, size, secret, doorbell, mailbox: mailbox.clone(), log };
+        let ctx = Ctx { me, size, secret, doorbell, ctl, mailbox: mailbox.clone(), log };
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name(format!("oxccl-svc-{me}"))
@@ -488,6 +541,9 @@ fn unix_step(ctx: &Ctx, s: &SeqSocket) -> Step {
         let _ = s.send(&encode_offer_reply(false, why), &[]);
         Step::Drop
     };
+    if let Ok(req) = HostRequest::decode(&buf[..n]) {
+        return host_request(ctx, s, req, fds);
+    }
     let m = match ShmOfferMsg::decode(&buf[..n]) {
         Ok(m) => m,
         Err(e) => return refuse(&e.to_string()),
@@ -515,4 +571,64 @@ fn unix_step(ctx: &Ctx, s: &SeqSocket) -> Step {
         Incoming::Shm(ShmOffer { region, doorbell, slots: m.slots, slot_bytes: m.slot_bytes }),
     );
     Step::Handed
+}
+
+/// Answers a control-block exchange or a request for a shared allocation.
+fn host_request(ctx: &Ctx, s: &SeqSocket, req: HostRequest, mut fds: Vec<OwnedFd>) -> Step {
+    let _ = s.set_nonblocking(false);
+    let _ = s.set_timeouts(Duration::from_secs(5));
+    let reply = |ok: bool, why: &str, with: &[i32]| {
+        if !ok {
+            ctx.log.warn(format_args!("service: refusing a host-memory request: {why}"));
+        }
+        let _ = s.send(&encode_offer_reply(ok, why), with);
+        Step::Drop
+    };
+    let (secret, from, to) = match &req {
+        HostRequest::Arena { secret, from, to } | HostRequest::Map { secret, from, to, .. } => {
+            (secret, *from, *to)
+        }
+    };
+    if !same_secret(secret, &ctx.secret) || to != ctx.me || from.idx() >= ctx.size {
+        return reply(false, "wrong secret or ranks", &[]);
+    }
+    match req {
+        HostRequest::Arena { .. } => {
+            if fds.len() != 2 {
+                return reply(false, "expected two descriptors", &[]);
+            }
+            let (Some(bell), Some(ctl)) = (fds.pop(), fds.pop()) else {
+                return reply(false, "expected two descriptors", &[]);
+            };
+            let Ok(own) = ctx.ctl.try_clone_fd() else {
+                return reply(false, "cannot share the control block", &[]);
+            };
+            if s.send(&encode_offer_reply(true, ""), &[own.as_raw_fd(), ctx.doorbell.as_raw_fd()]).is_err() {
+                return Step::Drop;
+            }
+            ctx.mailbox.lock().arenas.insert(from.0, (ctl, bell));
+            ctx.mailbox.cv.notify_all();
+            Step::Handed
+        }
+        HostRequest::Map { alloc, .. } => match crate::mem::fd_of(alloc) {
+            Some(fd) => reply(true, "", &[fd.as_raw_fd()]),
+            None => reply(false, &format!("no shared allocation {alloc} in this process"), &[]),
+        },
+    }
+}
+
+/// Sends `req` to the rank whose Unix socket is `name` and returns the descriptors of its
+/// answer (an error carries the peer's reason).
+pub(crate) fn host_call(name: &[u8; 16], req: &HostRequest, fds: &[i32]) -> std::io::Result<Vec<OwnedFd>> {
+    let sock = SeqSocket::connect_abstract(name, Duration::from_secs(10))?;
+    sock.send(&req.encode(), fds)?;
+    let mut buf = [0u8; 512];
+    let (n, got) = sock.recv(&mut buf)?.ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer from the peer's service")
+    })?;
+    match decode_offer_reply(&buf[..n]) {
+        Ok(Ok(())) => Ok(got),
+        Ok(Err(why)) => Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, why)),
+        Err(e) => Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string())),
+    }
 }

@@ -13,13 +13,18 @@
 //! needed (only the prefix is written), never shorter; in-place forms take one buffer laid out
 //! as NCCL's in-place rules say (all-gather: this rank's input at `rank × count`;
 //! reduce-scatter: this rank's output at `rank × count`).
+//!
+//! Every call exists typed (`all_reduce(&[T], &mut [T], ..)`, counts in elements of `T`) and
+//! untyped (`all_reduce_raw(dtype, &[u8], &mut [u8], ..)`, byte buffers whose lengths must be
+//! whole elements of `dtype`) for callers that choose the data type at run time.
 
 use super::{Communicator, Scope, Work};
 use crate::engine::RawBuf;
 use crate::error::{Error, Result};
 use oxccl_core::coll::{check_alltoallv, check_len, check_rank, elems, Segments};
 use oxccl_core::plan::{BufId, Loc, OpSpec};
-use oxccl_core::{CoreError, Element, Rank, ReduceOp};
+use oxccl_core::{CoreError, DataType, Element, Rank, ReduceOp};
+use smallvec::SmallVec;
 use std::marker::PhantomData;
 
 /// A group that runs when [`Group::end`] is called, on the calling thread.
@@ -33,8 +38,8 @@ pub struct Scoped<'scope, 'env> {
 /// Recorded operations and the buffers they borrow.
 pub struct Group<'a, M = Blocking> {
     comm: &'a Communicator,
-    ops: Vec<OpSpec>,
-    bufs: Vec<RawBuf>,
+    ops: SmallVec<[OpSpec; 1]>,
+    bufs: SmallVec<[RawBuf; 2]>,
     what: &'static str,
     mode: M,
     _borrows: PhantomData<&'a mut ()>,
@@ -57,7 +62,14 @@ impl Communicator {
 
 impl<'a, M> Group<'a, M> {
     pub(super) fn new(comm: &'a Communicator, mode: M) -> Self {
-        Group { comm, ops: Vec::new(), bufs: Vec::new(), what: "group", mode, _borrows: PhantomData }
+        Group {
+            comm,
+            ops: SmallVec::new(),
+            bufs: SmallVec::new(),
+            what: "group",
+            mode,
+            _borrows: PhantomData,
+        }
     }
 
     fn size(&self) -> usize {
@@ -99,6 +111,315 @@ impl<'a, M> Group<'a, M> {
         Ok(len / p)
     }
 
+    /// Elements of `dtype` in `b` (which must hold whole elements).
+    fn elems_of(arg: &'static str, dtype: DataType, b: &[u8]) -> Result<usize> {
+        let es = dtype.size_bytes();
+        if b.len() % es != 0 {
+            return Err(CoreError::InvalidArgument {
+                arg,
+                reason: format!("{} bytes is not a whole number of {dtype} elements", b.len()),
+            }
+            .into());
+        }
+        Ok(b.len() / es)
+    }
+
+    /// [`all_reduce`](Self::all_reduce) on bytes of `dtype`.
+    pub fn all_reduce_raw(
+        &mut self,
+        dtype: DataType,
+        send: &'a [u8],
+        recv: &'a mut [u8],
+        op: ReduceOp,
+    ) -> Result<&mut Self> {
+        op.check(dtype)?;
+        let count = Self::elems_of("send", dtype, send)?;
+        check_len("recv", count, Self::elems_of("recv", dtype, recv)?)?;
+        let src = self.buf(RawBuf::of(send))?;
+        let dst = self.buf(RawBuf::of_mut(recv))?;
+        Ok(self.push(OpSpec::AllReduce { count, dtype, op, src, dst }, "all_reduce"))
+    }
+
+    /// [`all_reduce_in_place`](Self::all_reduce_in_place) on bytes of `dtype`.
+    pub fn all_reduce_in_place_raw(
+        &mut self,
+        dtype: DataType,
+        buf: &'a mut [u8],
+        op: ReduceOp,
+    ) -> Result<&mut Self> {
+        op.check(dtype)?;
+        let count = Self::elems_of("buf", dtype, buf)?;
+        let b = self.buf(RawBuf::of_mut(buf))?;
+        Ok(self.push(OpSpec::AllReduce { count, dtype, op, src: b, dst: b }, "all_reduce"))
+    }
+
+    /// [`broadcast`](Self::broadcast) on bytes of `dtype`.
+    pub fn broadcast_raw(
+        &mut self,
+        dtype: DataType,
+        send: &'a [u8],
+        recv: &'a mut [u8],
+        root: Rank,
+    ) -> Result<&mut Self> {
+        let root = self.rank_arg("root", root)?;
+        let count = Self::elems_of("recv", dtype, recv)?;
+        if self.me() == root {
+            check_len("send", count, Self::elems_of("send", dtype, send)?)?;
+        }
+        let src = self.buf(RawBuf::of(send))?;
+        let dst = self.buf(RawBuf::of_mut(recv))?;
+        Ok(self.push(OpSpec::Broadcast { count, dtype, root, src, dst }, "broadcast"))
+    }
+
+    /// [`broadcast_in_place`](Self::broadcast_in_place) on bytes of `dtype`.
+    pub fn broadcast_in_place_raw(
+        &mut self,
+        dtype: DataType,
+        buf: &'a mut [u8],
+        root: Rank,
+    ) -> Result<&mut Self> {
+        let root = self.rank_arg("root", root)?;
+        let count = Self::elems_of("buf", dtype, buf)?;
+        let b = self.buf(RawBuf::of_mut(buf))?;
+        Ok(self.push(OpSpec::Broadcast { count, dtype, root, src: b, dst: b }, "broadcast"))
+    }
+
+    /// [`reduce`](Self::reduce) on bytes of `dtype`.
+    pub fn reduce_raw(
+        &mut self,
+        dtype: DataType,
+        send: &'a [u8],
+        recv: &'a mut [u8],
+        op: ReduceOp,
+        root: Rank,
+    ) -> Result<&mut Self> {
+        op.check(dtype)?;
+        let root = self.rank_arg("root", root)?;
+        let count = Self::elems_of("send", dtype, send)?;
+        if self.me() == root {
+            check_len("recv", count, Self::elems_of("recv", dtype, recv)?)?;
+        }
+        let src = self.buf(RawBuf::of(send))?;
+        let dst = self.buf(RawBuf::of_mut(recv))?;
+        Ok(self.push(OpSpec::Reduce { count, dtype, op, root, src, dst }, "reduce"))
+    }
+
+    /// [`reduce_in_place`](Self::reduce_in_place) on bytes of `dtype`.
+    pub fn reduce_in_place_raw(
+        &mut self,
+        dtype: DataType,
+        buf: &'a mut [u8],
+        op: ReduceOp,
+        root: Rank,
+    ) -> Result<&mut Self> {
+        op.check(dtype)?;
+        let root = self.rank_arg("root", root)?;
+        let count = Self::elems_of("buf", dtype, buf)?;
+        let b = self.buf(RawBuf::of_mut(buf))?;
+        Ok(self.push(OpSpec::Reduce { count, dtype, op, root, src: b, dst: b }, "reduce"))
+    }
+
+    /// [`all_gather`](Self::all_gather) on bytes of `dtype`.
+    pub fn all_gather_raw(
+        &mut self,
+        dtype: DataType,
+        send: &'a [u8],
+        recv: &'a mut [u8],
+    ) -> Result<&mut Self> {
+        let count = Self::elems_of("send", dtype, send)?;
+        check_len("recv", elems("recv", count, self.size(), dtype)?, Self::elems_of("recv", dtype, recv)?)?;
+        let src = self.buf(RawBuf::of(send))?;
+        let dst = self.buf(RawBuf::of_mut(recv))?;
+        Ok(self.push(OpSpec::AllGather { count, dtype, src, dst }, "all_gather"))
+    }
+
+    /// [`all_gather_in_place`](Self::all_gather_in_place) on bytes of `dtype`.
+    pub fn all_gather_in_place_raw(&mut self, dtype: DataType, buf: &'a mut [u8]) -> Result<&mut Self> {
+        let count = self.per_rank("buf", Self::elems_of("buf", dtype, buf)?)?;
+        let me = self.me().idx();
+        let dst = self.buf(RawBuf::of_mut(buf))?;
+        let src = dst.at(me * count * dtype.size_bytes());
+        Ok(self.push(OpSpec::AllGather { count, dtype, src, dst }, "all_gather"))
+    }
+
+    /// [`reduce_scatter`](Self::reduce_scatter) on bytes of `dtype`.
+    pub fn reduce_scatter_raw(
+        &mut self,
+        dtype: DataType,
+        send: &'a [u8],
+        recv: &'a mut [u8],
+        op: ReduceOp,
+    ) -> Result<&mut Self> {
+        op.check(dtype)?;
+        let count = Self::elems_of("recv", dtype, recv)?;
+        check_len("send", elems("send", count, self.size(), dtype)?, Self::elems_of("send", dtype, send)?)?;
+        let src = self.buf(RawBuf::of(send))?;
+        let dst = self.buf(RawBuf::of_mut(recv))?;
+        Ok(self.push(OpSpec::ReduceScatter { count, dtype, op, src, dst }, "reduce_scatter"))
+    }
+
+    /// [`reduce_scatter_in_place`](Self::reduce_scatter_in_place) on bytes of `dtype`.
+    pub fn reduce_scatter_in_place_raw(
+        &mut self,
+        dtype: DataType,
+        buf: &'a mut [u8],
+        op: ReduceOp,
+    ) -> Result<&mut Self> {
+        op.check(dtype)?;
+        let count = self.per_rank("buf", Self::elems_of("buf", dtype, buf)?)?;
+        let me = self.me().idx();
+        let src = self.buf(RawBuf::of_mut(buf))?;
+        let dst = src.at(me * count * dtype.size_bytes());
+        Ok(self.push(OpSpec::ReduceScatter { count, dtype, op, src, dst }, "reduce_scatter"))
+    }
+
+    /// [`all_to_all`](Self::all_to_all) on bytes of `dtype`.
+    pub fn all_to_all_raw(
+        &mut self,
+        dtype: DataType,
+        send: &'a [u8],
+        recv: &'a mut [u8],
+    ) -> Result<&mut Self> {
+        let total = Self::elems_of("send", dtype, send)?;
+        let count = self.per_rank("send", total)?;
+        check_len("recv", total, Self::elems_of("recv", dtype, recv)?)?;
+        let src = self.buf(RawBuf::of(send))?;
+        let dst = self.buf(RawBuf::of_mut(recv))?;
+        Ok(self.push(OpSpec::AllToAll { count, dtype, src, dst }, "all_to_all"))
+    }
+
+    /// [`all_to_all_v`](Self::all_to_all_v) on bytes of `dtype` (counts and displacements in
+    /// elements).
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_to_all_v_raw(
+        &mut self,
+        dtype: DataType,
+        send: &'a [u8],
+        send_counts: &[usize],
+        send_displs: &[usize],
+        recv: &'a mut [u8],
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+    ) -> Result<&mut Self> {
+        let s =
+            Segments { counts: send_counts, displs: send_displs, len: Self::elems_of("send", dtype, send)? };
+        let r =
+            Segments { counts: recv_counts, displs: recv_displs, len: Self::elems_of("recv", dtype, recv)? };
+        check_alltoallv(self.size(), self.me(), s, r)?;
+        let src = self.buf(RawBuf::of(send))?;
+        let dst = self.buf(RawBuf::of_mut(recv))?;
+        let op = OpSpec::AllToAllV {
+            dtype,
+            send_counts: send_counts.to_vec(),
+            send_displs: send_displs.to_vec(),
+            recv_counts: recv_counts.to_vec(),
+            recv_displs: recv_displs.to_vec(),
+            src,
+            dst,
+        };
+        Ok(self.push(op, "all_to_all_v"))
+    }
+
+    /// [`gather`](Self::gather) on bytes of `dtype`.
+    pub fn gather_raw(
+        &mut self,
+        dtype: DataType,
+        send: &'a [u8],
+        recv: &'a mut [u8],
+        root: Rank,
+    ) -> Result<&mut Self> {
+        let root = self.rank_arg("root", root)?;
+        let count = Self::elems_of("send", dtype, send)?;
+        if self.me() == root {
+            check_len(
+                "recv",
+                elems("recv", count, self.size(), dtype)?,
+                Self::elems_of("recv", dtype, recv)?,
+            )?;
+        }
+        let src = self.buf(RawBuf::of(send))?;
+        let dst = self.buf(RawBuf::of_mut(recv))?;
+        Ok(self.push(OpSpec::Gather { count, dtype, root, src, dst }, "gather"))
+    }
+
+    /// [`gather_in_place`](Self::gather_in_place) on bytes of `dtype`.
+    pub fn gather_in_place_raw(
+        &mut self,
+        dtype: DataType,
+        buf: &'a mut [u8],
+        root: Rank,
+    ) -> Result<&mut Self> {
+        let root = self.rank_arg("root", root)?;
+        let n = Self::elems_of("buf", dtype, buf)?;
+        let (count, own) = if self.me() == root {
+            let c = self.per_rank("buf", n)?;
+            (c, root.idx() * c * dtype.size_bytes())
+        } else {
+            (n, 0)
+        };
+        let dst = self.buf(RawBuf::of_mut(buf))?;
+        let src = dst.at(own);
+        Ok(self.push(OpSpec::Gather { count, dtype, root, src, dst }, "gather"))
+    }
+
+    /// [`scatter`](Self::scatter) on bytes of `dtype`.
+    pub fn scatter_raw(
+        &mut self,
+        dtype: DataType,
+        send: &'a [u8],
+        recv: &'a mut [u8],
+        root: Rank,
+    ) -> Result<&mut Self> {
+        let root = self.rank_arg("root", root)?;
+        let count = Self::elems_of("recv", dtype, recv)?;
+        if self.me() == root {
+            check_len(
+                "send",
+                elems("send", count, self.size(), dtype)?,
+                Self::elems_of("send", dtype, send)?,
+            )?;
+        }
+        let src = self.buf(RawBuf::of(send))?;
+        let dst = self.buf(RawBuf::of_mut(recv))?;
+        Ok(self.push(OpSpec::Scatter { count, dtype, root, src, dst }, "scatter"))
+    }
+
+    /// [`scatter_in_place`](Self::scatter_in_place) on bytes of `dtype`.
+    pub fn scatter_in_place_raw(
+        &mut self,
+        dtype: DataType,
+        buf: &'a mut [u8],
+        root: Rank,
+    ) -> Result<&mut Self> {
+        let root = self.rank_arg("root", root)?;
+        let n = Self::elems_of("buf", dtype, buf)?;
+        let (count, own) = if self.me() == root {
+            let c = self.per_rank("buf", n)?;
+            (c, root.idx() * c * dtype.size_bytes())
+        } else {
+            (n, 0)
+        };
+        let src = self.buf(RawBuf::of_mut(buf))?;
+        let dst = src.at(own);
+        Ok(self.push(OpSpec::Scatter { count, dtype, root, src, dst }, "scatter"))
+    }
+
+    /// [`send`](Self::send) on bytes of `dtype`.
+    pub fn send_raw(&mut self, dtype: DataType, buf: &'a [u8], peer: Rank) -> Result<&mut Self> {
+        let peer = self.rank_arg("peer", peer)?;
+        let count = Self::elems_of("buf", dtype, buf)?;
+        let src = self.buf(RawBuf::of(buf))?;
+        Ok(self.push(OpSpec::Send { count, dtype, peer, src }, "send"))
+    }
+
+    /// [`recv`](Self::recv) on bytes of `dtype`.
+    pub fn recv_raw(&mut self, dtype: DataType, buf: &'a mut [u8], peer: Rank) -> Result<&mut Self> {
+        let peer = self.rank_arg("peer", peer)?;
+        let count = Self::elems_of("buf", dtype, buf)?;
+        let dst = self.buf(RawBuf::of_mut(buf))?;
+        Ok(self.push(OpSpec::Recv { count, dtype, peer, dst }, "recv"))
+    }
+
     /// Every rank ends with the element-wise reduction of all ranks' `send`.
     pub fn all_reduce<T: Element>(
         &mut self,
@@ -106,20 +427,12 @@ impl<'a, M> Group<'a, M> {
         recv: &'a mut [T],
         op: ReduceOp,
     ) -> Result<&mut Self> {
-        op.check(T::DTYPE)?;
-        check_len("recv", send.len(), recv.len())?;
-        let src = self.buf(RawBuf::of(bytes(send)))?;
-        let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
-        let count = send.len();
-        Ok(self.push(OpSpec::AllReduce { count, dtype: T::DTYPE, op, src, dst }, "all_reduce"))
+        self.all_reduce_raw(T::DTYPE, bytes(send), bytes_mut(recv), op)
     }
 
     /// All-reduce in place.
     pub fn all_reduce_in_place<T: Element>(&mut self, buf: &'a mut [T], op: ReduceOp) -> Result<&mut Self> {
-        op.check(T::DTYPE)?;
-        let count = buf.len();
-        let b = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
-        Ok(self.push(OpSpec::AllReduce { count, dtype: T::DTYPE, op, src: b, dst: b }, "all_reduce"))
+        self.all_reduce_in_place_raw(T::DTYPE, bytes_mut(buf), op)
     }
 
     /// Every rank's `recv` gets the root's `send` (`recv.len()` elements; `send` is read on
@@ -130,22 +443,12 @@ impl<'a, M> Group<'a, M> {
         recv: &'a mut [T],
         root: Rank,
     ) -> Result<&mut Self> {
-        let root = self.rank_arg("root", root)?;
-        let count = recv.len();
-        if self.me() == root {
-            check_len("send", count, send.len())?;
-        }
-        let src = self.buf(RawBuf::of(bytes(send)))?;
-        let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
-        Ok(self.push(OpSpec::Broadcast { count, dtype: T::DTYPE, root, src, dst }, "broadcast"))
+        self.broadcast_raw(T::DTYPE, bytes(send), bytes_mut(recv), root)
     }
 
     /// Broadcast in place.
     pub fn broadcast_in_place<T: Element>(&mut self, buf: &'a mut [T], root: Rank) -> Result<&mut Self> {
-        let root = self.rank_arg("root", root)?;
-        let count = buf.len();
-        let b = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
-        Ok(self.push(OpSpec::Broadcast { count, dtype: T::DTYPE, root, src: b, dst: b }, "broadcast"))
+        self.broadcast_in_place_raw(T::DTYPE, bytes_mut(buf), root)
     }
 
     /// The root's `recv` gets the reduction of every rank's `send` (`recv` is written on the
@@ -157,47 +460,27 @@ impl<'a, M> Group<'a, M> {
         op: ReduceOp,
         root: Rank,
     ) -> Result<&mut Self> {
-        op.check(T::DTYPE)?;
-        let root = self.rank_arg("root", root)?;
-        let count = send.len();
-        if self.me() == root {
-            check_len("recv", count, recv.len())?;
-        }
-        let src = self.buf(RawBuf::of(bytes(send)))?;
-        let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
-        Ok(self.push(OpSpec::Reduce { count, dtype: T::DTYPE, op, root, src, dst }, "reduce"))
+        self.reduce_raw(T::DTYPE, bytes(send), bytes_mut(recv), op, root)
     }
 
-    /// Reduce in place (the root's `buf` gets the result).
+    /// Reduce in place (the root's `buf` gets the result; other ranks' are left untouched).
     pub fn reduce_in_place<T: Element>(
         &mut self,
         buf: &'a mut [T],
         op: ReduceOp,
         root: Rank,
     ) -> Result<&mut Self> {
-        op.check(T::DTYPE)?;
-        let root = self.rank_arg("root", root)?;
-        let count = buf.len();
-        let b = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
-        Ok(self.push(OpSpec::Reduce { count, dtype: T::DTYPE, op, root, src: b, dst: b }, "reduce"))
+        self.reduce_in_place_raw(T::DTYPE, bytes_mut(buf), op, root)
     }
 
     /// Every rank's `recv` gets all ranks' `send`, concatenated in rank order.
     pub fn all_gather<T: Element>(&mut self, send: &'a [T], recv: &'a mut [T]) -> Result<&mut Self> {
-        let count = send.len();
-        check_len("recv", elems("recv", count, self.size(), T::DTYPE)?, recv.len())?;
-        let src = self.buf(RawBuf::of(bytes(send)))?;
-        let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
-        Ok(self.push(OpSpec::AllGather { count, dtype: T::DTYPE, src, dst }, "all_gather"))
+        self.all_gather_raw(T::DTYPE, bytes(send), bytes_mut(recv))
     }
 
     /// All-gather in place: `buf` holds `size` blocks; this rank's block is its input.
     pub fn all_gather_in_place<T: Element>(&mut self, buf: &'a mut [T]) -> Result<&mut Self> {
-        let count = self.per_rank("buf", buf.len())?;
-        let me = self.me().idx();
-        let dst = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
-        let src = dst.at(me * count * T::DTYPE.size_bytes());
-        Ok(self.push(OpSpec::AllGather { count, dtype: T::DTYPE, src, dst }, "all_gather"))
+        self.all_gather_in_place_raw(T::DTYPE, bytes_mut(buf))
     }
 
     /// Block `r` of the reduction of every rank's `send` lands in rank `r`'s `recv`
@@ -208,12 +491,7 @@ impl<'a, M> Group<'a, M> {
         recv: &'a mut [T],
         op: ReduceOp,
     ) -> Result<&mut Self> {
-        op.check(T::DTYPE)?;
-        let count = recv.len();
-        check_len("send", elems("send", count, self.size(), T::DTYPE)?, send.len())?;
-        let src = self.buf(RawBuf::of(bytes(send)))?;
-        let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
-        Ok(self.push(OpSpec::ReduceScatter { count, dtype: T::DTYPE, op, src, dst }, "reduce_scatter"))
+        self.reduce_scatter_raw(T::DTYPE, bytes(send), bytes_mut(recv), op)
     }
 
     /// Reduce-scatter in place: this rank's block of `buf` gets its result.
@@ -222,22 +500,13 @@ impl<'a, M> Group<'a, M> {
         buf: &'a mut [T],
         op: ReduceOp,
     ) -> Result<&mut Self> {
-        op.check(T::DTYPE)?;
-        let count = self.per_rank("buf", buf.len())?;
-        let me = self.me().idx();
-        let src = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
-        let dst = src.at(me * count * T::DTYPE.size_bytes());
-        Ok(self.push(OpSpec::ReduceScatter { count, dtype: T::DTYPE, op, src, dst }, "reduce_scatter"))
+        self.reduce_scatter_in_place_raw(T::DTYPE, bytes_mut(buf), op)
     }
 
     /// Block `j` of this rank's `send` goes to rank `j`; block `i` of `recv` comes from rank
     /// `i` (`send.len() / size` elements per block).
     pub fn all_to_all<T: Element>(&mut self, send: &'a [T], recv: &'a mut [T]) -> Result<&mut Self> {
-        let count = self.per_rank("send", send.len())?;
-        check_len("recv", send.len(), recv.len())?;
-        let src = self.buf(RawBuf::of(bytes(send)))?;
-        let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
-        Ok(self.push(OpSpec::AllToAll { count, dtype: T::DTYPE, src, dst }, "all_to_all"))
+        self.all_to_all_raw(T::DTYPE, bytes(send), bytes_mut(recv))
     }
 
     /// All-to-all with per-peer counts and displacements (in elements): this rank sends
@@ -253,94 +522,49 @@ impl<'a, M> Group<'a, M> {
         recv_counts: &[usize],
         recv_displs: &[usize],
     ) -> Result<&mut Self> {
-        let s = Segments { counts: send_counts, displs: send_displs, len: send.len() };
-        let r = Segments { counts: recv_counts, displs: recv_displs, len: recv.len() };
-        check_alltoallv(self.size(), self.me(), s, r)?;
-        let src = self.buf(RawBuf::of(bytes(send)))?;
-        let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
-        let op = OpSpec::AllToAllV {
-            dtype: T::DTYPE,
-            send_counts: send_counts.to_vec(),
-            send_displs: send_displs.to_vec(),
-            recv_counts: recv_counts.to_vec(),
-            recv_displs: recv_displs.to_vec(),
-            src,
-            dst,
-        };
-        Ok(self.push(op, "all_to_all_v"))
+        self.all_to_all_v_raw(
+            T::DTYPE,
+            bytes(send),
+            send_counts,
+            send_displs,
+            bytes_mut(recv),
+            recv_counts,
+            recv_displs,
+        )
     }
 
     /// The root's `recv` gets every rank's `send` in rank order (`recv` is written on the
     /// root only).
     pub fn gather<T: Element>(&mut self, send: &'a [T], recv: &'a mut [T], root: Rank) -> Result<&mut Self> {
-        let root = self.rank_arg("root", root)?;
-        let count = send.len();
-        if self.me() == root {
-            check_len("recv", elems("recv", count, self.size(), T::DTYPE)?, recv.len())?;
-        }
-        let src = self.buf(RawBuf::of(bytes(send)))?;
-        let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
-        Ok(self.push(OpSpec::Gather { count, dtype: T::DTYPE, root, src, dst }, "gather"))
+        self.gather_raw(T::DTYPE, bytes(send), bytes_mut(recv), root)
     }
 
     /// Gather in place: on the root, `buf` holds `size` blocks with the root's input already
     /// in its own block; elsewhere `buf` is the rank's input (and is left untouched).
     pub fn gather_in_place<T: Element>(&mut self, buf: &'a mut [T], root: Rank) -> Result<&mut Self> {
-        let root = self.rank_arg("root", root)?;
-        let es = T::DTYPE.size_bytes();
-        let (count, own) = if self.me() == root {
-            let c = self.per_rank("buf", buf.len())?;
-            (c, root.idx() * c * es)
-        } else {
-            (buf.len(), 0)
-        };
-        let dst = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
-        let src = dst.at(own);
-        Ok(self.push(OpSpec::Gather { count, dtype: T::DTYPE, root, src, dst }, "gather"))
+        self.gather_in_place_raw(T::DTYPE, bytes_mut(buf), root)
     }
 
     /// Rank `r`'s `recv` gets block `r` of the root's `send` (`send` is read on the root
     /// only).
     pub fn scatter<T: Element>(&mut self, send: &'a [T], recv: &'a mut [T], root: Rank) -> Result<&mut Self> {
-        let root = self.rank_arg("root", root)?;
-        let count = recv.len();
-        if self.me() == root {
-            check_len("send", elems("send", count, self.size(), T::DTYPE)?, send.len())?;
-        }
-        let src = self.buf(RawBuf::of(bytes(send)))?;
-        let dst = self.buf(RawBuf::of_mut(bytes_mut(recv)))?;
-        Ok(self.push(OpSpec::Scatter { count, dtype: T::DTYPE, root, src, dst }, "scatter"))
+        self.scatter_raw(T::DTYPE, bytes(send), bytes_mut(recv), root)
     }
 
     /// Scatter in place: on the root, `buf` holds `size` blocks (its own block stays where it
     /// is); elsewhere `buf` receives the rank's block.
     pub fn scatter_in_place<T: Element>(&mut self, buf: &'a mut [T], root: Rank) -> Result<&mut Self> {
-        let root = self.rank_arg("root", root)?;
-        let es = T::DTYPE.size_bytes();
-        let (count, own) = if self.me() == root {
-            let c = self.per_rank("buf", buf.len())?;
-            (c, root.idx() * c * es)
-        } else {
-            (buf.len(), 0)
-        };
-        let src = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
-        let dst = src.at(own);
-        Ok(self.push(OpSpec::Scatter { count, dtype: T::DTYPE, root, src, dst }, "scatter"))
+        self.scatter_in_place_raw(T::DTYPE, bytes_mut(buf), root)
     }
 
     /// Sends `buf` to `peer`, which must post a matching receive.
     pub fn send<T: Element>(&mut self, buf: &'a [T], peer: Rank) -> Result<&mut Self> {
-        let peer = self.rank_arg("peer", peer)?;
-        let src = self.buf(RawBuf::of(bytes(buf)))?;
-        Ok(self.push(OpSpec::Send { count: buf.len(), dtype: T::DTYPE, peer, src }, "send"))
+        self.send_raw(T::DTYPE, bytes(buf), peer)
     }
 
     /// Receives `buf.len()` elements from `peer`.
     pub fn recv<T: Element>(&mut self, buf: &'a mut [T], peer: Rank) -> Result<&mut Self> {
-        let peer = self.rank_arg("peer", peer)?;
-        let count = buf.len();
-        let dst = self.buf(RawBuf::of_mut(bytes_mut(buf)))?;
-        Ok(self.push(OpSpec::Recv { count, dtype: T::DTYPE, peer, dst }, "recv"))
+        self.recv_raw(T::DTYPE, bytes_mut(buf), peer)
     }
 
     /// How many operations the group holds.

@@ -13,15 +13,16 @@ pub mod group;
 pub mod scope;
 
 use crate::bootstrap::{self, root, Bootstrap, PeerInfo, Service, Waiter};
-use crate::engine::{Engine, EngineCtx, RawBuf};
+use crate::engine::{direct, Engine, EngineCtx, RawBuf};
 use crate::env;
 use crate::error::{Error, Result};
 use crate::log::Logger;
 use crate::sys::fd::EventFd;
 use crate::sys::{host, ifaces};
+use crate::transport::hostmem::Ctl;
 use oxccl_core::config::Config;
 use oxccl_core::launch::Rendezvous;
-use oxccl_core::plan::{plan_group, ConnClass, ConnKey, Geometry, OpSpec};
+use oxccl_core::plan::{ConnClass, ConnKey, Geometry, OpSpec};
 use oxccl_core::uniqueid::{derive_secret, UniqueId};
 use oxccl_core::wire::{Reader, Writer};
 use oxccl_core::{coll, ifname, tuning, ChannelId, CommHash, CoreError, Rank};
@@ -41,11 +42,18 @@ const TAG_SPLIT_ADDR: u64 = 2 << 56;
 
 type QueuedJob = Box<dyn FnOnce(&Inner) + Send>;
 
+/// A group's operations and buffers (inline for the common single call).
+pub(crate) type Ops = smallvec::SmallVec<[OpSpec; 1]>;
+pub(crate) type Bufs = smallvec::SmallVec<[RawBuf; 2]>;
+
 #[derive(Default)]
 struct Sched {
     queue: VecDeque<QueuedJob>,
     busy: bool,
     shutdown: bool,
+    /// Blocking calls waiting for their turn (so a finished call wakes someone only when
+    /// someone waits: a notification costs a system call).
+    turn_waiters: usize,
 }
 
 pub(crate) struct Inner {
@@ -66,6 +74,8 @@ pub(crate) struct Inner {
     sched: Mutex<Sched>,
     sched_cv: Condvar,
     failure: Mutex<Option<String>>,
+    /// Set once `failure` holds something (checked on every call without the lock).
+    failed: AtomicBool,
     split_seq: AtomicU64,
     worker: Mutex<Option<JoinHandle<()>>>,
 }
@@ -118,6 +128,7 @@ fn ring_order(peers: &[PeerInfo]) -> Vec<Rank> {
 }
 
 struct Parts {
+    ctl: Arc<Ctl>,
     rank: Rank,
     size: usize,
     config: Config,
@@ -145,7 +156,9 @@ impl Communicator {
         let ip = choose_ip(&config, Some(id.root.ip()), rank)?;
         let doorbell = Arc::new(EventFd::new().map_err(|e| Error::io(rank, "eventfd", None, e))?);
         let abort = Arc::new(AtomicBool::new(false));
-        let service = Service::start(ip, rank, size, id.secret, doorbell.clone(), log)?;
+        let ctl =
+            Arc::new(Ctl::create(rank.0).map_err(|e| Error::io(rank, "create the control block", None, e))?);
+        let service = Service::start(ip, rank, size, id.secret, doorbell.clone(), ctl.clone(), log)?;
         let info = PeerInfo {
             rank,
             pid: std::process::id(),
@@ -162,6 +175,7 @@ impl Communicator {
             service.addr
         ));
         Communicator::assemble(Parts {
+            ctl,
             rank,
             size,
             config,
@@ -248,7 +262,27 @@ impl Communicator {
             chunk_bytes: slot_bytes,
         };
         let mailbox = p.service.mailbox.clone();
-        let engine = Engine::new(EngineCtx {
+        let single_host = peers.iter().all(|q| q.host_id == peers[p.rank.idx()].host_id);
+        let direct =
+            if single_host && !p.config.shm_disable && p.config.direct && p.size > 1 && p.size <= 4096 {
+                let w = Waiter::new(p.rank, p.config.timeout, p.abort.clone());
+                let d = direct::Direct::setup(
+                    direct::Identity { me: p.rank, peers: &peers, secret: p.secret },
+                    p.ctl.clone(),
+                    p.doorbell.clone(),
+                    &mailbox,
+                    p.abort.clone(),
+                    &w,
+                )?;
+                p.log.info(format_args!(
+                    "direct path: {} ranks on this host read and write each other's memory",
+                    p.size
+                ));
+                Some(d)
+            } else {
+                None
+            };
+        let mut engine = Engine::new(EngineCtx {
             me: p.rank,
             secret: p.secret,
             host_id: peers[p.rank.idx()].host_id,
@@ -262,6 +296,7 @@ impl Communicator {
             shm_disable: p.config.shm_disable,
             log: p.log,
         });
+        engine.direct = direct;
         let inner = Arc::new(Inner {
             rank: p.rank,
             size: p.size,
@@ -279,6 +314,7 @@ impl Communicator {
             sched: Mutex::new(Sched::default()),
             sched_cv: Condvar::new(),
             failure: Mutex::new(None),
+            failed: AtomicBool::new(false),
             split_seq: AtomicU64::new(0),
             worker: Mutex::new(None),
             config: p.config,
@@ -370,6 +406,9 @@ impl Communicator {
         let child_rank = mine.iter().position(|m| m.1 == i.rank.0).map(Rank::new);
         let secret = derive_secret(&i.secret, "split", &[seq, color.unwrap_or(0) as u64]);
         let doorbell = Arc::new(EventFd::new().map_err(|e| Error::io(i.rank, "eventfd", None, e))?);
+        let ctl = Arc::new(
+            Ctl::create(i.rank.0).map_err(|e| Error::io(i.rank, "create the control block", None, e))?,
+        );
         let service = match child_rank {
             Some(cr) => Some(Service::start(
                 i.peers[i.rank.idx()].addr.ip(),
@@ -377,6 +416,7 @@ impl Communicator {
                 mine.len(),
                 secret,
                 doorbell.clone(),
+                ctl.clone(),
                 Logger::new(i.config.log, Some(cr.0)),
             )?),
             None => None,
@@ -409,6 +449,7 @@ impl Communicator {
         let log = Logger::new(i.config.log, Some(cr.0));
         log.info(format_args!("split {seq}: color {:?} → rank {cr} of {}", color, peers.len()));
         Communicator::assemble(Parts {
+            ctl,
             rank: cr,
             size: mine.len(),
             config: i.config.clone(),
@@ -450,24 +491,22 @@ impl Communicator {
         lock(&i.service).stop();
     }
 
-    /// Runs a planned group on the calling thread, after any queued asynchronous work.
-    pub(crate) fn execute(&self, ops: Vec<OpSpec>, bufs: Vec<RawBuf>, what: &'static str) -> Result<()> {
+    /// Runs a group on the calling thread, after any queued asynchronous work.
+    pub(crate) fn execute(&self, ops: Ops, bufs: Bufs, what: &'static str) -> Result<()> {
         self.inner.check_usable()?;
-        let job = plan_group(&self.inner.geometry, &ops)?;
         let _turn = self.inner.take_turn();
-        self.inner.run_job(job, &bufs, what)
+        self.inner.run_job(&ops, &bufs, what)
     }
 
-    /// Queues a planned group for the worker thread; `done` receives the result.
+    /// Queues a group for the worker thread; `done` receives the result.
     pub(crate) fn submit(
         &self,
-        ops: Vec<OpSpec>,
-        bufs: Vec<RawBuf>,
+        ops: Ops,
+        bufs: Bufs,
         what: &'static str,
         done: Box<dyn FnOnce(Result<()>) + Send>,
     ) -> Result<()> {
         self.inner.check_usable()?;
-        let job = plan_group(&self.inner.geometry, &ops)?;
         let i = &self.inner;
         {
             let mut w = lock(&i.worker);
@@ -484,7 +523,7 @@ impl Communicator {
         let mut s = lock(&i.sched);
         s.queue.push_back(Box::new(move |inner: &Inner| {
             let r = match inner.check_usable() {
-                Ok(()) => inner.run_job(job, &bufs, what),
+                Ok(()) => inner.run_job(&ops, &bufs, what),
                 Err(e) => Err(e),
             };
             done(r);
@@ -507,7 +546,9 @@ impl Drop for Turn<'_> {
     fn drop(&mut self) {
         let mut s = lock(&self.0.sched);
         s.busy = false;
-        self.0.sched_cv.notify_all();
+        if s.turn_waiters > 0 || !s.queue.is_empty() {
+            self.0.sched_cv.notify_all();
+        }
     }
 }
 
@@ -515,16 +556,21 @@ impl Inner {
     fn take_turn(&self) -> Turn<'_> {
         let mut s = lock(&self.sched);
         while s.busy || !s.queue.is_empty() {
+            s.turn_waiters += 1;
             s = self.sched_cv.wait(s).unwrap_or_else(|e| e.into_inner());
+            s.turn_waiters -= 1;
         }
         s.busy = true;
         Turn(self)
     }
 
-    fn run_job(&self, job: oxccl_core::plan::Job, bufs: &[RawBuf], what: &'static str) -> Result<()> {
-        let started = Instant::now();
-        let mut r = lock(&self.engine).run(job, bufs, what);
-        self.log.trace(format_args!("{what} took {:?}", started.elapsed()));
+    fn run_job(&self, ops: &[OpSpec], bufs: &[RawBuf], what: &'static str) -> Result<()> {
+        let tracing = self.log.level >= oxccl_core::config::LogLevel::Trace;
+        let started = tracing.then(Instant::now);
+        let mut r = lock(&self.engine).run_ops(&self.geometry, ops, bufs, what);
+        if let Some(t) = started {
+            self.log.trace(format_args!("{what} took {:?}", t.elapsed()));
+        }
         // An abort shuts sockets down under a running job: report the abort, not the socket
         // error it caused.
         if r.is_err() && self.abort.load(Ordering::Relaxed) {
@@ -542,14 +588,17 @@ impl Inner {
         if self.abort.load(Ordering::Relaxed) {
             return Err(Error::Aborted { rank: self.rank });
         }
-        if let Some(f) = lock(&self.failure).as_ref() {
-            return Err(Error::Broken { rank: self.rank, first: f.clone() });
+        if self.failed.load(Ordering::Relaxed) {
+            if let Some(f) = lock(&self.failure).as_ref() {
+                return Err(Error::Broken { rank: self.rank, first: f.clone() });
+            }
         }
         Ok(())
     }
 
     fn fail(&self, e: &Error) {
         let mut f = lock(&self.failure);
+        self.failed.store(true, Ordering::Relaxed);
         if f.is_none() {
             self.log.warn(format_args!("communicator failed: {e}"));
             *f = Some(e.to_string());
@@ -567,6 +616,7 @@ impl Inner {
         }
         self.boot.shutdown();
         let mut f = lock(&self.failure);
+        self.failed.store(true, Ordering::Relaxed);
         if f.is_none() {
             *f = Some(format!("rank {} aborted the communicator", self.rank));
         }
@@ -593,6 +643,8 @@ fn worker(inner: Arc<Inner>) {
         job(&inner);
         let mut s = lock(&inner.sched);
         s.busy = false;
-        inner.sched_cv.notify_all();
+        if s.turn_waiters > 0 {
+            inner.sched_cv.notify_all();
+        }
     }
 }

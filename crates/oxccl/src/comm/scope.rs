@@ -8,9 +8,7 @@
 
 use super::group::{Group, Scoped};
 use super::Communicator;
-use crate::engine::RawBuf;
 use crate::error::{Error, Result};
-use oxccl_core::plan::OpSpec;
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex};
@@ -117,8 +115,8 @@ impl<'scope, 'env> Scope<'scope, 'env> {
 
     pub(super) fn launch(
         &'scope self,
-        ops: Vec<OpSpec>,
-        bufs: Vec<RawBuf>,
+        ops: super::Ops,
+        bufs: super::Bufs,
         what: &'static str,
     ) -> Result<Work<'scope>> {
         let st = Arc::new(WorkState::default());

@@ -17,6 +17,8 @@
 //! 3. A received chunk is read only between `ready` and `release`; a send slot is written only
 //!    between `ready` and `commit`.
 
+pub(crate) mod direct;
+
 use crate::bootstrap::{Incoming, Mailbox, PeerInfo, Waiter};
 use crate::error::{Error, Result};
 use crate::log::Logger;
@@ -25,7 +27,7 @@ use crate::transport::shm::{ShmRecv, ShmSend};
 use crate::transport::tcp::{TcpRecv, TcpSend};
 use crate::transport::{RecvConn, SendConn};
 use oxccl_core::plan::exec::{apply, StepData};
-use oxccl_core::plan::{job_connections, ConnKey, Input, Job, Lane, Loc, Step};
+use oxccl_core::plan::{job_connections, plan_group, ConnKey, Geometry, Input, Job, Lane, Loc, OpSpec, Step};
 use oxccl_core::tuning::{SPIN_NS, YIELD_NS};
 use oxccl_core::Rank;
 use std::collections::{HashMap, VecDeque};
@@ -78,6 +80,8 @@ pub(crate) struct EngineCtx {
 /// A communicator's connections and the machinery that runs jobs over them.
 pub(crate) struct Engine {
     pub ctx: EngineCtx,
+    /// The direct path, when every rank shares this host.
+    pub direct: Option<direct::Direct>,
     sends: HashMap<ConnKey, SendConn>,
     recvs: HashMap<ConnKey, RecvConn>,
     /// Clones of every TCP socket, so an abort from another thread can shut them down.
@@ -116,6 +120,7 @@ impl Engine {
     pub fn new(ctx: EngineCtx) -> Engine {
         Engine {
             ctx,
+            direct: None,
             sends: HashMap::new(),
             recvs: HashMap::new(),
             sockets: Arc::new(Mutex::new(Vec::new())),
@@ -175,6 +180,19 @@ impl Engine {
             self.recvs.insert(*key, conn);
         }
         Ok(())
+    }
+
+    /// Runs a group: a single collective on the direct path when this communicator has one
+    /// (and the call does not fall back), otherwise planned onto the ring engine.
+    pub fn run_ops(&mut self, g: &Geometry, ops: &[OpSpec], bufs: &[RawBuf], what: &str) -> Result<()> {
+        if let (Some(d), [op]) = (self.direct.as_mut(), ops) {
+            let w = Waiter::new(self.ctx.me, self.ctx.timeout, self.ctx.abort.clone());
+            if d.run(op, bufs, &w)? == direct::Outcome::Done {
+                return Ok(());
+            }
+        }
+        let job = plan_group(g, ops)?;
+        self.run(job, bufs, what)
     }
 
     /// Runs `job` over `bufs`; `what` names the operation in errors.
@@ -433,6 +451,7 @@ impl Engine {
 
     /// Closes every connection.
     pub fn close(&mut self) {
+        self.direct = None;
         self.sends.clear();
         self.recvs.clear();
         self.sockets.lock().unwrap_or_else(|e| e.into_inner()).clear();

@@ -1,0 +1,385 @@
+//! nccl-tests' command line: the same flags, meanings and defaults, plus oxccl's own
+//! (`-np`, `--plot`).
+
+use oxccl::{DataType, ReduceOp};
+
+/// Which benchmark (nccl-tests binary name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bench {
+    AllReduce,
+    AllGather,
+    Broadcast,
+    ReduceScatter,
+    Reduce,
+    AllToAll,
+    Gather,
+    Scatter,
+    SendRecv,
+    HyperCube,
+}
+
+impl Bench {
+    pub const ALL: [Bench; 10] = [
+        Bench::AllReduce,
+        Bench::AllGather,
+        Bench::Broadcast,
+        Bench::ReduceScatter,
+        Bench::Reduce,
+        Bench::AllToAll,
+        Bench::Gather,
+        Bench::Scatter,
+        Bench::SendRecv,
+        Bench::HyperCube,
+    ];
+
+    /// The nccl-tests program name.
+    pub fn program(self) -> &'static str {
+        match self {
+            Bench::AllReduce => "all_reduce_perf",
+            Bench::AllGather => "all_gather_perf",
+            Bench::Broadcast => "broadcast_perf",
+            Bench::ReduceScatter => "reduce_scatter_perf",
+            Bench::Reduce => "reduce_perf",
+            Bench::AllToAll => "alltoall_perf",
+            Bench::Gather => "gather_perf",
+            Bench::Scatter => "scatter_perf",
+            Bench::SendRecv => "sendrecv_perf",
+            Bench::HyperCube => "hypercube_perf",
+        }
+    }
+
+    /// Parses a program name (with or without a path, `_perf`, or an `oxccl-` prefix).
+    pub fn parse(s: &str) -> Option<Bench> {
+        let base = s.rsplit('/').next().unwrap_or(s);
+        let base = base.strip_prefix("oxccl-").unwrap_or(base);
+        let base = base.strip_suffix("_perf").unwrap_or(base);
+        Bench::ALL.into_iter().find(|b| b.program().strip_suffix("_perf") == Some(base))
+    }
+
+    pub fn reduces(self) -> bool {
+        matches!(self, Bench::AllReduce | Bench::Reduce | Bench::ReduceScatter)
+    }
+
+    pub fn rooted(self) -> bool {
+        matches!(self, Bench::Broadcast | Bench::Reduce | Bench::Gather | Bench::Scatter)
+    }
+
+    /// Whether nccl-tests checks its in-place results (alltoall and sendrecv have none).
+    pub fn checks_in_place(self) -> bool {
+        !matches!(self, Bench::AllToAll | Bench::SendRecv)
+    }
+}
+
+/// Everything the command line says.
+#[derive(Clone, Debug)]
+pub struct Opts {
+    pub bench: Bench,
+    pub nthreads: usize,
+    pub ngpus: usize,
+    pub min_bytes: usize,
+    pub max_bytes: usize,
+    pub step_bytes: usize,
+    pub step_factor: usize,
+    pub iters: usize,
+    pub warmup: usize,
+    pub agg: usize,
+    pub cycles: usize,
+    pub check: usize,
+    /// `None`: all.
+    pub op: Option<ReduceOp>,
+    /// `None`: all.
+    pub dtype: Option<DataType>,
+    /// `None`: all.
+    pub root: Option<usize>,
+    pub blocking: u8,
+    pub average: u8,
+    pub timeout_s: Option<f64>,
+    pub per_iter: bool,
+    pub per_iter_skip: usize,
+    pub json: Option<String>,
+    pub memory: bool,
+    pub report_cputime: bool,
+    pub timestamps: bool,
+    /// Buffers in oxccl's shared (registered) memory (`-R 1`, the default) or on the heap.
+    pub register: bool,
+    pub unalign: usize,
+    pub np: Option<usize>,
+    pub plot: Option<String>,
+    /// JSON files to overlay in `--plot` (besides this run's).
+    pub plot_inputs: Vec<String>,
+}
+
+/// Parses nccl-tests' sizes: a number with an optional K, M or G suffix (powers of 1024).
+pub fn parse_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last()? {
+        'K' | 'k' => (&s[..s.len() - 1], 1usize << 10),
+        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
+        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    let v: f64 = num.parse().ok()?;
+    if !(v >= 0.0 && v.is_finite()) {
+        return None;
+    }
+    Some((v * mult as f64) as usize)
+}
+
+pub const USAGE: &str =
+    "USAGE: oxccl-perf <benchmark> [options]   (or run as <benchmark>, e.g. all_reduce_perf)
+  benchmarks: all_reduce_perf all_gather_perf broadcast_perf reduce_scatter_perf reduce_perf
+              alltoall_perf gather_perf scatter_perf sendrecv_perf hypercube_perf
+  -np <ranks>                 start this many local rank processes (oxccl); without it, each
+                              process started by mpirun/srun/torchrun is one rank
+  -t,--nthreads <1>           threads per process (1)
+  -g,--ngpus <1>              devices per thread (1; host memory)
+  -b,--minbytes <size>        minimum size (32M)
+  -e,--maxbytes <size>        maximum size (32M)
+  -i,--stepbytes <size>       fixed increment (1M)
+  -f,--stepfactor <factor>    multiplication factor (disabled)
+  -o,--op <sum/prod/min/max/avg/band/bor/bxor/all>   reduction (sum)
+  -d,--datatype <type/all>    int8 uint8 int32 uint32 int64 uint64 half float double bfloat16
+                              f8e4m3 f8e5m2 (float)
+  -r,--root <root/all>        root (0)
+  -n,--iters <n>              timed iterations (20)
+  -w,--warmup_iters <n>       warm-up iterations (1)
+  -m,--agg_iters <n>          operations aggregated per iteration in one group (1)
+  -N,--run_cycles <n>         run and print each cycle (1; 0 = forever)
+  -a,--average <0/1/2/3>      combine times across ranks: rank 0, avg, min, max (1)
+  -c,--check <n>              checked iterations per size (1; 0 disables)
+  -z,--blocking <0/1/2/3>     barrier after each inner (1) or outer iteration excluded from time (3)
+  -T,--timeout <seconds>      fail a call that waits longer (disabled)
+  -I,--per_iter_timing <0/1>  per-iteration min/max/p99/cv columns (0)
+  -K,--per_iter_skip <n>      leading iterations excluded from -I statistics (0)
+  -J,--output_file <file>     JSON results
+  -M,--memory <0/1>           host memory report (0)
+  -C,--report_cputime <0/1>   report CPU time (0)
+  -S,--report_timestamps <0/1> timestamp each line (0)
+  -R,--local_register <0/1>   buffers in oxccl shared memory, registered (1) or on the heap (0)
+  -u,--unalign <elements>     misalign buffers by this many elements (0)
+  --plot <file.svg> [json...] plot busbw and time against size (this run and/or JSON files)
+  -h,--help";
+
+fn num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
+    v.trim().parse::<T>().map_err(|_| format!("invalid value {v:?} for {flag}"))
+}
+
+/// Parses `args` (without the program name); `bench` when the program name already says it.
+pub fn parse(args: &[String], bench: Option<Bench>) -> Result<Opts, String> {
+    let mut o = Opts {
+        bench: bench.unwrap_or(Bench::AllReduce),
+        nthreads: 1,
+        ngpus: 1,
+        min_bytes: 32 << 20,
+        max_bytes: 32 << 20,
+        step_bytes: 1 << 20,
+        step_factor: 1,
+        iters: 20,
+        warmup: 1,
+        agg: 1,
+        cycles: 1,
+        check: 1,
+        op: Some(ReduceOp::Sum),
+        dtype: Some(DataType::F32),
+        root: Some(0),
+        blocking: 0,
+        average: 1,
+        timeout_s: None,
+        per_iter: false,
+        per_iter_skip: 0,
+        json: None,
+        memory: false,
+        report_cputime: false,
+        timestamps: false,
+        register: true,
+        unalign: 0,
+        np: None,
+        plot: None,
+        plot_inputs: Vec::new(),
+    };
+    let mut have_bench = bench.is_some();
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].as_str();
+        // --long=value, --long value, -x value, -xvalue
+        let (flag, inline): (String, Option<String>) = if let Some(l) = a.strip_prefix("--") {
+            match l.split_once('=') {
+                Some((k, v)) => (k.to_string(), Some(v.to_string())),
+                None => (l.to_string(), None),
+            }
+        } else if a == "-np" {
+            ("np".to_string(), None)
+        } else if let Some(s) = a.strip_prefix('-').filter(|s| !s.is_empty()) {
+            let (k, rest) = s.split_at(1);
+            (k.to_string(), (!rest.is_empty()).then(|| rest.to_string()))
+        } else {
+            if !have_bench {
+                o.bench = Bench::parse(a).ok_or_else(|| format!("unknown benchmark {a:?}\n{USAGE}"))?;
+                have_bench = true;
+            } else if o.plot.is_some() {
+                o.plot_inputs.push(a.to_string());
+            } else {
+                return Err(format!("unexpected argument {a:?}\n{USAGE}"));
+            }
+            i += 1;
+            continue;
+        };
+        if flag == "h" || flag == "help" {
+            return Err(USAGE.to_string());
+        }
+        let mut value = || -> Result<String, String> {
+            if let Some(v) = inline.clone() {
+                return Ok(v);
+            }
+            i += 1;
+            args.get(i).cloned().ok_or_else(|| format!("option {a} needs a value"))
+        };
+        let size = |v: String, f: &str| parse_size(&v).ok_or_else(|| format!("invalid size {v:?} for {f}"));
+        match flag.as_str() {
+            "t" | "nthreads" => o.nthreads = num("-t", &value()?)?,
+            "g" | "ngpus" => o.ngpus = num("-g", &value()?)?,
+            "b" | "minbytes" => o.min_bytes = size(value()?, "-b")?,
+            "e" | "maxbytes" => o.max_bytes = size(value()?, "-e")?,
+            "i" | "stepbytes" => o.step_bytes = size(value()?, "-i")?,
+            "f" | "stepfactor" => o.step_factor = num("-f", &value()?)?,
+            "n" | "iters" => o.iters = num("-n", &value()?)?,
+            "w" | "warmup_iters" => o.warmup = num("-w", &value()?)?,
+            "m" | "agg_iters" => o.agg = num("-m", &value()?)?,
+            "N" | "run_cycles" => o.cycles = num("-N", &value()?)?,
+            "p" | "parallel_init" => {
+                value()?;
+            }
+            "c" | "check" => o.check = num("-c", &value()?)?,
+            "o" | "op" => {
+                let v = value()?;
+                o.op = if v == "all" {
+                    None
+                } else {
+                    Some(ReduceOp::parse(&v).ok_or_else(|| format!("invalid op {v:?} for -o"))?)
+                };
+            }
+            "d" | "datatype" => {
+                let v = value()?;
+                o.dtype = if v == "all" {
+                    None
+                } else {
+                    Some(DataType::parse(&v).ok_or_else(|| format!("invalid type {v:?} for -d"))?)
+                };
+            }
+            "r" | "root" => {
+                let v = value()?;
+                o.root = if v == "all" { None } else { Some(num("-r", &v)?) };
+            }
+            "z" | "blocking" => o.blocking = num("-z", &value()?)?,
+            "y"
+            | "stream_null"
+            | "G"
+            | "cudagraph"
+            | "x"
+            | "cta_policy"
+            | "D"
+            | "device_implementation"
+            | "V"
+            | "device_cta_count" => {
+                value()?;
+            }
+            "T" | "timeout" => {
+                let t: f64 = num("-T", &value()?)?;
+                o.timeout_s = (t > 0.0).then_some(t);
+            }
+            "C" | "report_cputime" => o.report_cputime = num::<u8>("-C", &value()?)? != 0,
+            "S" | "report_timestamps" => o.timestamps = num::<u8>("-S", &value()?)? != 0,
+            "J" | "output_file" => o.json = Some(value()?),
+            "a" | "average" => o.average = num("-a", &value()?)?,
+            "R" | "local_register" => o.register = num::<u8>("-R", &value()?)? != 0,
+            "M" | "memory" => o.memory = num::<u8>("-M", &value()?)? != 0,
+            "u" | "unalign" => o.unalign = num("-u", &value()?)?,
+            "I" | "per_iter_timing" => o.per_iter = num::<u8>("-I", &value()?)? != 0,
+            "K" | "per_iter_skip" => o.per_iter_skip = num("-K", &value()?)?,
+            "np" => o.np = Some(num("-np", &value()?)?),
+            "plot" => o.plot = Some(value()?),
+            _ => return Err(format!("invalid option {a:?}\n{USAGE}")),
+        }
+        i += 1;
+    }
+    if o.nthreads != 1 || o.ngpus != 1 {
+        return Err("oxccl-perf runs one rank per process on host memory: -t and -g must be 1 (use -np for more ranks)".into());
+    }
+    if o.min_bytes > o.max_bytes {
+        return Err(format!(
+            "invalid sizes for 'minbytes' and 'maxbytes': {} > {}",
+            o.min_bytes, o.max_bytes
+        ));
+    }
+    if o.iters == 0 || o.agg == 0 {
+        return Err("-n and -m must be at least 1".into());
+    }
+    if o.blocking > 3 || o.average > 3 {
+        return Err("-z takes 0..3 and -a takes 0..3".into());
+    }
+    if o.per_iter_skip >= o.iters {
+        o.per_iter_skip = 0;
+    }
+    Ok(o)
+}
+
+impl Opts {
+    /// The sizes of the sweep, in bytes.
+    pub fn sizes(&self) -> Vec<usize> {
+        let mut v = Vec::new();
+        let mut s = self.min_bytes;
+        loop {
+            v.push(s);
+            let next = if self.step_factor > 1 {
+                s.saturating_mul(self.step_factor)
+            } else {
+                s.saturating_add(self.step_bytes.max(1))
+            };
+            if next > self.max_bytes || next == s {
+                break;
+            }
+            s = next;
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Result<Opts, String> {
+        let a: Vec<String> = s.split_whitespace().map(String::from).collect();
+        parse(&a, None)
+    }
+
+    #[test]
+    fn nccl_tests_flags() {
+        let o =
+            p("all_reduce_perf -np 4 -b 8 -e 64M -f 4 -n 5 -w2 -d all -o all -r all -c 1 -a 3 -J out.json")
+                .unwrap();
+        assert_eq!(o.bench, Bench::AllReduce);
+        assert_eq!((o.min_bytes, o.max_bytes, o.step_factor), (8, 64 << 20, 4));
+        assert_eq!((o.iters, o.warmup, o.np, o.average), (5, 2, Some(4), 3));
+        assert_eq!((o.dtype, o.op, o.root), (None, None, None));
+        assert_eq!(o.json.as_deref(), Some("out.json"));
+        // 8 × 4^k up to 64M: the last size is 32M, as in nccl-tests.
+        assert_eq!(o.sizes().len(), 12);
+        assert_eq!(*o.sizes().last().unwrap(), 32 << 20);
+        let o = p("sendrecv --minbytes=1K --maxbytes 3K -i 1K").unwrap();
+        assert_eq!(o.bench, Bench::SendRecv);
+        assert_eq!(o.sizes(), vec![1024, 2048, 3072]);
+        assert_eq!(Bench::parse("/usr/bin/oxccl-alltoall_perf"), Some(Bench::AllToAll));
+    }
+
+    #[test]
+    fn bad_flags_are_errors() {
+        assert!(p("all_reduce_perf -b 64M -e 8").is_err());
+        assert!(p("all_reduce_perf -d bogus").is_err());
+        assert!(p("all_reduce_perf -g 2").is_err());
+        assert!(p("nosuch_perf").is_err());
+        assert!(p("all_reduce_perf -q 1").is_err());
+        assert_eq!(parse_size("1.5K"), Some(1536));
+        assert_eq!(parse_size("x"), None);
+    }
+}

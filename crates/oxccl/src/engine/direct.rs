@@ -1,0 +1,641 @@
+//! The direct path: collectives of a communicator whose ranks all share one host, run by
+//! reading and writing each other's memory instead of streaming chunks through connections.
+//!
+//! A call posts in this rank's control block ([`crate::transport::hostmem`]) and waits until
+//! every peer has posted the same sequence number. Then, identically on every rank:
+//! - inline (every contribution fits the inline area): each rank computes its result from the
+//!   posted copies, locally, in rank order; nothing else is exchanged;
+//! - zero-copy (every rank's buffers are shared allocations, [`crate::mem`]): each rank does its
+//!   share of the work on the peers' buffers, mapped here (each input byte read once and each
+//!   output byte written once), then waits at an end barrier;
+//! - otherwise the call falls back to the ring engine, with nothing touched.
+//!
+//! Memory rules (besides the control block's, see its module):
+//! 1. Peers' buffers are touched only between the post exchange and the end barrier of a
+//!    zero-copy call, and only at locations the peer posted, bounds-checked against its
+//!    allocation.
+//! 2. The work split gives every output byte exactly one writer; a rank reads a byte that some
+//!    rank writes in the same call only if it is that writer (in-place slices), and then
+//!    through a private block buffer, so no slice is read after it was overwritten.
+
+use super::RawBuf;
+use crate::bootstrap::service::{host_call, HostRequest};
+use crate::bootstrap::{Mailbox, PeerInfo, Waiter};
+use crate::error::{Error, Result};
+use crate::mem::{self, PeerAlloc};
+use crate::sys::fd::{self, EventFd};
+use crate::transport::hostmem::{Ctl, FLAG_INLINE, FLAG_SHARED, INLINE_BYTES};
+use oxccl_core::plan::hostdirect::{contribution_bytes, slice, DirectKind};
+use oxccl_core::plan::{Loc, OpSpec};
+use oxccl_core::reduce::{finalize, reduce_many, ReduceCtx};
+use oxccl_core::tuning::{
+    DIRECT_BLOCK_BYTES, DIRECT_SPIN_NS, DIRECT_SPIN_OVERSUBSCRIBED_NS, DIRECT_ZERO_COPY_MIN_BYTES, YIELD_NS,
+};
+use oxccl_core::{DataType, Rank, ReduceOp};
+use smallvec::SmallVec;
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What a direct call did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Done,
+    /// Not every rank's buffers are shared and the call is too big to inline: run the ring.
+    Fallback,
+}
+
+struct PeerCtl {
+    ctl: Ctl,
+    bell: EventFd,
+}
+
+/// A peer's posted location: (allocation id, offset, bytes from there to the buffer's end).
+#[derive(Clone, Copy, Debug, Default)]
+struct Desc {
+    alloc: u64,
+    off: u64,
+    len: u64,
+}
+
+/// One call, described for the direct path.
+struct Call {
+    kind: DirectKind,
+    count: usize,
+    dtype: DataType,
+    op: Option<ReduceOp>,
+    root: usize,
+    src: Loc,
+    dst: Loc,
+}
+
+fn describe(op: &OpSpec) -> Option<Call> {
+    let c = |kind, count, dtype, op, root: Option<Rank>, src, dst| Call {
+        kind,
+        count,
+        dtype,
+        op,
+        root: root.map(|r| r.idx()).unwrap_or(0),
+        src,
+        dst,
+    };
+    Some(match *op {
+        OpSpec::AllReduce { count, dtype, op, src, dst } => {
+            c(DirectKind::AllReduce, count, dtype, Some(op), None, src, dst)
+        }
+        OpSpec::Broadcast { count, dtype, root, src, dst } => {
+            c(DirectKind::Broadcast, count, dtype, None, Some(root), src, dst)
+        }
+        OpSpec::Reduce { count, dtype, op, root, src, dst } => {
+            c(DirectKind::Reduce, count, dtype, Some(op), Some(root), src, dst)
+        }
+        OpSpec::AllGather { count, dtype, src, dst } => {
+            c(DirectKind::AllGather, count, dtype, None, None, src, dst)
+        }
+        OpSpec::ReduceScatter { count, dtype, op, src, dst } => {
+            c(DirectKind::ReduceScatter, count, dtype, Some(op), None, src, dst)
+        }
+        OpSpec::AllToAll { count, dtype, src, dst } => {
+            c(DirectKind::AllToAll, count, dtype, None, None, src, dst)
+        }
+        OpSpec::AllToAllV { dtype, src, dst, .. } => c(DirectKind::AllToAllV, 0, dtype, None, None, src, dst),
+        OpSpec::Gather { count, dtype, root, src, dst } => {
+            c(DirectKind::Gather, count, dtype, None, Some(root), src, dst)
+        }
+        OpSpec::Scatter { count, dtype, root, src, dst } => {
+            c(DirectKind::Scatter, count, dtype, None, Some(root), src, dst)
+        }
+        OpSpec::Send { .. } | OpSpec::Recv { .. } => return None,
+    })
+}
+
+/// Who this rank is: its rank, every peer's information, the communicator's secret.
+pub(crate) struct Identity<'a> {
+    pub me: Rank,
+    pub peers: &'a [PeerInfo],
+    pub secret: [u8; 32],
+}
+
+/// The direct engine of one rank of a single-host communicator.
+pub(crate) struct Direct {
+    me: usize,
+    p: usize,
+    secret: [u8; 32],
+    unix: Vec<[u8; 16]>,
+    own: Arc<Ctl>,
+    peers: Vec<Option<PeerCtl>>,
+    seq: u64,
+    allocs: HashMap<(usize, u64), PeerAlloc>,
+    doorbell: Arc<EventFd>,
+    abort: Arc<AtomicBool>,
+    spin: Duration,
+    block: Vec<u64>,
+}
+
+impl Direct {
+    /// Exchanges control blocks with every peer (the lower rank of each pair asks, the higher
+    /// one waits for the offer) and maps theirs.
+    pub fn setup(
+        id: Identity<'_>,
+        own: Arc<Ctl>,
+        doorbell: Arc<EventFd>,
+        mailbox: &Mailbox,
+        abort: Arc<AtomicBool>,
+        w: &Waiter,
+    ) -> Result<Direct> {
+        let Identity { me, peers, secret } = id;
+        let p = peers.len();
+        let m = me.idx();
+        let mut out: Vec<Option<PeerCtl>> = (0..p).map(|_| None).collect();
+        let io = |q: usize| move |e| Error::io(me, "direct path setup", Some(Rank::new(q)), e);
+        for q in m + 1..p {
+            let ctl_fd = own.try_clone_fd().map_err(io(q))?;
+            let req = HostRequest::Arena { secret, from: me, to: Rank::new(q) };
+            let mut fds = host_call(&peers[q].unix_name, &req, &[ctl_fd.as_raw_fd(), doorbell.as_raw_fd()])
+                .map_err(io(q))?;
+            let (Some(bell), Some(ctl)) = (fds.pop(), fds.pop()) else {
+                return Err(Error::Internal(format!(
+                    "rank {q} answered the control-block exchange without descriptors"
+                )));
+            };
+            out[q] = Some(PeerCtl { ctl: Ctl::open(ctl).map_err(io(q))?, bell: EventFd::from_owned(bell) });
+        }
+        for (q, slot) in out.iter_mut().enumerate().take(m) {
+            let (ctl, bell) = mailbox.wait_arena(Rank::new(q), w)?;
+            *slot = Some(PeerCtl { ctl: Ctl::open(ctl).map_err(io(q))?, bell: EventFd::from_owned(bell) });
+        }
+        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let spin =
+            Duration::from_nanos(if p > cpus { DIRECT_SPIN_OVERSUBSCRIBED_NS } else { DIRECT_SPIN_NS });
+        Ok(Direct {
+            me: m,
+            p,
+            secret,
+            unix: peers.iter().map(|i| i.unix_name).collect(),
+            own,
+            peers: out,
+            seq: 0,
+            allocs: HashMap::new(),
+            doorbell,
+            abort,
+            spin,
+            block: vec![0u64; DIRECT_BLOCK_BYTES / 8],
+        })
+    }
+
+    fn ctl(&self, q: usize) -> &Ctl {
+        match &self.peers[q] {
+            Some(pc) => &pc.ctl,
+            None => &self.own,
+        }
+    }
+
+    /// Rings every sleeping peer after a publication.
+    fn wake(&self) {
+        fence(Ordering::SeqCst);
+        for pc in self.peers.iter().flatten() {
+            if pc.ctl.sleeping().load(Ordering::Relaxed) != 0 {
+                pc.bell.notify();
+            }
+        }
+    }
+
+    /// Waits until `ready(peer)` holds for every peer: polls without reading the clock at
+    /// first (a clock read costs as much as many polls), then yields, then sleeps.
+    fn wait_all(&self, w: &Waiter, what: &str, ready: impl Fn(&Ctl) -> bool) -> Result<()> {
+        let all_ready = || (0..self.p).all(|q| q == self.me || ready(self.ctl(q)));
+        let check_every = if self.spin < Duration::from_micros(1) { 16 } else { 256 };
+        let mut polls = 0u32;
+        let mut start: Option<Instant> = None;
+        loop {
+            if all_ready() {
+                return Ok(());
+            }
+            polls = polls.wrapping_add(1);
+            if polls % check_every != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let idle = start.get_or_insert_with(Instant::now).elapsed();
+            if idle < self.spin {
+                continue;
+            }
+            if self.abort.load(Ordering::Relaxed) {
+                return Err(Error::Aborted { rank: Rank::new(self.me) });
+            }
+            let missing: Vec<Rank> =
+                (0..self.p).filter(|q| *q != self.me && !ready(self.ctl(*q))).map(Rank::new).collect();
+            w.check(what, &missing)?;
+            if idle < Duration::from_nanos(YIELD_NS) + self.spin {
+                std::thread::yield_now();
+                continue;
+            }
+            self.own.sleeping().store(1, Ordering::Relaxed);
+            fence(Ordering::SeqCst);
+            if !all_ready() {
+                let mut pfd = [fd::pollfd(self.doorbell.as_raw_fd(), libc::POLLIN)];
+                fd::poll(&mut pfd, w.slice()).map_err(|e| Error::io(Rank::new(self.me), "poll", None, e))?;
+            }
+            self.own.sleeping().store(0, Ordering::Relaxed);
+            self.doorbell.drain();
+        }
+    }
+
+    /// A peer's allocation range, mapping the allocation on first use.
+    fn peer_range(&mut self, q: usize, d: Desc, need: usize) -> Result<*mut u8> {
+        let me = Rank::new(self.me);
+        if need == 0 {
+            return Ok(std::ptr::NonNull::dangling().as_ptr());
+        }
+        if d.len < need as u64 {
+            return Err(Error::Mismatch {
+                rank: me,
+                op: "direct path".into(),
+                peer: Rank::new(q),
+                got: d.len as usize,
+                want: need,
+            });
+        }
+        if !self.allocs.contains_key(&(q, d.alloc)) {
+            // Forget mappings of allocations their owners freed.
+            self.allocs.retain(|_, a| !a.freed());
+            let req = HostRequest::Map { secret: self.secret, from: me, to: Rank::new(q), alloc: d.alloc };
+            let mut fds = host_call(&self.unix[q], &req, &[])
+                .map_err(|e| Error::io(me, "map a peer's shared buffer", Some(Rank::new(q)), e))?;
+            let fd = fds
+                .pop()
+                .ok_or_else(|| Error::Internal("shared buffer answer without a descriptor".into()))?;
+            let a = PeerAlloc::map(fd, d.alloc)
+                .map_err(|e| Error::io(me, "map a peer's shared buffer", Some(Rank::new(q)), e))?;
+            self.allocs.insert((q, d.alloc), a);
+        }
+        self.allocs[&(q, d.alloc)]
+            .range(d.off as usize, need)
+            .ok_or_else(|| Error::Internal(format!("rank {q} posted a buffer outside its shared allocation")))
+    }
+
+    /// Runs one collective, or says it must take the ring.
+    pub fn run(&mut self, op: &OpSpec, bufs: &[RawBuf], w: &Waiter) -> Result<Outcome> {
+        let Some(c) = describe(op) else {
+            return Ok(Outcome::Fallback);
+        };
+        let (p, me) = (self.p, self.me);
+        let es = c.dtype.size_bytes();
+        if c.kind != DirectKind::AllToAllV && c.count == 0 {
+            return Ok(Outcome::Done);
+        }
+        let ctx = match c.op {
+            Some(o) => Some(ReduceCtx::new(c.dtype, o, p as u32)?),
+            None => None,
+        };
+        let loc = |l: Loc| bufs.get(l.buf.0 as usize).map(|b| (b, l.off));
+        let (Some((sbuf, soff)), Some((dbuf, doff))) = (loc(c.src), loc(c.dst)) else {
+            return Err(Error::Internal("direct call names a missing buffer".into()));
+        };
+        // SAFETY: offsets come from the validated OpSpec and lie within their buffers.
+        let (src, dst) = unsafe { (sbuf.ptr.add(soff.min(sbuf.len)), dbuf.ptr.add(doff.min(dbuf.len))) };
+        let (src_len, dst_len) = (sbuf.len.saturating_sub(soff), dbuf.len.saturating_sub(doff));
+        let max_contrib =
+            (0..p).map(|q| contribution_bytes(c.kind, c.count, es, p, q == c.root)).max().unwrap_or(0);
+        // Small calls always go inline; mid-sized ones inline unless this rank's buffers are
+        // shared (then zero-copy, if every rank's are); large ones zero-copy or the ring.
+        let shared = |ptr: *mut u8, len: usize| if len == 0 { Some((0, 0)) } else { mem::lookup(ptr, len) };
+        let (sd, dd) = if max_contrib <= DIRECT_ZERO_COPY_MIN_BYTES {
+            (None, None)
+        } else {
+            (shared(src, src_len), shared(dst, dst_len))
+        };
+        let is_shared = sd.is_some() && dd.is_some();
+        let inline = max_contrib <= INLINE_BYTES && !is_shared;
+        let s = self.seq + 1;
+        self.seq = s;
+        {
+            let post = self.own.post(s);
+            let mine = contribution_bytes(c.kind, c.count, es, p, me == c.root);
+            let mut flags = 0;
+            if inline {
+                if mine > src_len {
+                    return Err(Error::Internal(format!(
+                        "contribution of {mine} bytes from a {src_len}-byte buffer"
+                    )));
+                }
+                // SAFETY: `src` holds `mine` bytes (checked); the inline area holds
+                // INLINE_BYTES ≥ mine and belongs to this rank (rule 1 of hostmem).
+                unsafe { std::ptr::copy_nonoverlapping(src, self.own.inline(s), mine) };
+                flags |= FLAG_INLINE;
+            }
+            if is_shared {
+                flags |= FLAG_SHARED;
+                for (k, (d, len)) in [(sd, src_len), (dd, dst_len)].into_iter().enumerate() {
+                    let (id, off) = d.unwrap_or((0, 0));
+                    post.meta.0.desc[k][0].store(id, Ordering::Relaxed);
+                    post.meta.0.desc[k][1].store(off as u64, Ordering::Relaxed);
+                    post.meta.0.desc[k][2].store(len as u64, Ordering::Relaxed);
+                }
+                if let OpSpec::AllToAllV { send_counts, send_displs, .. } = op {
+                    // Peers pull their segments: publish where each one is.
+                    let area = self.own.inline(s) as *mut u64;
+                    for q in 0..p {
+                        // SAFETY: 2 × P u64 fit the inline area (P ≤ 4096, checked at setup).
+                        unsafe {
+                            area.add(2 * q).write(send_counts[q] as u64);
+                            area.add(2 * q + 1).write(send_displs[q] as u64);
+                        }
+                    }
+                }
+            }
+            post.meta.0.flags.store(flags, Ordering::Relaxed);
+            post.seq.0.store(s, Ordering::Release);
+        }
+        self.wake();
+        self.wait_all(w, "direct path: waiting for peers to join the call", |ctl| {
+            ctl.post(s).seq.0.load(Ordering::Acquire) == s
+        })?;
+        let all = |f: u32| (0..p).all(|q| self.ctl(q).post(s).meta.0.flags.load(Ordering::Relaxed) & f != 0);
+        if all(FLAG_INLINE) {
+            self.run_inline(&c, ctx.as_ref(), s, dst, dst_len)?;
+            return Ok(Outcome::Done);
+        }
+        if !all(FLAG_SHARED) {
+            // Mixed or heap buffers too large to inline: nothing was touched; take the ring.
+            return Ok(Outcome::Fallback);
+        }
+        self.run_zero_copy(&c, op, ctx.as_ref(), s, (src, src_len), (dst, dst_len))?;
+        if p > 1 {
+            self.own.done().store(s, Ordering::Release);
+            self.wake();
+            self.wait_all(w, "direct path: waiting for peers to finish the call", |ctl| {
+                ctl.done().load(Ordering::Acquire) >= s
+            })?;
+        }
+        Ok(Outcome::Done)
+    }
+
+    /// Reduces `srcs` (each `len` bytes) into every one of `dsts`, a block at a time.
+    fn reduce(&mut self, ctx: &ReduceCtx, srcs: &[*const u8], dsts: &[*mut u8], len: usize) {
+        let fin = ctx.needs_finalize();
+        let block = DIRECT_BLOCK_BYTES;
+        let mut off = 0;
+        while off < len {
+            let b = block.min(len - off);
+            let tmp: &mut [u8] = &mut bytemuck::cast_slice_mut(&mut self.block[..])[..b];
+            {
+                // SAFETY: every source holds `len` bytes (checked by the caller); the slices
+                // live only within this block's reduction, before any destination is written
+                // (rule 2), and `tmp` is private.
+                let ss: SmallVec<[&[u8]; 8]> =
+                    srcs.iter().map(|p| unsafe { std::slice::from_raw_parts(p.add(off), b) }).collect();
+                reduce_many(ctx, tmp, &ss);
+            }
+            if fin {
+                finalize(ctx, tmp);
+            }
+            for d in dsts {
+                // SAFETY: every destination holds `len` bytes and this rank is the only writer
+                // of this range in this call (rule 2); `tmp` does not overlap it.
+                unsafe { std::ptr::copy_nonoverlapping(tmp.as_ptr(), d.add(off), b) };
+            }
+            off += b;
+        }
+    }
+
+    fn run_inline(
+        &mut self,
+        c: &Call,
+        ctx: Option<&ReduceCtx>,
+        s: u64,
+        dst: *mut u8,
+        dst_len: usize,
+    ) -> Result<()> {
+        let (p, me) = (self.p, self.me);
+        let es = c.dtype.size_bytes();
+        let nb = c.count * es;
+        let inl: SmallVec<[*const u8; 8]> = (0..p).map(|q| self.ctl(q).inline(s) as *const u8).collect();
+        let need = |n: usize| {
+            if n > dst_len {
+                Err(Error::Internal(format!("result of {n} bytes for a {dst_len}-byte buffer")))
+            } else {
+                Ok(())
+            }
+        };
+        let copy = |from: *const u8, to: *mut u8, n: usize| {
+            if !std::ptr::eq(from, to) && n > 0 {
+                // SAFETY: posts hold the contributions (rule 1 of hostmem) and `to` holds `n`
+                // bytes (checked by `need`); a post never overlaps a user buffer.
+                unsafe { std::ptr::copy_nonoverlapping(from, to, n) };
+            }
+        };
+        match c.kind {
+            DirectKind::AllReduce => {
+                need(nb)?;
+                let ctx = ctx.ok_or_else(|| Error::Internal("reduction without context".into()))?;
+                self.reduce(ctx, &inl, &[dst], nb);
+            }
+            DirectKind::Reduce => {
+                if me == c.root {
+                    need(nb)?;
+                    let ctx = ctx.ok_or_else(|| Error::Internal("reduction without context".into()))?;
+                    self.reduce(ctx, &inl, &[dst], nb);
+                }
+            }
+            DirectKind::ReduceScatter => {
+                need(nb)?;
+                let ctx = ctx.ok_or_else(|| Error::Internal("reduction without context".into()))?;
+                // SAFETY: each post holds P × nb bytes; block `me` is in range.
+                let srcs: SmallVec<[*const u8; 8]> = inl.iter().map(|b| unsafe { b.add(me * nb) }).collect();
+                self.reduce(ctx, &srcs, &[dst], nb);
+            }
+            DirectKind::Broadcast => {
+                need(nb)?;
+                copy(inl[c.root], dst, nb);
+            }
+            DirectKind::AllGather => {
+                need(nb * p)?;
+                for (q, b) in inl.iter().enumerate() {
+                    // SAFETY: dst holds P × nb bytes (checked).
+                    copy(*b, unsafe { dst.add(q * nb) }, nb);
+                }
+            }
+            DirectKind::AllToAll => {
+                need(nb * p)?;
+                for (q, b) in inl.iter().enumerate() {
+                    // SAFETY: posts hold P × nb bytes and dst P × nb (checked).
+                    copy(unsafe { b.add(me * nb) }, unsafe { dst.add(q * nb) }, nb);
+                }
+            }
+            DirectKind::Gather => {
+                if me == c.root {
+                    need(nb * p)?;
+                    for (q, b) in inl.iter().enumerate() {
+                        // SAFETY: as above.
+                        copy(*b, unsafe { dst.add(q * nb) }, nb);
+                    }
+                }
+            }
+            DirectKind::Scatter => {
+                need(nb)?;
+                // SAFETY: the root's post holds P × nb bytes.
+                copy(unsafe { inl[c.root].add(me * nb) }, dst, nb);
+            }
+            DirectKind::AllToAllV => return Err(Error::Internal("all-to-all-v is never inlined".into())),
+        }
+        Ok(())
+    }
+
+    fn desc(&self, q: usize, s: u64, k: usize) -> Desc {
+        let m = &self.ctl(q).post(s).meta.0;
+        Desc {
+            alloc: m.desc[k][0].load(Ordering::Relaxed),
+            off: m.desc[k][1].load(Ordering::Relaxed),
+            len: m.desc[k][2].load(Ordering::Relaxed),
+        }
+    }
+
+    /// Rank `q`'s source (k = 0) or destination (k = 1), `need` bytes from `at`.
+    fn at(
+        &mut self,
+        q: usize,
+        s: u64,
+        k: usize,
+        own: (*mut u8, usize),
+        at: usize,
+        need: usize,
+    ) -> Result<*mut u8> {
+        if q == self.me {
+            if at + need > own.1 {
+                return Err(Error::Internal(format!(
+                    "direct call touches {} bytes of a {}-byte buffer",
+                    at + need,
+                    own.1
+                )));
+            }
+            // SAFETY: at + need ≤ the buffer's length (checked).
+            return Ok(unsafe { own.0.add(at) });
+        }
+        let mut d = self.desc(q, s, k);
+        if (at as u64) > d.len {
+            return Err(Error::Mismatch {
+                rank: Rank::new(self.me),
+                op: "direct path".into(),
+                peer: Rank::new(q),
+                got: d.len as usize,
+                want: at + need,
+            });
+        }
+        d.off += at as u64;
+        d.len -= at as u64;
+        self.peer_range(q, d, need)
+    }
+
+    fn run_zero_copy(
+        &mut self,
+        c: &Call,
+        op: &OpSpec,
+        ctx: Option<&ReduceCtx>,
+        s: u64,
+        src: (*mut u8, usize),
+        dst: (*mut u8, usize),
+    ) -> Result<()> {
+        let (p, me) = (self.p, self.me);
+        let es = c.dtype.size_bytes();
+        let n = c.count;
+        let nb = n * es;
+        let copy = |from: *mut u8, to: *mut u8, len: usize| {
+            if from != to && len > 0 {
+                // SAFETY: both ranges were resolved with their lengths checked; this rank is
+                // the only writer of `to` in this call (rule 2) and nobody writes `from`.
+                unsafe { std::ptr::copy_nonoverlapping(from as *const u8, to, len) };
+            }
+        };
+        let need_ctx = || ctx.copied().ok_or_else(|| Error::Internal("reduction without context".into()));
+        match c.kind {
+            DirectKind::AllReduce => {
+                let r = slice(n, p, me, es);
+                let (off, len) = (r.start * es, r.len() * es);
+                let mut srcs = SmallVec::<[*const u8; 8]>::new();
+                let mut dsts = SmallVec::<[*mut u8; 8]>::new();
+                for q in 0..p {
+                    srcs.push(self.at(q, s, 0, src, off, len)? as *const u8);
+                    dsts.push(self.at(q, s, 1, dst, off, len)?);
+                }
+                self.reduce(&need_ctx()?, &srcs, &dsts, len);
+            }
+            DirectKind::Reduce => {
+                let r = slice(n, p, me, es);
+                let (off, len) = (r.start * es, r.len() * es);
+                let mut srcs = SmallVec::<[*const u8; 8]>::new();
+                for q in 0..p {
+                    srcs.push(self.at(q, s, 0, src, off, len)? as *const u8);
+                }
+                let d = self.at(c.root, s, 1, dst, off, len)?;
+                self.reduce(&need_ctx()?, &srcs, &[d], len);
+            }
+            DirectKind::ReduceScatter => {
+                let mut srcs = SmallVec::<[*const u8; 8]>::new();
+                for q in 0..p {
+                    srcs.push(self.at(q, s, 0, src, me * nb, nb)? as *const u8);
+                }
+                let d = self.at(me, s, 1, dst, 0, nb)?;
+                self.reduce(&need_ctx()?, &srcs, &[d], nb);
+            }
+            DirectKind::Broadcast => {
+                let from = self.at(c.root, s, 0, src, 0, nb)?;
+                let to = self.at(me, s, 1, dst, 0, nb)?;
+                copy(from, to, nb);
+            }
+            DirectKind::AllGather => {
+                for i in 0..p {
+                    let q = (me + i) % p;
+                    let from = self.at(q, s, 0, src, 0, nb)?;
+                    let to = self.at(me, s, 1, dst, q * nb, nb)?;
+                    copy(from, to, nb);
+                }
+            }
+            DirectKind::AllToAll => {
+                for i in 0..p {
+                    let q = (me + i) % p;
+                    let from = self.at(q, s, 0, src, me * nb, nb)?;
+                    let to = self.at(me, s, 1, dst, q * nb, nb)?;
+                    copy(from, to, nb);
+                }
+            }
+            DirectKind::Gather => {
+                let from = self.at(me, s, 0, src, 0, nb)?;
+                let to = self.at(c.root, s, 1, dst, me * nb, nb)?;
+                copy(from, to, nb);
+            }
+            DirectKind::Scatter => {
+                let from = self.at(c.root, s, 0, src, me * nb, nb)?;
+                let to = self.at(me, s, 1, dst, 0, nb)?;
+                copy(from, to, nb);
+            }
+            DirectKind::AllToAllV => {
+                let OpSpec::AllToAllV { recv_counts, recv_displs, .. } = op else {
+                    return Err(Error::Internal("all-to-all-v without its arrays".into()));
+                };
+                for i in 0..p {
+                    let q = (me + i) % p;
+                    let area = self.ctl(q).inline(s) as *const u64;
+                    // SAFETY: rank q wrote 2 × P u64 into its inline area before posting.
+                    let (cnt, displ) =
+                        unsafe { (area.add(2 * me).read() as usize, area.add(2 * me + 1).read() as usize) };
+                    if cnt != recv_counts[q] {
+                        return Err(Error::Mismatch {
+                            rank: Rank::new(me),
+                            op: "all_to_all_v".into(),
+                            peer: Rank::new(q),
+                            got: cnt * es,
+                            want: recv_counts[q] * es,
+                        });
+                    }
+                    let from = self.at(q, s, 0, src, displ.saturating_mul(es), cnt * es)?;
+                    let to = self.at(me, s, 1, dst, recv_displs[q] * es, cnt * es)?;
+                    copy(from, to, cnt * es);
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,130 @@
+//! Host-memory control blocks: each rank's small shared region through which the ranks of a
+//! single-host communicator post their calls to each other (the direct path, see
+//! [`crate::engine::direct`]).
+//!
+//! Layout of one rank's block (created by that rank, mapped read-only in spirit by its peers):
+//!
+//! ```text
+//! 0       magic
+//! 64      done      (u64)  last sequence number whose direct work this rank finished
+//! 128     sleeping  (u32)  this rank is (about to be) asleep waiting for peers
+//! 256     post[0]   seq (u64) at +0, meta at +64: flags, nbufs, 2 × (alloc id, offset, len)
+//! 512     post[1]
+//! 4096    inline[0] INLINE_BYTES
+//! 4096 + INLINE_BYTES  inline[1]
+//! ```
+//!
+//! Rules:
+//! 1. Only the owner writes its block. A call with sequence number `s` uses post and inline
+//!    area `s % 2`: the owner writes meta and inline data, then publishes with a release store
+//!    of `seq = s`; a peer reads them only after an acquire load shows `seq == s`.
+//! 2. The owner rewrites post `s % 2` only at call `s + 2`, which it reaches only after every
+//!    peer posted `s + 1`, i.e. finished reading call `s`. No end barrier is needed for data
+//!    read from posts.
+//! 3. `done = s` (release) after the owner's part of a zero-copy call `s`; nobody returns from
+//!    a zero-copy call before every peer's `done ≥ s`, so no buffer is reused while a peer may
+//!    still read or write it.
+//! 4. Sleeping follows the shared-memory connection rule: set `sleeping`, SeqCst fence,
+//!    re-check, sleep; a publisher fences after its store and rings the doorbell of every peer
+//!    whose `sleeping` is set.
+
+use crate::sys::shm::ShmRegion;
+use oxccl_core::tuning::DIRECT_INLINE_BYTES;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Bytes of one inline area.
+pub const INLINE_BYTES: usize = DIRECT_INLINE_BYTES;
+const INLINE_AT: usize = 4096;
+const MAGIC: u64 = u64::from_le_bytes(*b"OXCTL001");
+
+#[repr(C, align(64))]
+pub struct Line<T>(pub T);
+
+/// What a post says beyond its sequence number.
+#[repr(C)]
+pub struct Meta {
+    pub flags: AtomicU32,
+    pub nbufs: AtomicU32,
+    /// (allocation id, offset, length) of the send and receive buffers; id 0: not shared.
+    pub desc: [[AtomicU64; 3]; 2],
+}
+
+#[repr(C)]
+pub struct Post {
+    pub seq: Line<AtomicU64>,
+    pub meta: Line<Meta>,
+}
+
+#[repr(C)]
+struct Header {
+    magic: Line<AtomicU64>,
+    done: Line<AtomicU64>,
+    sleeping: Line<AtomicU32>,
+    _pad: Line<u64>,
+    posts: [Post; 2],
+}
+
+const _: () = assert!(std::mem::size_of::<Header>() <= INLINE_AT);
+
+/// Flag: this rank's buffers are shared allocations (zero-copy capable).
+pub const FLAG_SHARED: u32 = 1;
+/// Flag: this rank copied its contribution into its inline area.
+pub const FLAG_INLINE: u32 = 2;
+
+/// Bytes of a control block.
+pub const CTL_BYTES: usize = INLINE_AT + 2 * INLINE_BYTES;
+
+/// A control block, own or mapped from a peer.
+pub struct Ctl {
+    region: ShmRegion,
+}
+
+impl Ctl {
+    /// Creates this rank's block.
+    pub fn create(rank: u32) -> std::io::Result<Ctl> {
+        let region = ShmRegion::create(&format!("oxccl-ctl-{rank}"), CTL_BYTES)?;
+        let c = Ctl { region };
+        c.hdr().magic.0.store(MAGIC, Ordering::Release);
+        Ok(c)
+    }
+
+    /// Maps a peer's block from its descriptor.
+    pub fn open(fd: std::os::fd::OwnedFd) -> std::io::Result<Ctl> {
+        let region = ShmRegion::open(fd, CTL_BYTES)?;
+        let c = Ctl { region };
+        if c.hdr().magic.0.load(Ordering::Acquire) != MAGIC {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not an oxccl control block"));
+        }
+        Ok(c)
+    }
+
+    fn hdr(&self) -> &Header {
+        // SAFETY: the region holds CTL_BYTES ≥ size_of::<Header>() bytes, is page-aligned, and
+        // every Header field is an atomic (or padding), so shared references are sound while
+        // other processes access it.
+        unsafe { &*(self.region.ptr() as *const Header) }
+    }
+
+    pub fn post(&self, seq: u64) -> &Post {
+        &self.hdr().posts[(seq % 2) as usize]
+    }
+
+    /// The inline area of call `seq`.
+    pub fn inline(&self, seq: u64) -> *mut u8 {
+        // SAFETY: INLINE_AT + 2 × INLINE_BYTES = CTL_BYTES bytes are mapped.
+        unsafe { self.region.ptr().add(INLINE_AT + (seq % 2) as usize * INLINE_BYTES) }
+    }
+
+    pub fn done(&self) -> &AtomicU64 {
+        &self.hdr().done.0
+    }
+
+    pub fn sleeping(&self) -> &AtomicU32 {
+        &self.hdr().sleeping.0
+    }
+
+    /// A duplicate of the block's descriptor, for a peer.
+    pub fn try_clone_fd(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        self.region.try_clone_fd()
+    }
+}
