@@ -38,3 +38,11 @@ pub const DIRECT_BLOCK_BYTES: usize = 8 << 10;
 /// and when ranks outnumber cores.
 pub const DIRECT_SPIN_NS: u64 = 20_000;
 pub const DIRECT_SPIN_OVERSUBSCRIBED_NS: u64 = 300;
+/// Direct path: buffers of at least this many bytes are written with streaming stores (they
+/// would not stay in cache anyway, and streaming saves reading the destination first).
+pub const DIRECT_STREAM_MIN_BYTES: usize = 8 << 20;
+
+/// One-shot all-reduce (every rank sends its whole input to every peer) for calls of at most
+/// this many bytes, on at most this many ranks, where the direct path does not apply.
+pub const ONE_SHOT_MAX_BYTES: usize = 4 << 10;
+pub const ONE_SHOT_MAX_RANKS: usize = 8;

@@ -11,7 +11,7 @@ use crate::types::Rank;
 
 /// What a stream of chunks does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum StreamKind {
+pub(super) enum StreamKind {
     Send,
     Recv,
     Copy,
@@ -29,7 +29,7 @@ pub struct DirectStream {
 }
 
 impl DirectStream {
-    fn new(kind: StreamKind, src: Loc, dst: Loc, bytes: usize, chunk: usize) -> Self {
+    pub(super) fn new(kind: StreamKind, src: Loc, dst: Loc, bytes: usize, chunk: usize) -> Self {
         DirectStream { kind, src, dst, total: bytes, chunk: chunk.max(1), done: 0 }
     }
 }

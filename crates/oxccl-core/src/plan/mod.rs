@@ -22,6 +22,7 @@
 mod direct;
 pub mod exec;
 pub mod hostdirect;
+mod oneshot;
 mod ring;
 pub mod sim;
 
@@ -32,11 +33,17 @@ use crate::types::{ChannelId, Rank};
 use std::sync::Arc;
 
 pub use direct::{alltoallv_bytes, p2p_checked, DirectStream};
+
 pub use ring::{RingCollective, RingKind};
 
 /// Which of an operation's buffers a location refers to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BufId(pub u16);
+
+impl BufId {
+    /// The engine's scratch buffer (of [`Job::scratch_bytes`]), not a user buffer.
+    pub const SCRATCH: BufId = BufId(u16::MAX);
+}
 
 /// A byte position in one of an operation's buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -86,6 +93,8 @@ pub enum Input {
     Recv(Port),
     /// The next chunk of an inbound connection, reduced with a local buffer.
     RecvReduce(Port, Loc),
+    /// Two local buffers reduced (the first in the role of the received operand).
+    Local2(Loc, Loc),
 }
 
 /// One chunk's worth of work.
@@ -306,6 +315,9 @@ pub fn plan_op(g: &Geometry, op: &OpSpec) -> Result<Vec<Lane>, CoreError> {
     };
     match *op {
         OpSpec::AllReduce { count, dtype, op, src, dst } => {
+            if oneshot::applies(g, count, dtype) {
+                return Err(CoreError::malformed("plan", "one-shot all-reduce is planned by plan_group"));
+            }
             ring(RingKind::AllReduce, count, count, dtype, Some(op), None, src, dst)
         }
         OpSpec::Broadcast { count, dtype, root, src, dst } => {
@@ -350,6 +362,8 @@ pub fn plan_op(g: &Geometry, op: &OpSpec) -> Result<Vec<Lane>, CoreError> {
 pub struct Job {
     pub p2p: Vec<Lane>,
     pub phases: Vec<Vec<Lane>>,
+    /// Bytes of scratch the job's steps address through [`BufId::SCRATCH`].
+    pub scratch_bytes: usize,
 }
 
 /// Plans a group of operations (a single op is a group of one).
@@ -360,6 +374,14 @@ pub fn plan_group(g: &Geometry, ops: &[OpSpec]) -> Result<Job, CoreError> {
         job.p2p = direct::p2p_checked(g, &p2p)?;
     }
     for op in ops.iter().filter(|o| !o.is_p2p()) {
+        if let OpSpec::AllReduce { count, dtype, op, src, dst } = *op {
+            if oneshot::applies(g, count, dtype) {
+                let (phases, scratch) = oneshot::all_reduce(g, count, dtype, op, src, dst)?;
+                job.phases.extend(phases);
+                job.scratch_bytes = job.scratch_bytes.max(scratch);
+                continue;
+            }
+        }
         let lanes = plan_op(g, op)?;
         if !lanes.is_empty() {
             job.phases.push(lanes);

@@ -6,7 +6,7 @@
 //! end. Tests run every algorithm through it for many world sizes and counts.
 
 use super::exec::{apply, StepData};
-use super::{ConnClass, Input, Job, Lane, Loc, Step};
+use super::{BufId, ConnClass, Input, Job, Lane, Loc, Step};
 use crate::error::CoreError;
 use crate::types::Rank;
 use std::collections::{HashMap, VecDeque};
@@ -55,7 +55,7 @@ impl LaneState {
 }
 
 fn slice(bufs: &[Vec<u8>], rank: usize, loc: Loc, len: usize) -> Result<&[u8], SimError> {
-    let b = &bufs[loc.buf.0 as usize];
+    let b = &bufs[index(bufs.len(), loc)];
     b.get(loc.off..loc.off + len).ok_or(SimError::OutOfBounds {
         rank,
         buf: loc.buf.0,
@@ -65,8 +65,18 @@ fn slice(bufs: &[Vec<u8>], rank: usize, loc: Loc, len: usize) -> Result<&[u8], S
     })
 }
 
+/// The index of a location's buffer: the scratch buffer is appended after the user buffers.
+fn index(bufs_len: usize, loc: Loc) -> usize {
+    if loc.buf == BufId::SCRATCH {
+        bufs_len - 1
+    } else {
+        loc.buf.0 as usize
+    }
+}
+
 fn slice_mut(bufs: &mut [Vec<u8>], rank: usize, loc: Loc, len: usize) -> Result<&mut [u8], SimError> {
-    let b = &mut bufs[loc.buf.0 as usize];
+    let i = index(bufs.len(), loc);
+    let b = &mut bufs[i];
     let blen = b.len();
     b.get_mut(loc.off..loc.off + len).ok_or(SimError::OutOfBounds {
         rank,
@@ -93,7 +103,7 @@ fn try_step(
             let k = ls.lane.inbound[p.0 as usize];
             Some((k.peer.idx(), rank, k.class))
         }
-        Input::Src(_) => None,
+        Input::Src(_) | Input::Local2(..) => None,
     };
     let send_key = step.send.map(|p| {
         let k = ls.lane.outbound[p.0 as usize];
@@ -120,10 +130,17 @@ fn try_step(
     let (data_owned, in_place): (Option<Vec<u8>>, bool) = match step.input {
         Input::Src(l) => (Some(slice(bufs, rank, l, step.len)?.to_vec()), step.dst == Some(l)),
         Input::RecvReduce(_, l) => (Some(slice(bufs, rank, l, step.len)?.to_vec()), step.dst == Some(l)),
+        Input::Local2(_, b) => (Some(slice(bufs, rank, b, step.len)?.to_vec()), false),
         Input::Recv(_) => (None, false),
+    };
+    // A local pair's first operand plays the received chunk's part.
+    let received = match step.input {
+        Input::Local2(a, _) => Some(slice(bufs, rank, a, step.len)?.to_vec()),
+        _ => received,
     };
     let recv_ref = received.as_deref();
     let data = match (step.input, recv_ref, data_owned.as_deref()) {
+        (Input::Local2(..), Some(r), Some(s)) => StepData::RecvReduce { recv: r, src: s },
         (Input::Src(_), _, Some(s)) => StepData::Src(s),
         (Input::Recv(_), Some(r), _) => StepData::Recv(r),
         (Input::RecvReduce(..), Some(r), _) if in_place => StepData::RecvReduceInPlace { recv: r },
@@ -146,6 +163,18 @@ fn try_step(
 
 /// Runs one job per rank; `bufs[r]` are rank r's buffers, indexed by [`BufId`](super::BufId).
 pub fn run(jobs: Vec<Job>, bufs: &mut [Vec<Vec<u8>>], capacity: usize) -> Result<SimStats, SimError> {
+    // Each rank's scratch buffer rides at the end of its buffers for the run.
+    for (b, j) in bufs.iter_mut().zip(&jobs) {
+        b.push(vec![0u8; j.scratch_bytes]);
+    }
+    let r = run_jobs(jobs, bufs, capacity);
+    for b in bufs.iter_mut() {
+        b.pop();
+    }
+    r
+}
+
+fn run_jobs(jobs: Vec<Job>, bufs: &mut [Vec<Vec<u8>>], capacity: usize) -> Result<SimStats, SimError> {
     let mut ranks: Vec<RankState> = jobs
         .into_iter()
         .map(|j| RankState {

@@ -18,7 +18,7 @@
 //!    rank writes in the same call only if it is that writer (in-place slices), and then
 //!    through a private block buffer, so no slice is read after it was overwritten.
 
-use super::RawBuf;
+use super::{memops, RawBuf};
 use crate::bootstrap::service::{host_call, HostRequest};
 use crate::bootstrap::{Mailbox, PeerInfo, Waiter};
 use crate::error::{Error, Result};
@@ -29,7 +29,8 @@ use oxccl_core::plan::hostdirect::{contribution_bytes, slice, DirectKind};
 use oxccl_core::plan::{Loc, OpSpec};
 use oxccl_core::reduce::{finalize, reduce_many, ReduceCtx};
 use oxccl_core::tuning::{
-    DIRECT_BLOCK_BYTES, DIRECT_SPIN_NS, DIRECT_SPIN_OVERSUBSCRIBED_NS, DIRECT_ZERO_COPY_MIN_BYTES, YIELD_NS,
+    DIRECT_BLOCK_BYTES, DIRECT_SPIN_NS, DIRECT_SPIN_OVERSUBSCRIBED_NS, DIRECT_STREAM_MIN_BYTES,
+    DIRECT_ZERO_COPY_MIN_BYTES, YIELD_NS,
 };
 use oxccl_core::{DataType, Rank, ReduceOp};
 use smallvec::SmallVec;
@@ -363,6 +364,8 @@ impl Direct {
             return Ok(Outcome::Fallback);
         }
         self.run_zero_copy(&c, op, ctx.as_ref(), s, (src, src_len), (dst, dst_len))?;
+        // Streaming stores must be visible before peers learn this rank is done.
+        memops::store_fence();
         if p > 1 {
             self.own.done().store(s, Ordering::Release);
             self.wake();
@@ -373,8 +376,9 @@ impl Direct {
         Ok(Outcome::Done)
     }
 
-    /// Reduces `srcs` (each `len` bytes) into every one of `dsts`, a block at a time.
-    fn reduce(&mut self, ctx: &ReduceCtx, srcs: &[*const u8], dsts: &[*mut u8], len: usize) {
+    /// Reduces `srcs` (each `len` bytes) into every one of `dsts`, a block at a time, with
+    /// streaming stores when `stream` is set.
+    fn reduce(&mut self, ctx: &ReduceCtx, srcs: &[*const u8], dsts: &[*mut u8], len: usize, stream: bool) {
         let fin = ctx.needs_finalize();
         let block = DIRECT_BLOCK_BYTES;
         let mut off = 0;
@@ -395,7 +399,7 @@ impl Direct {
             for d in dsts {
                 // SAFETY: every destination holds `len` bytes and this rank is the only writer
                 // of this range in this call (rule 2); `tmp` does not overlap it.
-                unsafe { std::ptr::copy_nonoverlapping(tmp.as_ptr(), d.add(off), b) };
+                unsafe { memops::copy(d.add(off), tmp.as_ptr(), b, stream) };
             }
             off += b;
         }
@@ -431,13 +435,13 @@ impl Direct {
             DirectKind::AllReduce => {
                 need(nb)?;
                 let ctx = ctx.ok_or_else(|| Error::Internal("reduction without context".into()))?;
-                self.reduce(ctx, &inl, &[dst], nb);
+                self.reduce(ctx, &inl, &[dst], nb, false);
             }
             DirectKind::Reduce => {
                 if me == c.root {
                     need(nb)?;
                     let ctx = ctx.ok_or_else(|| Error::Internal("reduction without context".into()))?;
-                    self.reduce(ctx, &inl, &[dst], nb);
+                    self.reduce(ctx, &inl, &[dst], nb, false);
                 }
             }
             DirectKind::ReduceScatter => {
@@ -445,7 +449,7 @@ impl Direct {
                 let ctx = ctx.ok_or_else(|| Error::Internal("reduction without context".into()))?;
                 // SAFETY: each post holds P × nb bytes; block `me` is in range.
                 let srcs: SmallVec<[*const u8; 8]> = inl.iter().map(|b| unsafe { b.add(me * nb) }).collect();
-                self.reduce(ctx, &srcs, &[dst], nb);
+                self.reduce(ctx, &srcs, &[dst], nb, false);
             }
             DirectKind::Broadcast => {
                 need(nb)?;
@@ -542,11 +546,14 @@ impl Direct {
         let es = c.dtype.size_bytes();
         let n = c.count;
         let nb = n * es;
+        // Outputs too large to stay in cache are written with streaming stores, unless they
+        // are the inputs just read (in place), whose lines are in cache already.
+        let stream = src.1.max(dst.1) >= DIRECT_STREAM_MIN_BYTES && src.0 != dst.0;
         let copy = |from: *mut u8, to: *mut u8, len: usize| {
             if from != to && len > 0 {
                 // SAFETY: both ranges were resolved with their lengths checked; this rank is
                 // the only writer of `to` in this call (rule 2) and nobody writes `from`.
-                unsafe { std::ptr::copy_nonoverlapping(from as *const u8, to, len) };
+                unsafe { memops::copy(to, from as *const u8, len, stream) };
             }
         };
         let need_ctx = || ctx.copied().ok_or_else(|| Error::Internal("reduction without context".into()));
@@ -560,7 +567,7 @@ impl Direct {
                     srcs.push(self.at(q, s, 0, src, off, len)? as *const u8);
                     dsts.push(self.at(q, s, 1, dst, off, len)?);
                 }
-                self.reduce(&need_ctx()?, &srcs, &dsts, len);
+                self.reduce(&need_ctx()?, &srcs, &dsts, len, stream);
             }
             DirectKind::Reduce => {
                 let r = slice(n, p, me, es);
@@ -570,7 +577,7 @@ impl Direct {
                     srcs.push(self.at(q, s, 0, src, off, len)? as *const u8);
                 }
                 let d = self.at(c.root, s, 1, dst, off, len)?;
-                self.reduce(&need_ctx()?, &srcs, &[d], len);
+                self.reduce(&need_ctx()?, &srcs, &[d], len, stream);
             }
             DirectKind::ReduceScatter => {
                 let mut srcs = SmallVec::<[*const u8; 8]>::new();
@@ -578,7 +585,7 @@ impl Direct {
                     srcs.push(self.at(q, s, 0, src, me * nb, nb)? as *const u8);
                 }
                 let d = self.at(me, s, 1, dst, 0, nb)?;
-                self.reduce(&need_ctx()?, &srcs, &[d], nb);
+                self.reduce(&need_ctx()?, &srcs, &[d], nb, stream);
             }
             DirectKind::Broadcast => {
                 let from = self.at(c.root, s, 0, src, 0, nb)?;

@@ -18,6 +18,7 @@
 //!    between `ready` and `commit`.
 
 pub(crate) mod direct;
+pub(crate) mod memops;
 
 use crate::bootstrap::{Incoming, Mailbox, PeerInfo, Waiter};
 use crate::error::{Error, Result};
@@ -27,7 +28,9 @@ use crate::transport::shm::{ShmRecv, ShmSend};
 use crate::transport::tcp::{TcpRecv, TcpSend};
 use crate::transport::{RecvConn, SendConn};
 use oxccl_core::plan::exec::{apply, StepData};
-use oxccl_core::plan::{job_connections, plan_group, ConnKey, Geometry, Input, Job, Lane, Loc, OpSpec, Step};
+use oxccl_core::plan::{
+    job_connections, plan_group, BufId, ConnKey, Geometry, Input, Job, Lane, Loc, OpSpec, Step,
+};
 use oxccl_core::tuning::{SPIN_NS, YIELD_NS};
 use oxccl_core::Rank;
 use std::collections::{HashMap, VecDeque};
@@ -86,6 +89,8 @@ pub(crate) struct Engine {
     recvs: HashMap<ConnKey, RecvConn>,
     /// Clones of every TCP socket, so an abort from another thread can shut them down.
     pub sockets: Arc<Mutex<Vec<TcpStream>>>,
+    /// Scratch memory for plans that need it (one-shot all-reduce), kept between jobs.
+    scratch: Vec<u64>,
 }
 
 struct LaneRt {
@@ -95,9 +100,12 @@ struct LaneRt {
     pending: Option<Step>,
 }
 
+/// The buffer and range a location names; `bufs` ends with the job's scratch buffer, which
+/// [`BufId::SCRATCH`] addresses.
 fn span(bufs: &[RawBuf], loc: Loc, len: usize) -> Result<RawBuf> {
+    let i = if loc.buf == BufId::SCRATCH { bufs.len().wrapping_sub(1) } else { loc.buf.0 as usize };
     let b = bufs
-        .get(loc.buf.0 as usize)
+        .get(i)
         .ok_or_else(|| Error::Internal(format!("step names buffer {} of {}", loc.buf.0, bufs.len())))?;
     let end = loc.off.checked_add(len).filter(|e| *e <= b.len).ok_or_else(|| {
         Error::Internal(format!(
@@ -124,6 +132,7 @@ impl Engine {
             sends: HashMap::new(),
             recvs: HashMap::new(),
             sockets: Arc::new(Mutex::new(Vec::new())),
+            scratch: Vec::new(),
         }
     }
 
@@ -211,7 +220,14 @@ impl Engine {
                 rv.push((*k, c));
             }
         }
-        let res = self.exec(job, &mut sv, &mut rv, bufs, &w, what);
+        // The user's buffers, then the scratch buffer (BufId::SCRATCH).
+        let words = job.scratch_bytes.div_ceil(8);
+        if self.scratch.len() < words {
+            self.scratch.resize(words, 0);
+        }
+        let mut all: smallvec::SmallVec<[RawBuf; 4]> = bufs.iter().copied().collect();
+        all.push(RawBuf { ptr: self.scratch.as_mut_ptr().cast(), len: job.scratch_bytes, writable: true });
+        let res = self.exec(job, &mut sv, &mut rv, &all, &w, what);
         self.sends.extend(sv);
         self.recvs.extend(rv);
         res
@@ -348,7 +364,7 @@ impl Engine {
         };
         let rin = match step.input {
             Input::Recv(p) | Input::RecvReduce(p, _) => Some(l.inb[p.0 as usize]),
-            Input::Src(_) => None,
+            Input::Src(_) | Input::Local2(..) => None,
         };
         let sout = step.send.map(|p| l.out[p.0 as usize]);
         if let Some(r) = rin {
@@ -388,10 +404,24 @@ impl Engine {
             }
             None => None,
         };
-        let src_loc = match step.input {
-            Input::Src(l) | Input::RecvReduce(_, l) => Some(l),
-            Input::Recv(_) => None,
+        // A local pair reduces like a received chunk with a local operand; the operand that is
+        // also the destination (if any) plays the local part, so in place works either way.
+        let (local, src_loc) = match step.input {
+            Input::Local2(a, b) => {
+                let (r, s) = if step.dst == Some(a) { (b, a) } else { (a, b) };
+                (Some(span(bufs, r, len)?), Some(s))
+            }
+            Input::Src(l) | Input::RecvReduce(_, l) => (None, Some(l)),
+            Input::Recv(_) => (None, None),
         };
+        if let (Some(lr), Some(d)) = (local, step.dst) {
+            let d = span(bufs, d, len)?;
+            let (a, b) = (lr.ptr as usize, d.ptr as usize);
+            if a < b + len && b < a + len {
+                return Err(Error::Internal("step's local operand and destination overlap".into()));
+            }
+        }
+        let recv = recv.or(local.map(|r| r.ptr as *const u8));
         let in_place = src_loc.is_some() && step.dst == src_loc;
         let src = match src_loc {
             Some(loc) => Some(span(bufs, loc, len)?),
@@ -424,23 +454,42 @@ impl Engine {
             match (step.input, recv, src) {
                 (Input::Src(_), _, Some(s)) => StepData::Src(std::slice::from_raw_parts(s.ptr, len)),
                 (Input::Recv(_), Some(r), _) => StepData::Recv(std::slice::from_raw_parts(r, len)),
-                (Input::RecvReduce(..), Some(r), _) if in_place => {
+                (Input::RecvReduce(..) | Input::Local2(..), Some(r), _) if in_place => {
                     StepData::RecvReduceInPlace { recv: std::slice::from_raw_parts(r, len) }
                 }
-                (Input::RecvReduce(..), Some(r), Some(s)) => StepData::RecvReduce {
+                (Input::RecvReduce(..) | Input::Local2(..), Some(r), Some(s)) => StepData::RecvReduce {
                     recv: std::slice::from_raw_parts(r, len),
                     src: std::slice::from_raw_parts(s.ptr, len),
                 },
                 _ => return Err(Error::Internal("step input unavailable".into())),
             }
         };
+        // A connection that can send from where the bytes lie (TCP) sends the step's result
+        // from the user buffer that holds it — the destination, or an unreduced source —
+        // instead of copying it into a staging slot first.
+        let external = match sout {
+            Some(s) if sv[s].1.sends_in_place() => match (dst, step.input, src) {
+                (Some(d), _, _) => Some(d.ptr as *const u8),
+                (None, Input::Src(_), Some(s)) => Some(s.ptr as *const u8),
+                _ => None,
+            },
+            _ => None,
+        };
         // SAFETY: as above; the destination is writable, in bounds and exclusive for this step.
         let dst_mut = dst.map(|d| unsafe { std::slice::from_raw_parts_mut(d.ptr, len) });
         // SAFETY: the send slot is free (ready) and holds at least `len` bytes.
-        let send_mut = send.map(|p| unsafe { std::slice::from_raw_parts_mut(p, len) });
+        let send_mut =
+            send.filter(|_| external.is_none()).map(|p| unsafe { std::slice::from_raw_parts_mut(p, len) });
         apply(l.lane.reduce.as_ref(), step.finalize, data, dst_mut, send_mut)?;
         if let Some(s) = sout {
-            sv[s].1.commit(len)?;
+            match external {
+                // SAFETY: the bytes are in a user buffer of this job (valid until the job ends,
+                // rule 1), written by this step and by no later step of this job (plans write
+                // each output location once), and the job ends only when every connection is
+                // flushed.
+                Some(p) => unsafe { sv[s].1.commit_external(p, len)? },
+                None => sv[s].1.commit(len)?,
+            }
         }
         if let Some(r) = rin {
             rv[r].1.release();

@@ -65,6 +65,29 @@ impl SendConn {
         }
     }
 
+    /// Whether this connection can send bytes from where they lie (no staging copy).
+    #[inline]
+    pub fn sends_in_place(&self) -> bool {
+        matches!(self, SendConn::Tcp(_))
+    }
+
+    /// Queues `len` bytes at `ptr` without copying them (only if [`sends_in_place`]).
+    ///
+    /// # Safety
+    /// `ptr` must stay valid for `len` reads, and unchanged, until the connection is
+    /// [`flushed`](Self::flushed).
+    ///
+    /// [`sends_in_place`]: Self::sends_in_place
+    pub unsafe fn commit_external(&mut self, ptr: *const u8, len: usize) -> Result<()> {
+        match self {
+            // SAFETY: forwarded from the caller's contract.
+            SendConn::Tcp(c) => unsafe { c.commit_external(ptr, len) },
+            SendConn::Shm(_) => {
+                Err(crate::error::Error::Internal("shared-memory connections stage every chunk".into()))
+            }
+        }
+    }
+
     /// Whether nothing committed is still waiting to leave this process.
     pub fn flushed(&self) -> bool {
         match self {

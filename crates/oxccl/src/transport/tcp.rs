@@ -29,6 +29,18 @@ fn staging(slots: usize, slot_bytes: usize) -> Vec<Box<[u8]>> {
     (0..slots).map(|_| vec![0u8; slot_bytes].into_boxed_slice()).collect()
 }
 
+/// Where a committed frame's payload is: a staging slot, or memory the engine guarantees
+/// stays valid and unchanged until the connection is flushed (the job's user buffers).
+#[derive(Clone, Copy, Debug)]
+enum Payload {
+    Slot(usize),
+    External(*const u8),
+}
+
+// SAFETY: an external payload points into a job's buffers, which the engine keeps valid and
+// unaliased by writers until every frame is flushed, on whatever thread runs the job.
+unsafe impl Send for Payload {}
+
 /// The sending end of a TCP connection.
 pub struct TcpSend {
     s: TcpStream,
@@ -36,8 +48,8 @@ pub struct TcpSend {
     me: Rank,
     peer: Rank,
     slots: Vec<Box<[u8]>>,
-    /// Committed frames not yet fully written: (slot, len).
-    queue: VecDeque<(usize, usize)>,
+    /// Committed frames not yet fully written: (payload, len).
+    queue: VecDeque<(Payload, usize)>,
     head: u64,
     /// Bytes of the front frame (header included) already written.
     written: usize,
@@ -89,8 +101,18 @@ impl TcpSend {
     /// Queues the slot's `len` bytes and starts writing them.
     pub fn commit(&mut self, len: usize) -> Result<()> {
         let i = (self.head % self.slots.len() as u64) as usize;
-        self.queue.push_back((i, len));
+        self.queue.push_back((Payload::Slot(i), len));
         self.head += 1;
+        self.pump()?;
+        Ok(())
+    }
+
+    /// Queues `len` bytes at `ptr`, sent from where they are (no staging copy).
+    ///
+    /// # Safety
+    /// `ptr` must stay valid for `len` reads, and unchanged, until [`flushed`](Self::flushed).
+    pub unsafe fn commit_external(&mut self, ptr: *const u8, len: usize) -> Result<()> {
+        self.queue.push_back((Payload::External(ptr), len));
         self.pump()?;
         Ok(())
     }
@@ -98,14 +120,19 @@ impl TcpSend {
     /// Writes what the socket takes; returns whether anything was written.
     pub fn pump(&mut self) -> Result<bool> {
         let mut progressed = false;
-        while let Some(&(i, len)) = self.queue.front() {
+        while let Some(&(pl, len)) = self.queue.front() {
             let mut hdr = [0u8; FRAME_HEADER];
             hdr[..4].copy_from_slice(&(len as u32).to_le_bytes());
             let total = FRAME_HEADER + len;
+            let payload: &[u8] = match pl {
+                Payload::Slot(i) => &self.slots[i][..len],
+                // SAFETY: commit_external's contract: valid and unchanged until flushed.
+                Payload::External(p) => unsafe { std::slice::from_raw_parts(p, len) },
+            };
             let n = if self.written < FRAME_HEADER {
-                fd::send_vectored(self.fd, &[&hdr[self.written..], &self.slots[i][..len]])
+                fd::send_vectored(self.fd, &[&hdr[self.written..], payload])
             } else {
-                fd::send_vectored(self.fd, &[&self.slots[i][self.written - FRAME_HEADER..len]])
+                fd::send_vectored(self.fd, &[&payload[self.written - FRAME_HEADER..]])
             }
             .map_err(|e| Error::io(self.me, "TCP send", Some(self.peer), e))?;
             if n == 0 {
@@ -141,6 +168,12 @@ impl TcpSend {
     }
 }
 
+/// Frames up to this many bytes are read through the connection's receive buffer (header and
+/// payload in one system call, several frames per call); larger payloads go straight from the
+/// socket into their slot.
+const SMALL_FRAME: usize = 16 << 10;
+const RX_BYTES: usize = 64 << 10;
+
 /// The receiving end of a TCP connection.
 pub struct TcpRecv {
     s: TcpStream,
@@ -153,9 +186,12 @@ pub struct TcpRecv {
     ready: VecDeque<(usize, usize)>,
     /// Chunks received so far (the next one fills slot `filled % slots`).
     filled: u64,
-    hdr: [u8; FRAME_HEADER],
-    hdr_got: usize,
-    body_got: usize,
+    /// Bytes read from the socket and not yet parsed: `rx[rx_start..rx_end]`.
+    rx: Box<[u8]>,
+    rx_start: usize,
+    rx_end: usize,
+    /// A large payload being read straight into its slot: (len, bytes so far).
+    direct: Option<(usize, usize)>,
     /// The peer closed its end.
     eof: bool,
 }
@@ -180,9 +216,10 @@ impl TcpRecv {
             slots: staging(slots, slot_bytes),
             ready: VecDeque::new(),
             filled: 0,
-            hdr: [0; FRAME_HEADER],
-            hdr_got: 0,
-            body_got: 0,
+            rx: vec![0u8; RX_BYTES].into_boxed_slice(),
+            rx_start: 0,
+            rx_end: 0,
+            direct: None,
             eof: false,
         })
     }
@@ -196,58 +233,84 @@ impl TcpRecv {
         }
     }
 
+    fn recv_into(&mut self, which: Option<(usize, usize, usize)>) -> Result<Option<usize>> {
+        let buf: &mut [u8] = match which {
+            Some((slot, from, to)) => &mut self.slots[slot][from..to],
+            None => &mut self.rx[self.rx_end..],
+        };
+        let r =
+            fd::recv_some(self.fd, buf).map_err(|e| Error::io(self.me, "TCP receive", Some(self.peer), e))?;
+        if r == Some(0) {
+            self.eof = true;
+            return Ok(None);
+        }
+        Ok(r)
+    }
+
     /// Reads what has arrived into free slots; returns whether anything was read.
     pub fn pump(&mut self) -> Result<bool> {
         let mut progressed = false;
         while self.ready.len() < self.slots.len() && !self.eof {
-            if self.hdr_got < FRAME_HEADER {
-                let r = fd::recv_some(self.fd, &mut self.hdr[self.hdr_got..])
-                    .map_err(|e| Error::io(self.me, "TCP receive", Some(self.peer), e))?;
-                match r {
+            let i = (self.filled % self.slots.len() as u64) as usize;
+            if let Some((len, got)) = self.direct {
+                match self.recv_into(Some((i, got, len)))? {
                     None => break,
-                    Some(0) => {
-                        self.eof = true;
-                        break;
-                    }
                     Some(n) => {
-                        self.hdr_got += n;
                         progressed = true;
+                        if got + n == len {
+                            self.direct = None;
+                            self.ready.push_back((i, len));
+                            self.filled += 1;
+                        } else {
+                            self.direct = Some((len, got + n));
+                        }
                     }
                 }
                 continue;
             }
-            let len = u32::from_le_bytes([self.hdr[0], self.hdr[1], self.hdr[2], self.hdr[3]]) as usize;
-            let i = (self.filled % self.slots.len() as u64) as usize;
-            if len > self.slots[i].len() {
-                return Err(Error::InvalidUsage(format!(
-                    "rank {}: rank {} sent a {len}-byte frame, larger than the {}-byte slot (different NCCL_BUFFSIZE?)",
-                    self.me,
-                    self.peer,
-                    self.slots[i].len()
-                )));
-            }
-            if self.body_got < len {
-                let r = fd::recv_some(self.fd, &mut self.slots[i][self.body_got..len])
-                    .map_err(|e| Error::io(self.me, "TCP receive", Some(self.peer), e))?;
-                match r {
-                    None => break,
-                    Some(0) => {
-                        self.eof = true;
-                        break;
-                    }
-                    Some(n) => {
-                        self.body_got += n;
-                        progressed = true;
-                    }
+            let have = self.rx_end - self.rx_start;
+            if have >= FRAME_HEADER {
+                let h = &self.rx[self.rx_start..self.rx_start + 4];
+                let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
+                if len > self.slots[i].len() {
+                    return Err(Error::InvalidUsage(format!(
+                        "rank {}: rank {} sent a {len}-byte frame, larger than the {}-byte slot (different NCCL_BUFFSIZE?)",
+                        self.me,
+                        self.peer,
+                        self.slots[i].len()
+                    )));
                 }
-                if self.body_got < len {
+                let avail = have - FRAME_HEADER;
+                let body = self.rx_start + FRAME_HEADER;
+                if avail >= len || len > SMALL_FRAME {
+                    // The whole frame, or the start of a large one, is buffered: move it to
+                    // its slot and read the rest of a large one straight there.
+                    let take = avail.min(len);
+                    self.slots[i][..take].copy_from_slice(&self.rx[body..body + take]);
+                    self.rx_start = body + take;
+                    progressed = true;
+                    if take == len {
+                        self.ready.push_back((i, len));
+                        self.filled += 1;
+                    } else {
+                        self.direct = Some((len, take));
+                    }
                     continue;
                 }
             }
-            self.ready.push_back((i, len));
-            self.filled += 1;
-            self.hdr_got = 0;
-            self.body_got = 0;
+            // More bytes needed in the receive buffer: compact it, then read.
+            if self.rx_start > 0 {
+                self.rx.copy_within(self.rx_start..self.rx_end, 0);
+                self.rx_end -= self.rx_start;
+                self.rx_start = 0;
+            }
+            match self.recv_into(None)? {
+                None => break,
+                Some(n) => {
+                    self.rx_end += n;
+                    progressed = true;
+                }
+            }
         }
         Ok(progressed)
     }

@@ -431,3 +431,35 @@ fn pipelining_keeps_the_fifo_busy() {
     let stats = run(jobs, &mut bufs, c.cap).unwrap();
     assert!(stats.max_depth > 1, "{stats:?}");
 }
+
+#[test]
+fn one_shot_all_reduce_matches_for_every_rank_and_placement() {
+    for p in 2..=8 {
+        for n in [1usize, 5, 300, 1024] {
+            for in_place in [false, true] {
+                for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min] {
+                    let c = Case { p, chunk: 4096, channels: 1, cap: 2 };
+                    let dst = if in_place { SEND } else { RECV };
+                    let mk =
+                        |_| vec![OpSpec::AllReduce { count: n, dtype: DataType::U32, op, src: SEND, dst }];
+                    let g = Geometry::simple(rank(0), p, 1, 4096);
+                    let job = plan_group(&g, &mk(0)).unwrap();
+                    assert!(job.scratch_bytes > 0, "one-shot plan expected for p={p} n={n}");
+                    let out = run_case(&c, mk, |r| (0..n).map(|i| input(r, i) % 1000).collect(), |_| n);
+                    for (send, recv) in &out {
+                        let got = if in_place { send } else { recv };
+                        for (i, v) in got.iter().enumerate() {
+                            let vals: Vec<u32> = (0..p).map(|q| input(q, i) % 1000).collect();
+                            let want = match op {
+                                ReduceOp::Sum => vals.iter().sum::<u32>(),
+                                ReduceOp::Avg => vals.iter().sum::<u32>() / p as u32,
+                                _ => *vals.iter().min().unwrap(),
+                            };
+                            assert_eq!(*v, want, "p={p} n={n} {op} in_place={in_place} elem {i}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! One-shot all-reduce for small messages: every rank sends its whole input to every peer and
+//! reduces all inputs locally, so the call costs one network latency instead of the ring's
+//! 2(P − 1).
+//!
+//! Phase 1 exchanges (direct connections) into scratch slot `q` per rank `q` (this rank's own
+//! input is copied into its slot); phase 2 folds the slots in rank order — the same grouping
+//! on every rank, so every rank gets the same bits.
+
+use super::direct::StreamKind;
+use super::BufId;
+use super::{ConnClass, ConnKey, DirectStream, Geometry, Input, Lane, Loc, Step};
+use crate::dtype::{DataType, ReduceOp};
+use crate::error::CoreError;
+use crate::reduce::ReduceCtx;
+use crate::tuning::{ONE_SHOT_MAX_BYTES, ONE_SHOT_MAX_RANKS};
+use crate::types::Rank;
+
+/// Whether an all-reduce of `count` elements takes the one-shot plan.
+pub(super) fn applies(g: &Geometry, count: usize, dtype: DataType) -> bool {
+    let bytes = count * dtype.size_bytes();
+    g.size > 1
+        && g.size <= ONE_SHOT_MAX_RANKS
+        && bytes > 0
+        && bytes <= ONE_SHOT_MAX_BYTES
+        && bytes <= g.chunk_bytes
+}
+
+/// The phases and the scratch bytes of a one-shot all-reduce.
+pub(super) fn all_reduce(
+    g: &Geometry,
+    count: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    src: Loc,
+    dst: Loc,
+) -> Result<(Vec<Vec<Lane>>, usize), CoreError> {
+    let p = g.size;
+    let me = g.rank.idx();
+    let n = count * dtype.size_bytes();
+    let slot = |q: usize| Loc { buf: BufId::SCRATCH, off: q * n };
+    let mut exchange = Vec::with_capacity(2 * p - 1);
+    exchange.push(Lane {
+        inbound: vec![],
+        outbound: vec![],
+        reduce: None,
+        steps: Box::new(DirectStream::new(StreamKind::Copy, src, slot(me), n, n)),
+    });
+    for i in 1..p {
+        let q = (me + i) % p;
+        let key = ConnKey { peer: Rank::new(q), class: ConnClass::Direct };
+        exchange.push(Lane {
+            inbound: vec![],
+            outbound: vec![key],
+            reduce: None,
+            steps: Box::new(DirectStream::new(StreamKind::Send, src, src, n, n)),
+        });
+        exchange.push(Lane {
+            inbound: vec![key],
+            outbound: vec![],
+            reduce: None,
+            steps: Box::new(DirectStream::new(StreamKind::Recv, slot(q), slot(q), n, n)),
+        });
+    }
+    let ctx = ReduceCtx::new(dtype, op, p as u32)?;
+    let mut steps = vec![Step {
+        input: Input::Local2(slot(0), slot(1)),
+        dst: Some(dst),
+        send: None,
+        finalize: p == 2,
+        len: n,
+    }];
+    for q in 2..p {
+        steps.push(Step {
+            input: Input::Local2(slot(q), dst),
+            dst: Some(dst),
+            send: None,
+            finalize: q == p - 1,
+            len: n,
+        });
+    }
+    let fold =
+        Lane { inbound: vec![], outbound: vec![], reduce: Some(ctx), steps: Box::new(steps.into_iter()) };
+    Ok((vec![exchange, vec![fold]], p * n))
+}
