@@ -10,8 +10,8 @@
 //! | `NCCL_SOCKET_IFNAME` | interfaces to use (see [`crate::ifname`]) | NCCL's order |
 //! | `NCCL_SOCKET_FAMILY` | `AF_INET` or `AF_INET6` | IPv4 first |
 //! | `NCCL_SHM_DISABLE` | `1`: same-host peers use TCP, not shared memory | `0` |
-//! | `NCCL_BUFFSIZE` | bytes of buffering per connection | 1 MiB |
-//! | `NCCL_MIN_NCHANNELS`, `NCCL_MAX_NCHANNELS` | rings a collective is striped over | 1 |
+//! | `NCCL_BUFFSIZE` | bytes of buffering per connection | 1 MiB; 4 MiB over TCP |
+//! | `NCCL_MIN_NCHANNELS`, `NCCL_MAX_NCHANNELS` | rings a collective is striped over | 1; 2 over TCP |
 //! | `NCCL_DEBUG` | `WARN`, `INFO`, `TRACE` | off |
 //! | `OXCCL_TIMEOUT` | seconds a call may wait for peers; `0` = forever | forever |
 //! | `OXCCL_HOST_ID` | overrides the host identity (ranks with equal ids share memory) | derived |
@@ -38,7 +38,8 @@ pub struct Config {
     pub socket_ifname: Option<IfSpec>,
     pub socket_family: Option<Family>,
     pub shm_disable: bool,
-    pub buffsize: usize,
+    /// `NCCL_BUFFSIZE`; unset, the transport's default applies.
+    pub buffsize: Option<usize>,
     pub min_channels: usize,
     pub max_channels: usize,
     pub log: LogLevel,
@@ -54,7 +55,7 @@ impl Default for Config {
             socket_ifname: None,
             socket_family: None,
             shm_disable: false,
-            buffsize: tuning::DEFAULT_BUFFSIZE_BYTES,
+            buffsize: None,
             min_channels: 1,
             max_channels: tuning::MAX_CHANNELS,
             log: LogLevel::Off,
@@ -98,7 +99,7 @@ impl Config {
             c.shm_disable = parse_bool("NCCL_SHM_DISABLE", &v)?;
         }
         if let Some(v) = get("NCCL_BUFFSIZE") {
-            c.buffsize = parse_usize("NCCL_BUFFSIZE", &v)?;
+            c.buffsize = Some(parse_usize("NCCL_BUFFSIZE", &v)?);
         }
         if let Some(v) = get("NCCL_MIN_NCHANNELS") {
             c.min_channels = parse_usize("NCCL_MIN_NCHANNELS", &v)?;
@@ -134,10 +135,11 @@ impl Config {
 
     /// Checks the settings' ranges.
     pub fn validate(&self) -> Result<(), CoreError> {
-        if self.buffsize < tuning::MIN_BUFFSIZE_BYTES || self.buffsize > tuning::MAX_BUFFSIZE_BYTES {
+        let buffsize = self.buffsize.unwrap_or(tuning::DEFAULT_BUFFSIZE_BYTES);
+        if !(tuning::MIN_BUFFSIZE_BYTES..=tuning::MAX_BUFFSIZE_BYTES).contains(&buffsize) {
             return Err(bad(
                 "NCCL_BUFFSIZE",
-                &self.buffsize.to_string(),
+                &buffsize.to_string(),
                 &format!(
                     "must be within {}..={} bytes",
                     tuning::MIN_BUFFSIZE_BYTES,
@@ -145,28 +147,36 @@ impl Config {
                 ),
             ));
         }
-        if self.min_channels == 0 || self.max_channels == 0 || self.min_channels > tuning::MAX_CHANNELS {
+        let min = self.min_channels;
+        if min == 0 || self.max_channels == 0 || min > tuning::MAX_CHANNELS {
             return Err(bad(
                 "NCCL_MIN_NCHANNELS",
-                &self.min_channels.to_string(),
+                &min.to_string(),
                 &format!("channel counts must be within 1..={}", tuning::MAX_CHANNELS),
             ));
         }
         Ok(())
     }
 
-    /// The number of ring channels collectives use.
-    pub fn channels(&self) -> usize {
-        tuning::DEFAULT_CHANNELS
-            .max(self.min_channels)
-            .min(self.max_channels.max(self.min_channels))
-            .min(tuning::MAX_CHANNELS)
+    /// The number of ring channels collectives use; `net`: the rings cross sockets, whose
+    /// per-chunk latency more channels in flight hide.
+    pub fn channels(&self, net: bool) -> usize {
+        let default = if net { tuning::NET_CHANNELS } else { tuning::DEFAULT_CHANNELS };
+        let min = self.min_channels;
+        default.max(min).min(self.max_channels.max(min)).min(tuning::MAX_CHANNELS)
+    }
+
+    /// Bytes of buffering per connection: `NCCL_BUFFSIZE`, or the default of the transport
+    /// (`net`: sockets, which want larger chunks per system call and round trip).
+    pub fn buffsize(&self, net: bool) -> usize {
+        let default = if net { tuning::NET_BUFFSIZE_BYTES } else { tuning::DEFAULT_BUFFSIZE_BYTES };
+        self.buffsize.unwrap_or(default)
     }
 
     /// Bytes per connection slot: the buffer divided into the pipeline's slots, a multiple of
     /// 8 bytes (so every data type chunks to the same byte boundaries).
-    pub fn slot_bytes(&self) -> usize {
-        (self.buffsize / tuning::SLOTS_PER_CONN / 8 * 8).max(8)
+    pub fn slot_bytes(&self, net: bool) -> usize {
+        (self.buffsize(net) / tuning::SLOTS_PER_CONN / 8 * 8).max(8)
     }
 
     pub fn with_timeout(mut self, t: Option<Duration>) -> Self {
@@ -185,7 +195,7 @@ impl Config {
     }
 
     pub fn with_buffsize(mut self, bytes: usize) -> Self {
-        self.buffsize = bytes;
+        self.buffsize = Some(bytes);
         self
     }
 
@@ -234,11 +244,23 @@ mod tests {
         .unwrap();
         assert!(c.shm_disable);
         assert!(c.socket_ifname.as_ref().unwrap().exclude);
-        assert_eq!(c.buffsize, 4 << 20);
-        assert_eq!(c.channels(), 2);
+        assert_eq!(c.buffsize, Some(4 << 20));
+        assert_eq!(c.channels(false), 2);
         assert_eq!(c.timeout, Some(Duration::from_millis(2500)));
         assert_eq!(c.log, LogLevel::Info);
-        assert_eq!(c.slot_bytes() % 8, 0);
+        assert_eq!(c.slot_bytes(false) % 8, 0);
+    }
+
+    #[test]
+    fn sockets_get_larger_buffers_and_more_rings_unless_set() {
+        let c = Config::default();
+        assert_eq!((c.buffsize(false), c.channels(false)), (tuning::DEFAULT_BUFFSIZE_BYTES, 1));
+        assert_eq!((c.buffsize(true), c.channels(true)), (tuning::NET_BUFFSIZE_BYTES, tuning::NET_CHANNELS));
+        assert_eq!(c.slot_bytes(true), tuning::NET_BUFFSIZE_BYTES / tuning::SLOTS_PER_CONN);
+        let c = Config::from_lookup(env(&[("NCCL_BUFFSIZE", "65536"), ("NCCL_MAX_NCHANNELS", "1")])).unwrap();
+        assert_eq!((c.buffsize(true), c.channels(true)), (65536, 1));
+        let c = Config::from_lookup(env(&[("NCCL_MIN_NCHANNELS", "3")])).unwrap();
+        assert_eq!((c.channels(false), c.channels(true)), (3, 3));
     }
 
     #[test]

@@ -140,6 +140,9 @@ pub struct Geometry {
     pub nchannels: usize,
     /// The largest chunk a step may carry, in bytes.
     pub chunk_bytes: usize,
+    /// The least data (bytes of the call's count) a collective puts on each ring; smaller
+    /// calls use fewer rings (0: always all `nchannels`).
+    pub channel_min_bytes: usize,
 }
 
 impl Geometry {
@@ -151,6 +154,7 @@ impl Geometry {
             ring: (0..size).map(Rank::new).collect::<Vec<_>>().into(),
             nchannels,
             chunk_bytes,
+            channel_min_bytes: 0,
         }
     }
 
@@ -265,7 +269,11 @@ fn ring_lanes(g: &Geometry, kind: RingKind, args: RingArgs) -> Result<Vec<Lane>,
     let pos = g.ring_pos(g.rank);
     let prev = g.ring[(pos + g.size - 1) % g.size];
     let next = g.ring[(pos + 1) % g.size];
-    let channels = g.nchannels.max(1).min(args.count.max(1));
+    // Small calls use fewer rings: below `channel_min_bytes` a ring only adds a round of
+    // wake-ups per step. Every rank computes the same count from the call.
+    let bytes = args.count * args.dtype.size_bytes();
+    let by_size = bytes.checked_div(g.channel_min_bytes).unwrap_or(usize::MAX).max(1);
+    let channels = g.nchannels.max(1).min(args.count.max(1)).min(by_size);
     let mut lanes = Vec::with_capacity(channels);
     for c in 0..channels {
         let beg = args.count * c / channels;

@@ -253,14 +253,25 @@ impl Communicator {
     fn assemble(p: Parts) -> Result<Communicator> {
         let peers = Arc::new(p.peers);
         let ring: Arc<[Rank]> = ring_order(&peers).into();
-        let slot_bytes = p.config.slot_bytes();
+        // Communicators whose rings cross sockets (several hosts, or shared memory off) get
+        // the socket defaults; every rank decides from the same peer table, so all agree.
+        let net = p.size > 1 && (p.config.shm_disable || peers.iter().any(|q| q.host_id != peers[0].host_id));
+        let slot_bytes = p.config.slot_bytes(net);
         let geometry = Geometry {
             rank: p.rank,
             size: p.size,
             ring,
-            nchannels: p.config.channels(),
+            nchannels: p.config.channels(net),
             chunk_bytes: slot_bytes,
+            // NCCL_MIN_NCHANNELS > 1 asks for that many rings on every call.
+            channel_min_bytes: if p.config.min_channels > 1 { 0 } else { tuning::RING_MIN_BYTES_PER_CHANNEL },
         };
+        p.log.info(format_args!(
+            "{} ring channel(s), {} KiB of buffering per connection ({}; NCCL_MAX_NCHANNELS, NCCL_BUFFSIZE)",
+            geometry.nchannels,
+            p.config.buffsize(net) >> 10,
+            if net { "socket defaults" } else { "shared-memory defaults" }
+        ));
         let mailbox = p.service.mailbox.clone();
         let single_host = peers.iter().all(|q| q.host_id == peers[p.rank.idx()].host_id);
         let direct =
