@@ -24,7 +24,14 @@ impl Logger {
     fn emit(&self, lvl: LogLevel, tag: &str, args: std::fmt::Arguments<'_>) {
         if self.level >= lvl {
             let rank = self.rank.map(|r| r.to_string()).unwrap_or_else(|| "-".into());
-            eprintln!("{}:{}:{} [{rank}] OXCCL {tag} {args}", host(), std::process::id(), host::thread_id());
+            // One write per line, so lines of ranks sharing a terminal never interleave.
+            let line = format!(
+                "{}:{}:{} [{rank}] OXCCL {tag} {args}\n",
+                host(),
+                std::process::id(),
+                host::thread_id()
+            );
+            let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
         }
     }
 

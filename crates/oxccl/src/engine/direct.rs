@@ -278,7 +278,7 @@ impl Direct {
     }
 
     /// Runs one collective, or says it must take the ring.
-    pub fn run(&mut self, op: &OpSpec, bufs: &[RawBuf], w: &Waiter) -> Result<Outcome> {
+    pub fn run(&mut self, op: &OpSpec, bufs: &[RawBuf], w: &Waiter, what: &str) -> Result<Outcome> {
         let Some(c) = describe(op) else {
             return Ok(Outcome::Fallback);
         };
@@ -351,9 +351,7 @@ impl Direct {
             post.seq.0.store(s, Ordering::Release);
         }
         self.wake();
-        self.wait_all(w, "direct path: waiting for peers to join the call", |ctl| {
-            ctl.post(s).seq.0.load(Ordering::Acquire) == s
-        })?;
+        self.wait_all(w, what, |ctl| ctl.post(s).seq.0.load(Ordering::Acquire) == s)?;
         let all = |f: u32| (0..p).all(|q| self.ctl(q).post(s).meta.0.flags.load(Ordering::Relaxed) & f != 0);
         if all(FLAG_INLINE) {
             self.run_inline(&c, ctx.as_ref(), s, dst, dst_len)?;
@@ -369,9 +367,7 @@ impl Direct {
         if p > 1 {
             self.own.done().store(s, Ordering::Release);
             self.wake();
-            self.wait_all(w, "direct path: waiting for peers to finish the call", |ctl| {
-                ctl.done().load(Ordering::Acquire) >= s
-            })?;
+            self.wait_all(w, what, |ctl| ctl.done().load(Ordering::Acquire) >= s)?;
         }
         Ok(Outcome::Done)
     }
