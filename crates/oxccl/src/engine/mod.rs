@@ -31,14 +31,48 @@ use oxccl_core::plan::exec::{apply, StepData};
 use oxccl_core::plan::{
     job_connections, plan_group, BufId, ConnKey, Geometry, Input, Job, Lane, Loc, OpSpec, Step,
 };
-use oxccl_core::tuning::{SPIN_NS, YIELD_NS};
+use oxccl_core::tuning::{SPIN_NS, SPIN_OVERSUBSCRIBED_NS, YIELD_NS};
 use oxccl_core::Rank;
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// A hasher for connection keys (a few small integers, never chosen by a stranger): one
+/// multiply per word instead of SipHash, which showed in small-call profiles.
+#[derive(Default, Clone, Copy)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u8(&mut self, v: u8) {
+        self.write_u64(v as u64);
+    }
+    fn write_u16(&mut self, v: u16) {
+        self.write_u64(v as u64);
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(v as u64);
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type KeyMap<V> = HashMap<ConnKey, V, BuildHasherDefault<KeyHasher>>;
 
 /// One buffer of a job: where it is, how long, and whether the job may write it.
 #[derive(Clone, Copy, Debug)]
@@ -85,19 +119,46 @@ pub(crate) struct Engine {
     pub ctx: EngineCtx,
     /// The direct path, when every rank shares this host.
     pub direct: Option<direct::Direct>,
-    sends: HashMap<ConnKey, SendConn>,
-    recvs: HashMap<ConnKey, RecvConn>,
+    sends: KeyMap<SendConn>,
+    recvs: KeyMap<RecvConn>,
     /// Clones of every TCP socket, so an abort from another thread can shut them down.
     pub sockets: Arc<Mutex<Vec<TcpStream>>>,
     /// Scratch memory for plans that need it (one-shot all-reduce), kept between jobs.
     scratch: Vec<u64>,
+    /// The other direction of TCP streams whose first direction is in use: kept until a job
+    /// needs it.
+    spare: KeyMap<TcpStream>,
+    /// A job's working vectors, kept between jobs.
+    work: Work,
+    /// How long a waiting job spins before it yields.
+    spin: Duration,
 }
+
+/// The vectors a job works in; empty between jobs (connections are back in the maps), with
+/// their capacity kept.
+#[derive(Default)]
+struct Work {
+    sv: Vec<(ConnKey, SendConn)>,
+    rv: Vec<(ConnKey, RecvConn)>,
+    pfds: Vec<libc::pollfd>,
+    io_fds: Vec<libc::pollfd>,
+    io_idx: Vec<(bool, usize)>,
+    posts: Vec<Option<(*mut u8, usize)>>,
+    users: Vec<u32>,
+}
+
+// SAFETY: between jobs `posts` holds stale addresses that are never dereferenced (it is
+// rebuilt before each use); everything else in it is Send.
+unsafe impl Send for Work {}
 
 struct LaneRt {
     lane: Lane,
-    inb: Vec<usize>,
-    out: Vec<usize>,
+    inb: smallvec::SmallVec<[usize; 2]>,
+    out: smallvec::SmallVec<[usize; 2]>,
     pending: Option<Step>,
+    /// The step after `pending`, taken from the generator while `pending` waits, so it can
+    /// run first when [`may_pass`] allows.
+    ahead: Option<Step>,
 }
 
 /// The buffer and range a location names; `bufs` ends with the job's scratch buffer, which
@@ -126,13 +187,21 @@ fn span(bufs: &[RawBuf], loc: Loc, len: usize) -> Result<RawBuf> {
 
 impl Engine {
     pub fn new(ctx: EngineCtx) -> Engine {
+        // Ranks of this host beyond its cores take turns on them: a waiting rank that spins
+        // long only delays the one it waits for.
+        let local = ctx.peers.iter().filter(|q| q.host_id == ctx.host_id).count();
+        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let spin = Duration::from_nanos(if local > cpus { SPIN_OVERSUBSCRIBED_NS } else { SPIN_NS });
         Engine {
+            spin,
             ctx,
             direct: None,
-            sends: HashMap::new(),
-            recvs: HashMap::new(),
+            sends: KeyMap::default(),
+            recvs: KeyMap::default(),
             sockets: Arc::new(Mutex::new(Vec::new())),
             scratch: Vec::new(),
+            spare: KeyMap::default(),
+            work: Work::default(),
         }
     }
 
@@ -146,47 +215,92 @@ impl Engine {
         }
     }
 
-    /// Establishes every connection in `needed` that does not exist yet: outbound ones first
-    /// (they never wait for the peer's engine), then inbound ones.
+    /// Establishes every connection in `needed` that does not exist yet.
+    ///
+    /// Shared memory: outbound rings are created here and announced; inbound ones are the
+    /// peer's announcements. TCP: one stream per (peer, class) carries both directions; the
+    /// lower rank connects, the higher accepts, and a direction not needed yet keeps its
+    /// clone of the stream for later. Streams this rank opens come first (they never wait for
+    /// the peer's engine), then the ones it waits for.
     pub fn connect(&mut self, needed: &[(ConnKey, bool)], w: &Waiter) -> Result<()> {
-        let outs: Vec<ConnKey> =
-            needed.iter().filter(|(k, out)| *out && !self.sends.contains_key(k)).map(|(k, _)| *k).collect();
-        let ins: Vec<ConnKey> =
-            needed.iter().filter(|(k, out)| !*out && !self.recvs.contains_key(k)).map(|(k, _)| *k).collect();
-        for key in &outs {
-            let c = &self.ctx;
-            let peer = &c.peers[key.peer.idx()];
-            let conn = if self.uses_shm(peer) {
-                SendConn::Shm(ShmSend::connect(
-                    c.me,
-                    &c.secret,
-                    peer,
-                    key.class,
-                    c.slots,
-                    c.slot_bytes,
-                    &c.doorbell,
-                )?)
+        let missing: Vec<(ConnKey, bool)> = needed
+            .iter()
+            .filter(|(k, out)| if *out { !self.sends.contains_key(k) } else { !self.recvs.contains_key(k) })
+            .copied()
+            .collect();
+        let me = self.ctx.me;
+        let (active, passive): (Vec<_>, Vec<_>) = missing.iter().partition(|(k, out)| {
+            let shm = self.uses_shm(&self.ctx.peers[k.peer.idx()]);
+            if shm {
+                *out
             } else {
-                SendConn::Tcp(TcpSend::connect(c.me, &c.secret, peer, key.class, c.slots, c.slot_bytes, w)?)
-            };
-            c.log.info(format_args!(
-                "connected to rank {} ({:?}) over {}",
-                key.peer,
-                key.class,
-                if matches!(conn, SendConn::Shm(_)) { "SHM" } else { "TCP" }
-            ));
-            self.remember(conn.shutdown_handle());
-            self.sends.insert(*key, conn);
-        }
-        for key in &ins {
+                me < k.peer
+            }
+        });
+        for &(key, out) in active.iter().chain(passive.iter()) {
             let c = &self.ctx;
             let peer = &c.peers[key.peer.idx()];
-            let conn = match c.mailbox.wait_conn(key.peer, key.class, w)? {
-                Incoming::Tcp(s) => RecvConn::Tcp(TcpRecv::accept(c.me, peer, s, c.slots, c.slot_bytes)?),
-                Incoming::Shm(o) => RecvConn::Shm(ShmRecv::accept(c.me, key.peer, o, c.slots, c.slot_bytes)?),
+            if self.uses_shm(peer) {
+                if out {
+                    let conn = SendConn::Shm(ShmSend::connect(
+                        c.me,
+                        &c.secret,
+                        peer,
+                        key.class,
+                        c.slots,
+                        c.slot_bytes,
+                        &c.doorbell,
+                    )?);
+                    c.log.info(format_args!("connected to rank {} ({:?}) over SHM", key.peer, key.class));
+                    self.sends.insert(key, conn);
+                } else {
+                    let conn = match c.mailbox.wait_conn(key.peer, key.class, w)? {
+                        Incoming::Shm(o) => {
+                            RecvConn::Shm(ShmRecv::accept(c.me, key.peer, o, c.slots, c.slot_bytes)?)
+                        }
+                        Incoming::Tcp(_) => {
+                            return Err(Error::Internal(format!(
+                                "rank {} offered TCP where this rank expects shared memory",
+                                key.peer
+                            )))
+                        }
+                    };
+                    self.recvs.insert(key, conn);
+                }
+                continue;
+            }
+            let stream = match self.spare.remove(&key) {
+                Some(s) => s,
+                None => {
+                    let s = if me < key.peer {
+                        TcpSend::connect_stream(c.me, &c.secret, peer, key.class, w)?
+                    } else {
+                        match c.mailbox.wait_conn(key.peer, key.class, w)? {
+                            Incoming::Tcp(s) => s,
+                            Incoming::Shm(_) => {
+                                return Err(Error::Internal(format!(
+                                    "rank {} offered shared memory where this rank expects TCP",
+                                    key.peer
+                                )))
+                            }
+                        }
+                    };
+                    c.log.info(format_args!("connected to rank {} ({:?}) over TCP", key.peer, key.class));
+                    let other = s
+                        .try_clone()
+                        .map_err(|e| Error::io(c.me, "TCP connection setup", Some(key.peer), e))?;
+                    self.remember(s.try_clone().ok());
+                    self.spare.insert(key, other);
+                    s
+                }
             };
-            self.remember(conn.shutdown_handle());
-            self.recvs.insert(*key, conn);
+            if out {
+                let conn = TcpSend::over(c.me, key.peer, stream, c.slots, c.slot_bytes)?;
+                self.sends.insert(key, SendConn::Tcp(conn));
+            } else {
+                let conn = TcpRecv::accept(c.me, peer, stream, c.slots, c.slot_bytes)?;
+                self.recvs.insert(key, RecvConn::Tcp(conn));
+            }
         }
         Ok(())
     }
@@ -196,7 +310,7 @@ impl Engine {
     pub fn run_ops(&mut self, g: &Geometry, ops: &[OpSpec], bufs: &[RawBuf], what: &str) -> Result<()> {
         if let (Some(d), [op]) = (self.direct.as_mut(), ops) {
             let w = Waiter::new(self.ctx.me, self.ctx.timeout, self.ctx.abort.clone());
-            if d.run(op, bufs, &w)? == direct::Outcome::Done {
+            if d.run(op, bufs, &w, what)? == direct::Outcome::Done {
                 return Ok(());
             }
         }
@@ -209,8 +323,9 @@ impl Engine {
         let w = Waiter::new(self.ctx.me, self.ctx.timeout, self.ctx.abort.clone());
         let needed = job_connections(&job);
         self.connect(&needed, &w)?;
-        let mut sv: Vec<(ConnKey, SendConn)> = Vec::new();
-        let mut rv: Vec<(ConnKey, RecvConn)> = Vec::new();
+        // Per-job vectors are kept between jobs (a small call should not allocate them).
+        let mut work = std::mem::take(&mut self.work);
+        let (sv, rv) = (&mut work.sv, &mut work.rv);
         for (k, out) in &needed {
             if *out {
                 if let Some(c) = self.sends.remove(k) {
@@ -227,31 +342,30 @@ impl Engine {
         }
         let mut all: smallvec::SmallVec<[RawBuf; 4]> = bufs.iter().copied().collect();
         all.push(RawBuf { ptr: self.scratch.as_mut_ptr().cast(), len: job.scratch_bytes, writable: true });
-        let res = self.exec(job, &mut sv, &mut rv, &all, &w, what);
-        self.sends.extend(sv);
-        self.recvs.extend(rv);
+        let res = self.exec(job, &mut work, &all, &w, what);
+        if res.is_err() {
+            for (_, r) in work.rv.iter_mut() {
+                r.abandon_posted();
+            }
+        }
+        self.sends.extend(work.sv.drain(..));
+        self.recvs.extend(work.rv.drain(..));
+        self.work = work;
         res
     }
 
-    fn exec(
-        &self,
-        job: Job,
-        sv: &mut [(ConnKey, SendConn)],
-        rv: &mut [(ConnKey, RecvConn)],
-        bufs: &[RawBuf],
-        w: &Waiter,
-        what: &str,
-    ) -> Result<()> {
-        let sidx: HashMap<ConnKey, usize> = sv.iter().enumerate().map(|(i, (k, _))| (*k, i)).collect();
-        let ridx: HashMap<ConnKey, usize> = rv.iter().enumerate().map(|(i, (k, _))| (*k, i)).collect();
+    fn exec(&self, job: Job, work: &mut Work, bufs: &[RawBuf], w: &Waiter, what: &str) -> Result<()> {
+        let Work { sv, rv, pfds, io_fds, io_idx, posts, users } = work;
+        let (sv, rv) = (sv.as_mut_slice(), rv.as_mut_slice());
+        // `sv` and `rv` are in key order (built from the sorted `job_connections`).
         let mk = |mut lane: Lane| -> Result<LaneRt> {
-            let inb = lane.inbound.iter().map(|k| ridx.get(k).copied()).collect::<Option<Vec<_>>>();
-            let out = lane.outbound.iter().map(|k| sidx.get(k).copied()).collect::<Option<Vec<_>>>();
+            let inb = lane.inbound.iter().map(|k| rv.binary_search_by_key(k, |c| c.0).ok()).collect();
+            let out = lane.outbound.iter().map(|k| sv.binary_search_by_key(k, |c| c.0).ok()).collect();
             let (Some(inb), Some(out)) = (inb, out) else {
                 return Err(Error::Internal("lane names a connection that was not set up".into()));
             };
             let pending = lane.steps.next();
-            Ok(LaneRt { lane, inb, out, pending })
+            Ok(LaneRt { lane, inb, out, pending, ahead: None })
         };
         let mut p2p: Vec<LaneRt> = job.p2p.into_iter().map(mk).collect::<Result<_>>()?;
         let mut phases: VecDeque<Vec<LaneRt>> = job
@@ -259,16 +373,19 @@ impl Engine {
             .into_iter()
             .map(|ph| ph.into_iter().map(mk).collect::<Result<Vec<_>>>())
             .collect::<Result<_>>()?;
+        // How many lanes of the job read each inbound connection (posted receives need one).
+        users.clear();
+        users.resize(rv.len(), 0);
+        for l in p2p.iter().chain(phases.iter().flatten()) {
+            for &r in &l.inb {
+                users[r] += 1;
+            }
+        }
         let mut idle_since: Option<Instant> = None;
-        let mut pfds: Vec<libc::pollfd> = Vec::new();
         loop {
-            let mut progressed = false;
-            for (_, s) in sv.iter_mut() {
-                progressed |= s.pump()?;
-            }
-            for (_, r) in rv.iter_mut() {
-                progressed |= r.pump()?;
-            }
+            let lanes = p2p.iter().chain(phases.front().into_iter().flatten());
+            post_receives(lanes, sv, rv, users, bufs, posts);
+            let mut progressed = pump_sockets(sv, rv, posts, io_fds, io_idx, self.ctx.me)?;
             loop {
                 while phases.front().is_some_and(|p| p.iter().all(|l| l.pending.is_none())) {
                     phases.pop_front();
@@ -305,7 +422,7 @@ impl Engine {
             }
             let now = Instant::now();
             let idle = now.duration_since(*idle_since.get_or_insert(now));
-            if idle < Duration::from_nanos(SPIN_NS) {
+            if idle < self.spin {
                 std::hint::spin_loop();
                 continue;
             }
@@ -322,22 +439,26 @@ impl Engine {
             for l in lanes {
                 if let Some(st) = l.pending {
                     if let Input::Recv(p) | Input::RecvReduce(p, _) = st.input {
-                        rv[l.inb[p.0 as usize]].1.arm(&mut pfds);
+                        let r = l.inb[p.0 as usize];
+                        rv[r].1.arm(pfds, posts.get(r).is_some_and(|x| x.is_some()));
                     }
                     if let Some(p) = st.send {
-                        sv[l.out[p.0 as usize]].1.arm(&mut pfds);
+                        sv[l.out[p.0 as usize]].1.arm(pfds);
                     }
+                }
+                if let Some(p) = l.ahead.and_then(|a| a.send) {
+                    sv[l.out[p.0 as usize]].1.arm(pfds);
                 }
             }
             for (_, s) in sv.iter() {
                 if !s.flushed() {
-                    s.arm(&mut pfds);
+                    s.arm(pfds);
                 }
             }
             let ready_now =
                 p2p.iter().chain(phases.front().into_iter().flatten()).any(|l| can_step(l, sv, rv));
             if !ready_now {
-                fd::poll(&mut pfds, w.slice()).map_err(|e| Error::io(self.ctx.me, "poll", None, e))?;
+                fd::poll(pfds, w.slice()).map_err(|e| Error::io(self.ctx.me, "poll", None, e))?;
             }
             for (_, s) in sv.iter() {
                 s.disarm();
@@ -350,7 +471,10 @@ impl Engine {
         }
     }
 
-    /// Runs a lane's pending step if its inputs and outputs are available.
+    /// Runs a lane's pending step if its inputs and outputs are available; while it waits,
+    /// runs the step after it instead where that cannot change any result or the order of
+    /// any connection's chunks (a ring's send of its next loop while its last receive of
+    /// this loop waits: over sockets that hides one round trip per loop).
     fn try_step(
         &self,
         l: &mut LaneRt,
@@ -362,6 +486,35 @@ impl Engine {
         let Some(step) = l.pending else {
             return Ok(false);
         };
+        if self.run_step(l, step, sv, rv, bufs, what)? {
+            l.pending = l.ahead.take().or_else(|| l.lane.steps.next());
+            return Ok(true);
+        }
+        if step.send.is_some() {
+            return Ok(false);
+        }
+        if l.ahead.is_none() {
+            l.ahead = l.lane.steps.next();
+        }
+        match l.ahead {
+            Some(a) if may_pass(&step, &a, bufs) && self.run_step(l, a, sv, rv, bufs, what)? => {
+                l.ahead = None;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Runs `step` of lane `l` if its inputs and outputs are available.
+    fn run_step(
+        &self,
+        l: &LaneRt,
+        step: Step,
+        sv: &mut [(ConnKey, SendConn)],
+        rv: &mut [(ConnKey, RecvConn)],
+        bufs: &[RawBuf],
+        what: &str,
+    ) -> Result<bool> {
         let rin = match step.input {
             Input::Recv(p) | Input::RecvReduce(p, _) => Some(l.inb[p.0 as usize]),
             Input::Src(_) | Input::Local2(..) => None,
@@ -445,6 +598,28 @@ impl Engine {
             }
             None => None,
         };
+        // A posted receive already put the chunk at its destination: only a staged send (if
+        // any) still needs the bytes.
+        if let (Input::Recv(_), Some(r), Some(d)) = (step.input, recv, dst) {
+            if std::ptr::eq(r, d.ptr) {
+                if let Some(s) = sout {
+                    if sv[s].1.sends_in_place() {
+                        // SAFETY: the destination holds this step's chunk, valid and unchanged
+                        // until the job ends (rule 1), which waits for the flush.
+                        unsafe { sv[s].1.commit_external(d.ptr, len)? };
+                    } else if let Some(p) = send {
+                        // SAFETY: the free slot holds ≥ len bytes (checked above) and is disjoint
+                        // from user memory.
+                        unsafe { std::ptr::copy_nonoverlapping(d.ptr, p, len) };
+                        sv[s].1.commit(len)?;
+                    }
+                }
+                if let Some(r) = rin {
+                    rv[r].1.release();
+                }
+                return Ok(true);
+            }
+        }
         // SAFETY: (for all slices below) `span` bounds-checked every user location against its
         // live buffer (rules 1, 2); a destination is disjoint from the source unless in place,
         // and in place only the destination slice is made for a reduction; the received chunk
@@ -494,7 +669,6 @@ impl Engine {
         if let Some(r) = rin {
             rv[r].1.release();
         }
-        l.pending = l.lane.steps.next();
         Ok(true)
     }
 
@@ -503,8 +677,124 @@ impl Engine {
         self.direct = None;
         self.sends.clear();
         self.recvs.clear();
+        self.spare.clear();
         self.sockets.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
+}
+
+/// Moves bytes on every TCP connection that can move them now: one non-blocking poll over
+/// the sockets with work (frames to write, room for the next frame), then writes and reads
+/// only on those it reports ready. Busy `recv` calls on a socket that another core is
+/// delivering into contend for the socket's lock; `poll` takes none. `posts[i]` is a posted
+/// receive for inbound connection `i` (see [`post_receives`]).
+fn pump_sockets(
+    sv: &mut [(ConnKey, SendConn)],
+    rv: &mut [(ConnKey, RecvConn)],
+    posts: &[Option<(*mut u8, usize)>],
+    fds: &mut Vec<libc::pollfd>,
+    idx: &mut Vec<(bool, usize)>,
+    me: Rank,
+) -> Result<bool> {
+    let mut progressed = false;
+    fds.clear();
+    idx.clear();
+    for (i, (_, s)) in sv.iter().enumerate() {
+        if let Some(p) = s.poll_interest() {
+            fds.push(p);
+            idx.push((true, i));
+        }
+    }
+    for (i, (_, r)) in rv.iter_mut().enumerate() {
+        progressed |= r.pump_buffered()?;
+        if let Some(p) = r.poll_interest(posts[i].is_some()) {
+            fds.push(p);
+            idx.push((false, i));
+        }
+    }
+    if fds.is_empty() {
+        return Ok(progressed);
+    }
+    if fd::poll(fds, Duration::ZERO).map_err(|e| Error::io(me, "poll", None, e))? == 0 {
+        return Ok(progressed);
+    }
+    for (p, &(send, i)) in fds.iter().zip(idx.iter()) {
+        if p.revents == 0 {
+            continue;
+        }
+        progressed |= if send {
+            sv[i].1.pump()?
+        } else {
+            // SAFETY: post_receives only posts a writable, bounds-checked span of this job's
+            // buffers that the pending step alone writes and no queued send reads; a frame
+            // still going there when the job ends early is abandoned (Engine::run).
+            unsafe { rv[i].1.pump_posted(posts[i])? }
+        };
+    }
+    Ok(progressed)
+}
+
+/// Posted receives for this round: a lane whose pending step copies the next chunk of an
+/// inbound TCP connection into its destination (a plain receive, no reduction) lets the
+/// socket write it there directly, saving the copy out of a staging slot. Only when the
+/// lane is the connection's one consumer in the job, nothing is queued on the connection
+/// (so the next frame is that step's), and no unsent frame reads the destination.
+fn post_receives<'a>(
+    lanes: impl Iterator<Item = &'a LaneRt>,
+    sv: &[(ConnKey, SendConn)],
+    rv: &[(ConnKey, RecvConn)],
+    users: &[u32],
+    bufs: &[RawBuf],
+    posts: &mut Vec<Option<(*mut u8, usize)>>,
+) {
+    posts.clear();
+    posts.resize(rv.len(), None);
+    for l in lanes {
+        let Some(st) = l.pending else { continue };
+        let (Input::Recv(p), Some(d), false) = (st.input, st.dst, st.finalize) else { continue };
+        let r = l.inb[p.0 as usize];
+        if users[r] != 1 || !rv[r].1.accepts_post() {
+            continue;
+        }
+        let Ok(b) = span(bufs, d, st.len) else { continue };
+        if !b.writable || sv.iter().any(|(_, s)| s.reads_external(b.ptr, st.len)) {
+            continue;
+        }
+        posts[r] = Some((b.ptr, st.len));
+    }
+}
+
+/// Whether step `a`, the next of a lane, may run before the lane's waiting step `p`: `p`
+/// sends nothing and `a` receives nothing (so every connection still carries chunks in plan
+/// order), and neither writes memory the other reads or writes (so both compute what they
+/// would in order). Locations are compared as addresses: an in-place call's source and
+/// destination are one buffer.
+fn may_pass(p: &Step, a: &Step, bufs: &[RawBuf]) -> bool {
+    if p.send.is_some() || matches!(a.input, Input::Recv(_) | Input::RecvReduce(..)) {
+        return false;
+    }
+    let range = |loc: Option<Loc>, len: usize| -> Option<Option<(usize, usize)>> {
+        match loc {
+            None => Some(None),
+            Some(l) => span(bufs, l, len).ok().map(|b| Some((b.ptr as usize, b.ptr as usize + len))),
+        }
+    };
+    let reads = |s: &Step| -> Option<[Option<(usize, usize)>; 2]> {
+        Some(match s.input {
+            Input::Src(l) | Input::RecvReduce(_, l) => [range(Some(l), s.len)?, None],
+            Input::Local2(x, y) => [range(Some(x), s.len)?, range(Some(y), s.len)?],
+            Input::Recv(_) => [None, None],
+        })
+    };
+    let (Some(pw), Some(aw), Some(pr), Some(ar)) =
+        (range(p.dst, p.len), range(a.dst, a.len), reads(p), reads(a))
+    else {
+        return false;
+    };
+    let meet = |x: Option<(usize, usize)>, y: Option<(usize, usize)>| match (x, y) {
+        (Some((x0, x1)), Some((y0, y1))) => x0 < y1 && y0 < x1,
+        _ => false,
+    };
+    !(meet(pw, aw) || ar.iter().any(|r| meet(pw, *r)) || pr.iter().any(|r| meet(aw, *r)))
 }
 
 fn can_step(l: &LaneRt, sv: &mut [(ConnKey, SendConn)], rv: &mut [(ConnKey, RecvConn)]) -> bool {

@@ -96,6 +96,23 @@ impl SendConn {
         }
     }
 
+    /// Whether a queued frame that is not yet fully written is sent from memory overlapping
+    /// `ptr..ptr + len` (TCP sends from user memory).
+    pub fn reads_external(&self, ptr: *const u8, len: usize) -> bool {
+        match self {
+            SendConn::Tcp(c) => c.reads_external(ptr, len),
+            SendConn::Shm(_) => false,
+        }
+    }
+
+    /// The socket and events to poll before pumping: a TCP connection with frames to write.
+    pub fn poll_interest(&self) -> Option<libc::pollfd> {
+        match self {
+            SendConn::Tcp(c) if !c.flushed() => Some(fd::pollfd(c.poll_fd(), libc::POLLOUT)),
+            _ => None,
+        }
+    }
+
     /// Prepares to sleep until this connection can make progress: announces it (shared
     /// memory) or adds what to poll (TCP).
     pub fn arm(&self, pfds: &mut Vec<libc::pollfd>) {
@@ -159,11 +176,56 @@ impl RecvConn {
         }
     }
 
-    pub fn arm(&self, pfds: &mut Vec<libc::pollfd>) {
+    /// The socket and events to poll before pumping: a TCP connection with room for the
+    /// next frame (a free slot, or a posted receive).
+    pub fn poll_interest(&self, posted: bool) -> Option<libc::pollfd> {
+        match self {
+            RecvConn::Tcp(c) if c.wants_data(posted) => Some(fd::pollfd(c.poll_fd(), libc::POLLIN)),
+            _ => None,
+        }
+    }
+
+    /// Whether a receive posted now would take this connection's next frame (TCP only).
+    pub fn accepts_post(&self) -> bool {
+        match self {
+            RecvConn::Tcp(c) => c.accepts_post(),
+            RecvConn::Shm(_) => false,
+        }
+    }
+
+    /// Pumps with a posted receive (see [`TcpRecv::pump_posted`]).
+    ///
+    /// # Safety
+    /// As [`TcpRecv::pump_posted`].
+    pub unsafe fn pump_posted(&mut self, post: Option<(*mut u8, usize)>) -> Result<bool> {
+        match self {
+            RecvConn::Shm(_) => Ok(false),
+            // SAFETY: forwarded contract.
+            RecvConn::Tcp(c) => unsafe { c.pump_posted(post) },
+        }
+    }
+
+    /// Ends a job early (see [`TcpRecv::abandon_posted`]).
+    pub fn abandon_posted(&mut self) {
+        if let RecvConn::Tcp(c) = self {
+            c.abandon_posted();
+        }
+    }
+
+    /// Moves frames a TCP connection has already read into free slots (no system call).
+    #[inline]
+    pub fn pump_buffered(&mut self) -> Result<bool> {
+        match self {
+            RecvConn::Tcp(c) if c.has_buffered() => c.pump_buffered(),
+            _ => Ok(false),
+        }
+    }
+
+    pub fn arm(&self, pfds: &mut Vec<libc::pollfd>, posted: bool) {
         match self {
             RecvConn::Shm(c) => c.arm(),
             RecvConn::Tcp(c) => {
-                if c.wants_data() {
+                if c.wants_data(posted) {
                     pfds.push(fd::pollfd(c.poll_fd(), libc::POLLIN));
                 }
             }

@@ -48,61 +48,74 @@ pub struct TcpSend {
     me: Rank,
     peer: Rank,
     slots: Vec<Box<[u8]>>,
+    /// Free staging slots, the most recently freed (warmest in cache) last.
+    free: Vec<usize>,
     /// Committed frames not yet fully written: (payload, len).
     queue: VecDeque<(Payload, usize)>,
-    head: u64,
     /// Bytes of the front frame (header included) already written.
     written: usize,
 }
 
 impl TcpSend {
-    /// Connects to `peer`'s service and announces a data connection of `class`.
-    pub(crate) fn connect(
+    /// Connects to `peer`'s service and announces a data connection of `class`; the stream
+    /// carries frames both ways (each end wraps it in a [`TcpSend`] and a [`TcpRecv`]), so
+    /// each direction's acknowledgements ride on the other's data.
+    pub(crate) fn connect_stream(
         me: Rank,
         secret: &[u8; 32],
         peer: &PeerInfo,
         class: ConnClass,
-        slots: usize,
-        slot_bytes: usize,
         w: &Waiter,
-    ) -> Result<TcpSend> {
+    ) -> Result<TcpStream> {
         let mut s = connect_retry(peer.addr, w, "connection setup: TCP connect", &[peer.rank])?;
         let hello = Hello { secret: *secret, from: me, to: peer.rank, data: Some(class) };
         write_frame(&mut s, kind::HELLO, &hello.encode())
             .map_err(|e| Error::io(me, "TCP connection hello", Some(peer.rank), e))?;
-        s.set_nonblocking(true).map_err(|e| Error::io(me, "TCP connection setup", Some(peer.rank), e))?;
+        Ok(s)
+    }
+
+    /// The sending end over an established data stream.
+    pub(crate) fn over(
+        me: Rank,
+        peer: Rank,
+        s: TcpStream,
+        slots: usize,
+        slot_bytes: usize,
+    ) -> Result<TcpSend> {
+        s.set_nonblocking(true).map_err(|e| Error::io(me, "TCP connection setup", Some(peer), e))?;
         let _ = s.set_nodelay(true);
         Ok(TcpSend {
             fd: s.as_raw_fd(),
             s,
             me,
-            peer: peer.rank,
+            peer,
             slots: staging(slots, slot_bytes),
+            free: (0..slots).rev().collect(),
             queue: VecDeque::new(),
-            head: 0,
             written: 0,
         })
     }
 
-    /// Whether a staging slot is free.
+    /// Whether a frame can be queued (a staging slot is free; external frames take one too,
+    /// which bounds how far a sender runs ahead of its socket).
     #[inline]
     pub fn ready(&mut self) -> bool {
-        self.queue.len() < self.slots.len()
+        self.queue.len() < self.slots.len() && !self.free.is_empty()
     }
 
     /// The free slot and its capacity.
     #[inline]
     pub fn slot(&mut self) -> (*mut u8, usize) {
-        let i = (self.head % self.slots.len() as u64) as usize;
-        let s = &mut self.slots[i];
-        (s.as_mut_ptr(), s.len())
+        match self.free.last() {
+            Some(&i) => (self.slots[i].as_mut_ptr(), self.slots[i].len()),
+            None => (std::ptr::null_mut(), 0),
+        }
     }
 
     /// Queues the slot's `len` bytes and starts writing them.
     pub fn commit(&mut self, len: usize) -> Result<()> {
-        let i = (self.head % self.slots.len() as u64) as usize;
+        let i = self.free.pop().ok_or_else(|| Error::Internal("TCP commit without a free slot".into()))?;
         self.queue.push_back((Payload::Slot(i), len));
-        self.head += 1;
         self.pump()?;
         Ok(())
     }
@@ -141,11 +154,22 @@ impl TcpSend {
             progressed = true;
             self.written += n;
             if self.written == total {
-                self.queue.pop_front();
+                if let Some((Payload::Slot(i), _)) = self.queue.pop_front() {
+                    self.free.push(i);
+                }
                 self.written = 0;
             }
         }
         Ok(progressed)
+    }
+
+    /// Whether a queued frame sent from user memory overlaps `ptr..ptr + len`.
+    pub fn reads_external(&self, ptr: *const u8, len: usize) -> bool {
+        let (a0, a1) = (ptr as usize, ptr as usize + len);
+        self.queue.iter().any(|&(pl, n)| match pl {
+            Payload::External(p) => (p as usize) < a1 && a0 < p as usize + n,
+            Payload::Slot(_) => false,
+        })
     }
 
     /// Whether every committed frame is in the kernel.
@@ -182,22 +206,37 @@ pub struct TcpRecv {
     peer: Rank,
     host: String,
     slots: Vec<Box<[u8]>>,
-    /// Received chunks not yet released: (slot, len).
-    ready: VecDeque<(usize, usize)>,
-    /// Chunks received so far (the next one fills slot `filled % slots`).
-    filled: u64,
+    /// Free slots, the most recently released (warmest in cache) last.
+    free: Vec<usize>,
+    /// Received chunks not yet released, in arrival order: (where, len).
+    ready: VecDeque<(Dest, usize)>,
     /// Bytes read from the socket and not yet parsed: `rx[rx_start..rx_end]`.
     rx: Box<[u8]>,
     rx_start: usize,
     rx_end: usize,
-    /// A large payload being read straight into its slot: (len, bytes so far).
-    direct: Option<(usize, usize)>,
+    /// A large payload being read straight into its destination: (where, len, bytes so far).
+    direct: Option<(Dest, usize, usize)>,
     /// The peer closed its end.
     eof: bool,
+    /// The last read took less than it asked for (the socket had nothing more).
+    drained: bool,
+    /// A job ended while a frame was going to its posted memory: the stream is unusable.
+    broken: bool,
 }
 
+/// Where a received frame's payload goes: a staging slot, or memory a step posted for it.
+#[derive(Clone, Copy, Debug)]
+enum Dest {
+    Slot(usize),
+    User(*mut u8),
+}
+
+// SAFETY: a posted destination is job memory that pump_posted's caller keeps valid and
+// exclusive while the frame is read, on whatever thread runs the job.
+unsafe impl Send for Dest {}
+
 impl TcpRecv {
-    /// Wraps a data connection the service accepted from `peer`.
+    /// The receiving end over an established data stream (either end's).
     pub(crate) fn accept(
         me: Rank,
         peer: &PeerInfo,
@@ -214,13 +253,15 @@ impl TcpRecv {
             peer: peer.rank,
             host: peer.hostname.clone(),
             slots: staging(slots, slot_bytes),
+            free: (0..slots).rev().collect(),
             ready: VecDeque::new(),
-            filled: 0,
             rx: vec![0u8; RX_BYTES].into_boxed_slice(),
             rx_start: 0,
             rx_end: 0,
             direct: None,
             eof: false,
+            drained: false,
+            broken: false,
         })
     }
 
@@ -233,13 +274,17 @@ impl TcpRecv {
         }
     }
 
-    fn recv_into(&mut self, which: Option<(usize, usize, usize)>) -> Result<Option<usize>> {
+    fn recv_into(&mut self, which: Option<(Dest, usize, usize)>) -> Result<Option<usize>> {
+        let (fd, me, peer) = (self.fd, self.me, self.peer);
         let buf: &mut [u8] = match which {
-            Some((slot, from, to)) => &mut self.slots[slot][from..to],
+            Some((d, from, to)) => self.dest_mut(d, from, to),
             None => &mut self.rx[self.rx_end..],
         };
-        let r =
-            fd::recv_some(self.fd, buf).map_err(|e| Error::io(self.me, "TCP receive", Some(self.peer), e))?;
+        let asked = buf.len();
+        let r = fd::recv_some(fd, buf).map_err(|e| Error::io(me, "TCP receive", Some(peer), e))?;
+        // A short read (or none) drained the socket: reading again before it polls readable
+        // would only cost a system call that fails.
+        self.drained = r.is_none_or(|n| n < asked);
         if r == Some(0) {
             self.eof = true;
             return Ok(None);
@@ -249,56 +294,127 @@ impl TcpRecv {
 
     /// Reads what has arrived into free slots; returns whether anything was read.
     pub fn pump(&mut self) -> Result<bool> {
+        self.pump_with(true, None)
+    }
+
+    /// Like [`pump`](Self::pump), with a posted receive: if the next frame to be consumed is
+    /// large and exactly `post.1` bytes, its payload goes straight to `post.0` instead of a
+    /// slot, and the chunk is reported there.
+    ///
+    /// # Safety
+    /// `post.0` must be valid for `post.1` byte writes, written by no one else, until the
+    /// chunk is released or the job that posted it ends ([`abandon_posted`](Self::abandon_posted)
+    /// on an early end).
+    pub unsafe fn pump_posted(&mut self, post: Option<(*mut u8, usize)>) -> Result<bool> {
+        self.pump_with(true, post)
+    }
+
+    /// Moves frames already in the receive buffer into free slots, without system calls.
+    pub fn pump_buffered(&mut self) -> Result<bool> {
+        self.pump_with(false, None)
+    }
+
+    /// Whether the receive buffer holds a frame header (so a slot released since the last
+    /// pump may take a frame without reading the socket).
+    pub fn has_buffered(&self) -> bool {
+        self.direct.is_none() && self.rx_end - self.rx_start >= FRAME_HEADER && !self.free.is_empty()
+    }
+
+    /// Whether a posted receive would be used now: nothing is waiting or being read, so the
+    /// next frame is the next chunk consumed.
+    pub fn accepts_post(&self) -> bool {
+        self.ready.is_empty() && self.direct.is_none() && !self.eof
+    }
+
+    /// Ends a job early: a frame being read into posted memory can no longer be completed
+    /// safely, so the connection is marked broken (its stream position is lost).
+    pub fn abandon_posted(&mut self) {
+        let posted = |d: &Dest| matches!(d, Dest::User(_));
+        if self.direct.as_ref().is_some_and(|(d, ..)| posted(d)) || self.ready.iter().any(|(d, _)| posted(d))
+        {
+            self.direct = None;
+            self.ready.retain(|(d, _)| !posted(d));
+            self.broken = true;
+        }
+    }
+
+    fn pump_with(&mut self, read: bool, mut post: Option<(*mut u8, usize)>) -> Result<bool> {
         let mut progressed = false;
-        while self.ready.len() < self.slots.len() && !self.eof {
-            let i = (self.filled % self.slots.len() as u64) as usize;
-            if let Some((len, got)) = self.direct {
-                match self.recv_into(Some((i, got, len)))? {
+        self.drained = false;
+        while !self.eof && !self.broken {
+            if let Some((d, len, got)) = self.direct {
+                if !read || self.drained {
+                    break;
+                }
+                match self.recv_into(Some((d, got, len)))? {
                     None => break,
                     Some(n) => {
                         progressed = true;
                         if got + n == len {
                             self.direct = None;
-                            self.ready.push_back((i, len));
-                            self.filled += 1;
+                            self.ready.push_back((d, len));
                         } else {
-                            self.direct = Some((len, got + n));
+                            self.direct = Some((d, len, got + n));
                         }
                     }
                 }
                 continue;
             }
+            let usable_post = post.filter(|_| self.ready.is_empty());
+            if self.free.is_empty() && usable_post.is_none() {
+                break;
+            }
             let have = self.rx_end - self.rx_start;
             if have >= FRAME_HEADER {
                 let h = &self.rx[self.rx_start..self.rx_start + 4];
                 let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
-                if len > self.slots[i].len() {
+                let cap = self.slots[0].len();
+                if len > cap {
                     return Err(Error::InvalidUsage(format!(
-                        "rank {}: rank {} sent a {len}-byte frame, larger than the {}-byte slot (different NCCL_BUFFSIZE?)",
-                        self.me,
-                        self.peer,
-                        self.slots[i].len()
+                        "rank {}: rank {} sent a {len}-byte frame, larger than the {cap}-byte slot (different NCCL_BUFFSIZE?)",
+                        self.me, self.peer
                     )));
                 }
                 let avail = have - FRAME_HEADER;
                 let body = self.rx_start + FRAME_HEADER;
-                if avail >= len || len > SMALL_FRAME {
+                let dest = match usable_post {
+                    Some((p, n)) if n == len && len > SMALL_FRAME => Some(Dest::User(p)),
+                    _ => self.free.last().map(|&i| Dest::Slot(i)),
+                };
+                if let (Some(d), true) = (dest, avail >= len || len > SMALL_FRAME) {
                     // The whole frame, or the start of a large one, is buffered: move it to
-                    // its slot and read the rest of a large one straight there.
+                    // its destination and read the rest of a large one straight there.
                     let take = avail.min(len);
-                    self.slots[i][..take].copy_from_slice(&self.rx[body..body + take]);
+                    let from = &self.rx[body..body + take];
+                    match d {
+                        Dest::Slot(i) => self.slots[i][..take].copy_from_slice(from),
+                        // SAFETY: pump_posted's contract (valid, exclusive, ≥ len ≥ take bytes);
+                        // the receive buffer is ours, so the ranges are disjoint.
+                        Dest::User(p) => unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), p, take) },
+                    }
                     self.rx_start = body + take;
+                    match d {
+                        Dest::Slot(_) => {
+                            self.free.pop();
+                        }
+                        Dest::User(_) => post = None,
+                    }
                     progressed = true;
                     if take == len {
-                        self.ready.push_back((i, len));
-                        self.filled += 1;
+                        self.ready.push_back((d, len));
                     } else {
-                        self.direct = Some((len, take));
+                        self.direct = Some((d, len, take));
                     }
                     continue;
                 }
+                if dest.is_none() {
+                    break;
+                }
             }
             // More bytes needed in the receive buffer: compact it, then read.
+            if !read || self.drained {
+                break;
+            }
             if self.rx_start > 0 {
                 self.rx.copy_within(self.rx_start..self.rx_end, 0);
                 self.rx_end -= self.rx_start;
@@ -315,14 +431,23 @@ impl TcpRecv {
         Ok(progressed)
     }
 
-    /// Whether a chunk is waiting (reading the socket if none is).
+    /// Bytes `from..to` of a destination.
+    fn dest_mut(&mut self, d: Dest, from: usize, to: usize) -> &mut [u8] {
+        match d {
+            Dest::Slot(i) => &mut self.slots[i][from..to],
+            // SAFETY: pump_posted's contract: the posted memory is valid, exclusive and at
+            // least the frame's length (the post's length equals it).
+            Dest::User(p) => unsafe { std::slice::from_raw_parts_mut(p.add(from), to - from) },
+        }
+    }
+
+    /// Whether a chunk is waiting. Reads nothing: the engine pumps connections whose sockets
+    /// poll readable, so a waiting step costs no system call on a socket another core is
+    /// writing into.
     #[inline]
     pub fn ready(&mut self) -> Result<bool> {
-        if self.ready.is_empty() {
-            self.pump()?;
-            if self.ready.is_empty() && self.eof {
-                return Err(self.closed());
-            }
+        if self.ready.is_empty() && (self.eof || self.broken) {
+            return Err(self.closed());
         }
         Ok(!self.ready.is_empty())
     }
@@ -331,7 +456,8 @@ impl TcpRecv {
     #[inline]
     pub fn chunk(&self) -> (*const u8, usize) {
         match self.ready.front() {
-            Some(&(i, len)) => (self.slots[i].as_ptr(), len),
+            Some(&(Dest::Slot(i), len)) => (self.slots[i].as_ptr(), len),
+            Some(&(Dest::User(p), len)) => (p as *const u8, len),
             None => (std::ptr::null(), 0),
         }
     }
@@ -339,12 +465,17 @@ impl TcpRecv {
     /// Frees the chunk's slot.
     #[inline]
     pub fn release(&mut self) {
-        self.ready.pop_front();
+        if let Some((Dest::Slot(i), _)) = self.ready.pop_front() {
+            self.free.push(i);
+        }
     }
 
-    /// Whether the socket should be polled for readability (a slot is free).
-    pub fn wants_data(&self) -> bool {
-        self.ready.len() < self.slots.len() && !self.eof
+    /// Whether the socket should be polled for readability (a frame is being read, a slot
+    /// is free, or a posted receive would take the next frame).
+    pub fn wants_data(&self, posted: bool) -> bool {
+        (self.direct.is_some() || !self.free.is_empty() || (posted && self.ready.is_empty()))
+            && !self.eof
+            && !self.broken
     }
 
     pub fn poll_fd(&self) -> RawFd {
@@ -358,5 +489,111 @@ impl TcpRecv {
     /// A handle that can shut the socket down from another thread.
     pub fn shutdown_handle(&self) -> Option<TcpStream> {
         self.s.try_clone().ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::TcpListener;
+
+    fn pair(slot_bytes: usize) -> (TcpStream, TcpRecv) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (rx, _) = l.accept().unwrap();
+        let peer = PeerInfo {
+            rank: Rank(1),
+            pid: 0,
+            host_id: 0,
+            hostname: "peer".into(),
+            addr: l.local_addr().unwrap(),
+            unix_name: [0; 16],
+        };
+        (tx, TcpRecv::accept(Rank(0), &peer, rx, 2, slot_bytes).unwrap())
+    }
+
+    fn frame(tx: &mut TcpStream, payload: &[u8]) {
+        let mut hdr = [0u8; FRAME_HEADER];
+        hdr[..4].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        tx.write_all(&hdr).unwrap();
+        tx.write_all(payload).unwrap();
+    }
+
+    /// Pumps until `n` chunks are waiting (the socket is non-blocking on this side).
+    fn wait_ready(r: &mut TcpRecv, post: Option<(*mut u8, usize)>, n: usize) {
+        let t = std::time::Instant::now();
+        while r.ready.len() < n {
+            // SAFETY: the tests' posted buffers outlive the pumping and nothing else writes them.
+            unsafe { r.pump_posted(post).unwrap() };
+            assert!(t.elapsed().as_secs() < 10, "frames never arrived");
+        }
+    }
+
+    #[test]
+    fn posted_receive_lands_in_place_and_others_use_slots() {
+        let big = SMALL_FRAME * 3 + 5;
+        let (mut tx, mut r) = pair(big + 64);
+        let a: Vec<u8> = (0..big).map(|i| (i * 7 + 1) as u8).collect();
+        let b: Vec<u8> = (0..big).map(|i| (i * 13 + 2) as u8).collect();
+        frame(&mut tx, &a);
+        frame(&mut tx, &b);
+        frame(&mut tx, &[9, 8, 7]);
+        let mut dst = vec![0u8; big];
+        let post = Some((dst.as_mut_ptr(), big));
+        assert!(r.accepts_post());
+        wait_ready(&mut r, post, 1);
+        // The first frame went to the posted memory; the chunk points there.
+        assert_eq!(r.chunk(), (dst.as_ptr(), big));
+        assert!(!r.accepts_post(), "a chunk is waiting: the next frame is not the next consumed");
+        wait_ready(&mut r, post, 3);
+        assert_eq!(dst, a);
+        r.release();
+        // The others went to slots, untouched by the (stale) post.
+        let (p, n) = r.chunk();
+        assert_ne!(p, dst.as_ptr());
+        // SAFETY: the waiting chunk's slot is valid for its length until released.
+        assert_eq!(unsafe { std::slice::from_raw_parts(p, n) }, &b[..]);
+        r.release();
+        // SAFETY: as above.
+        assert_eq!(unsafe { std::slice::from_raw_parts(r.chunk().0, r.chunk().1) }, &[9, 8, 7]);
+        r.release();
+        assert_eq!(r.free.len(), 2, "both slots are free again");
+    }
+
+    #[test]
+    fn a_post_of_another_length_is_ignored() {
+        let big = SMALL_FRAME * 2;
+        let (mut tx, mut r) = pair(big);
+        let a = vec![5u8; big];
+        frame(&mut tx, &a);
+        let mut dst = vec![0u8; big - 8];
+        wait_ready(&mut r, Some((dst.as_mut_ptr(), big - 8)), 1);
+        assert_ne!(r.chunk().0, dst.as_ptr());
+        assert!(dst.iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn abandoning_a_posted_frame_breaks_the_connection() {
+        let big = SMALL_FRAME * 8;
+        let (mut tx, mut r) = pair(big);
+        // Half a frame: the posted read stays in progress.
+        let mut hdr = [0u8; FRAME_HEADER];
+        hdr[..4].copy_from_slice(&(big as u32).to_le_bytes());
+        tx.write_all(&hdr).unwrap();
+        tx.write_all(&vec![1u8; big / 2]).unwrap();
+        let mut dst = vec![0u8; big];
+        let t = std::time::Instant::now();
+        while r.direct.is_none_or(|(_, _, got)| got < big / 2) {
+            // SAFETY: dst outlives the pumping.
+            unsafe { r.pump_posted(Some((dst.as_mut_ptr(), big))).unwrap() };
+            assert!(t.elapsed().as_secs() < 10);
+        }
+        r.abandon_posted();
+        assert!(r.ready().is_err(), "a connection that lost its place in the stream must fail");
+        tx.write_all(&vec![2u8; big / 2]).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        r.pump().unwrap();
+        assert!(dst[big / 2..].iter().all(|&x| x == 0), "nothing more may be written to the old post");
     }
 }
