@@ -455,6 +455,13 @@ impl Engine {
                     s.arm(pfds);
                 }
             }
+            // Every socket with room to read into, awaited or not: a peer whose frames this
+            // rank does not read may be blocked sending them, and be what this rank waits for.
+            for (i, (_, r)) in rv.iter().enumerate() {
+                if let Some(p) = r.poll_interest(posts.get(i).is_some_and(|x| x.is_some())) {
+                    pfds.push(p);
+                }
+            }
             let ready_now =
                 p2p.iter().chain(phases.front().into_iter().flatten()).any(|l| can_step(l, sv, rv));
             if !ready_now {
