@@ -33,42 +33,7 @@ void* __itt_api_version_ptr__3_0 = nullptr;
 void* __itt_thread_set_name_ptr__3_0 = nullptr;
 }
 
-enum coll { ALL_REDUCE, BROADCAST, ALL_GATHER, REDUCE_SCATTER, ALLTOALL };
-static const char* names[] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "alltoall"};
-
-static void fstr(double v, int width, char* out) {
-  const char* fmts[] = {"%*.2f", "%*.1f", "%*.0f"};
-  for (auto f : fmts) {
-    char buf[64];
-    snprintf(buf, sizeof buf, f, width, v);
-    if ((int)strlen(buf) <= width) {
-      strcpy(out, buf);
-      return;
-    }
-  }
-  snprintf(out, 32, width >= 7 ? "%*.1e" : "%*.0e", width, v);
-}
-
-static size_t parse_size(const char* s) {
-  char* end;
-  double v = strtod(s, &end);
-  if (*end == 'K' || *end == 'k') v *= 1024;
-  if (*end == 'M' || *end == 'm') v *= 1024 * 1024;
-  if (*end == 'G' || *end == 'g') v *= 1024.0 * 1024 * 1024;
-  return (size_t)v;
-}
-
-static float val(int rank, size_t i) { return (float)((rank * 7 + (int)(i % 13)) % 5); }
-
-static void counts(coll c, size_t bytes, int p, size_t* param, size_t* send, size_t* recv) {
-  size_t count = bytes / 4, base = (count / p) & ~(size_t)3;
-  switch (c) {
-    case ALL_REDUCE: case BROADCAST: *param = *send = *recv = count; break;
-    case ALL_GATHER: *param = *send = base; *recv = base * p; break;
-    case REDUCE_SCATTER: *param = *recv = base; *send = base * p; break;
-    case ALLTOALL: *param = base; *send = *recv = base * p; break;
-  }
-}
+#include "perf_common.h"
 
 static void run(coll c, float* s, float* r, size_t param, int p, ccl::communicator& comm) {
   switch (c) {
@@ -157,14 +122,7 @@ int main(int argc, char** argv) {
     long wrong = 0;
     size_t out = c == REDUCE_SCATTER ? param : recvc;
     for (size_t i = 0; i < out; i++) {
-      float want = 0;
-      switch (c) {
-        case ALL_REDUCE: for (int q = 0; q < size; q++) want += val(q, i); break;
-        case BROADCAST: want = val(0, i); break;
-        case ALL_GATHER: want = val((int)(i / param), i % param); break;
-        case REDUCE_SCATTER: for (int q = 0; q < size; q++) want += val(q, (size_t)rank * param + i); break;
-        case ALLTOALL: want = val((int)(i / param), (size_t)rank * param + i % param); break;
-      }
+      float want = want_at(c, size, rank, param, i);
       if (r[i] != want) wrong++;
     }
     errors += wrong != 0;

@@ -19,29 +19,7 @@
 #include <string>
 #include <vector>
 
-static void fstr(double v, int width, char* out) {
-  const char* fmts[] = {"%*.2f", "%*.1f", "%*.0f"};
-  for (auto f : fmts) {
-    char buf[64];
-    snprintf(buf, sizeof buf, f, width, v);
-    if ((int)strlen(buf) <= width) {
-      strcpy(out, buf);
-      return;
-    }
-  }
-  snprintf(out, 32, width >= 7 ? "%*.1e" : "%*.0e", width, v);
-}
-
-static size_t parse_size(const char* s) {
-  char* end;
-  double v = strtod(s, &end);
-  if (*end == 'K' || *end == 'k') v *= 1024;
-  if (*end == 'M' || *end == 'm') v *= 1024 * 1024;
-  if (*end == 'G' || *end == 'g') v *= 1024.0 * 1024 * 1024;
-  return (size_t)v;
-}
-
-static float val(int rank, size_t i) { return (float)((rank * 7 + (int)(i % 13)) % 5); }
+#include "perf_common.h"
 
 static void allreduce(std::shared_ptr<gloo::Context> ctx, float* in, float* out, size_t n) {
   gloo::AllreduceOptions o(ctx);

@@ -13,55 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum coll { ALL_REDUCE, BROADCAST, ALL_GATHER, REDUCE_SCATTER, ALLTOALL };
-static const char *names[] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "alltoall"};
+#include "perf_common.h"
 
-static void fstr(double v, int width, char *out) {
-    char buf[64];
-    const char *fmts[] = {"%*.2f", "%*.1f", "%*.0f"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(buf, sizeof buf, fmts[i], width, v);
-        if ((int)strlen(buf) <= width) { strcpy(out, buf); return; }
-    }
-    snprintf(out, 32, width >= 7 ? "%*.1e" : "%*.0e", width, v);
-}
-
-static size_t parse_size(const char *s) {
-    char *end;
-    double v = strtod(s, &end);
-    switch (*end) {
-    case 'K': case 'k': v *= 1024.0; break;
-    case 'M': case 'm': v *= 1024.0 * 1024.0; break;
-    case 'G': case 'g': v *= 1024.0 * 1024.0 * 1024.0; break;
-    }
-    return (size_t)v;
-}
-
-/* nccl-tests' counts: param (the API count per rank), send and recv element counts. */
-static void counts(enum coll c, size_t bytes, int p, size_t *param, size_t *send, size_t *recv) {
-    size_t count = bytes / 4, base = (count / p) & ~(size_t)3;
-    switch (c) {
-    case ALL_REDUCE: case BROADCAST: *param = *send = *recv = count; break;
-    case ALL_GATHER: *param = *send = base; *recv = base * p; break;
-    case REDUCE_SCATTER: *param = *recv = base; *send = base * p; break;
-    case ALLTOALL: *param = base; *send = *recv = base * p; break;
-    }
-}
-
-static void bw(enum coll c, size_t param, double sec, int p, double *alg, double *bus) {
-    double bytes = (double)param * 4, f = 1;
-    switch (c) {
-    case ALL_REDUCE: f = 2.0 * (p - 1) / p; break;
-    case BROADCAST: f = 1; break;
-    default: bytes *= p; f = (double)(p - 1) / p; break;
-    }
-    *alg = sec > 0 ? bytes / 1e9 / sec : 0;
-    *bus = *alg * f;
-}
-
-static float val(int rank, size_t i) { return (float)((rank * 7 + (int)(i % 13)) % 5); }
-
-static void run(enum coll c, float *s, float *r, size_t param, int in_place, MPI_Comm comm) {
+static void run(coll c, float *s, float *r, size_t param, int in_place, MPI_Comm comm) {
     int p, me;
     MPI_Comm_size(comm, &p);
     MPI_Comm_rank(comm, &me);
@@ -87,7 +41,7 @@ static void run(enum coll c, float *s, float *r, size_t param, int in_place, MPI
 }
 
 /* Fills inputs and returns the number of wrong elements of one checked call. */
-static long check(enum coll c, float *s, float *r, size_t param, size_t sendc, size_t recvc, int in_place, MPI_Comm comm) {
+static long check(coll c, float *s, float *r, size_t param, size_t sendc, size_t recvc, int in_place, MPI_Comm comm) {
     int p, me;
     MPI_Comm_size(comm, &p);
     MPI_Comm_rank(comm, &me);
@@ -98,14 +52,7 @@ static long check(enum coll c, float *s, float *r, size_t param, size_t sendc, s
     run(c, s, r, param, in_place, comm);
     long wrong = 0;
     for (size_t i = 0; i < (c == REDUCE_SCATTER ? param : recvc); i++) {
-        float want = 0;
-        switch (c) {
-        case ALL_REDUCE: for (int q = 0; q < p; q++) want += val(q, i); break;
-        case BROADCAST: want = val(0, i); break;
-        case ALL_GATHER: want = val((int)(i / param), i % param); break;
-        case REDUCE_SCATTER: for (int q = 0; q < p; q++) want += val(q, (size_t)me * param + i); break;
-        case ALLTOALL: want = val((int)(i / param), (size_t)me * param + i % param); break;
-        }
+        float want = want_at(c, p, me, param, i);
         if (r[i] != want) wrong++;
     }
     long total = 0;
@@ -118,7 +65,7 @@ int main(int argc, char **argv) {
     int p, me;
     MPI_Comm_size(MPI_COMM_WORLD, &p);
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
-    enum coll c = ALL_REDUCE;
+    coll c = ALL_REDUCE;
     size_t minb = 8, maxb = 64 << 20, factor = 2;
     int iters = 20, warmup = 5;
     const char *json = NULL, *label = "mpi";
