@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
     printf("# %s all_reduce_perf, %d ranks, float sum, out-of-place, %d iterations\n", label, size, iters);
     printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s\n", "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong");
   }
-  bool first = true;
+  int first = 1;
   long errors = 0;
   for (size_t bytes = minb; bytes <= maxb; bytes = factor > 1 ? bytes * factor : bytes + (1 << 20)) {
     size_t n = bytes / 4;
@@ -96,26 +96,8 @@ int main(int argc, char** argv) {
     }
     errors += wrong != 0;
     double alg = (double)bytes / 1e9 / sec, bus = alg * 2.0 * (size - 1) / size;
-    if (rank == 0) {
-      char a[3][32];
-      fstr(sec * 1e6, 7, a[0]);
-      fstr(alg, 6, a[1]);
-      fstr(bus, 6, a[2]);
-      printf("%12zu  %12zu  %8s  %6s  %6d  %7s  %6s  %6s  %6ld\n", n * 4, n, "float", "sum", -1, a[0], a[1], a[2], wrong);
-      fflush(stdout);
-      if (jf) {
-        fprintf(jf, "%s{\"size\":%zu,\"count\":%zu,\"type\":\"float\",\"redop\":\"sum\",\"root\":-1,\"out_of_place\":{\"time\":%g,\"alg_bw\":%g,\"bus_bw\":%g,\"nwrong\":%ld}}",
-                first ? "" : ",", n * 4, n, sec * 1e6, alg, bus, wrong);
-        first = false;
-      }
-    }
+    if (rank == 0) out_of_place_row(jf, &first, n * 4, n, -1, sec, alg, bus, wrong);
   }
-  if (rank == 0) {
-    printf("# Out of bounds values : %ld %s\n", errors, errors ? "FAILED" : "OK");
-    if (jf) {
-      fprintf(jf, "],\"out_of_bounds\":{\"count\":%ld,\"okay\":%s}}\n", errors, errors ? "false" : "true");
-      fclose(jf);
-    }
-  }
+  if (rank == 0) finish_report(jf, errors);
   return errors ? 1 : 0;
 }

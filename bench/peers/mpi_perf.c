@@ -135,11 +135,7 @@ int main(int argc, char **argv) {
         }
     }
     if (me == 0) {
-        printf("# Out of bounds values : %ld %s\n", errors, errors ? "FAILED" : "OK");
-        if (jf) {
-            fprintf(jf, "],\"out_of_bounds\":{\"count\":%ld,\"okay\":%s}}\n", errors, errors ? "false" : "true");
-            fclose(jf);
-        }
+        finish_report(jf, errors);
     }
     MPI_Finalize();
     return errors ? 1 : 0;

@@ -76,4 +76,29 @@ static inline float want_at(coll c, int p, int me, size_t param, size_t i) {
   return w;
 }
 
+/* One out-of-place result row (rank 0): nccl-tests' columns on stdout, a JSON record in `jf`. */
+static inline void out_of_place_row(FILE* jf, int* first, size_t sz, size_t param, int root, double sec,
+                                    double alg, double bus, long wrong) {
+  char a[3][32];
+  fstr(sec * 1e6, 7, a[0]);
+  fstr(alg, 6, a[1]);
+  fstr(bus, 6, a[2]);
+  printf("%12zu  %12zu  %8s  %6s  %6d  %7s  %6s  %6s  %6ld\n", sz, param, "float", "sum", -1, a[0], a[1], a[2], wrong);
+  fflush(stdout);
+  if (jf) {
+    fprintf(jf, "%s{\"size\":%zu,\"count\":%zu,\"type\":\"float\",\"redop\":\"sum\",\"root\":%d,\"out_of_place\":{\"time\":%g,\"alg_bw\":%g,\"bus_bw\":%g,\"nwrong\":%ld}}",
+            *first ? "" : ",", sz, param, root, sec * 1e6, alg, bus, wrong);
+    *first = 0;
+  }
+}
+
+/* The closing line (rank 0) and the end of the JSON file. */
+static inline void finish_report(FILE* jf, long errors) {
+  printf("# Out of bounds values : %ld %s\n", errors, errors ? "FAILED" : "OK");
+  if (jf) {
+    fprintf(jf, "],\"out_of_bounds\":{\"count\":%ld,\"okay\":%s}}\n", errors, errors ? "false" : "true");
+    fclose(jf);
+  }
+}
+
 #endif
