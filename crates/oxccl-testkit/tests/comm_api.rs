@@ -104,6 +104,46 @@ fn split_colors_keys_and_concurrent_subcommunicators() {
     }
 }
 
+// ---------------------------------------------------------------- shrink
+
+#[test]
+fn shrink_excludes_ranks_that_never_call_it_even_after_abort() {
+    for shm_off in [false, true] {
+        let out = threads(5, quick().with_shm_disabled(shm_off), |c| {
+            let r = c.rank().idx();
+            let excluded = [Rank::new(1), Rank::new(3)];
+            if excluded.contains(&c.rank()) {
+                // Gone: never calls shrink (its communicator is dropped).
+                return None;
+            }
+            // The survivors abort the parent first (as after a failure), then shrink it.
+            if r == 4 {
+                c.abort();
+            }
+            let s = c.shrink(&excluded).unwrap();
+            let mut v = vec![r as u32 + 1; 777];
+            s.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+            assert_eq!(v, vec![1 + 3 + 5; 777], "shrunk all-reduce");
+            // A second shrink of the shrunk communicator: drop its rank 1 (parent rank 2).
+            let s2 = if s.rank().idx() == 1 { None } else { Some(s.shrink(&[Rank::new(1)]).unwrap()) };
+            let bad = s.shrink(&[Rank::new(9)]).err().expect("rank 9 of 3 is refused");
+            assert!(bad.to_string().contains("exclude"), "{bad}");
+            let s2 = s2.map(|s2| {
+                let mut w = vec![r as u64; 3];
+                s2.all_reduce_in_place(&mut w, ReduceOp::Max).unwrap();
+                assert_eq!(w, vec![4; 3]);
+                s2.rank().idx()
+            });
+            Some((s.rank().idx(), s.size(), s2))
+        });
+        assert_eq!(
+            out,
+            vec![Some((0, 3, Some(0))), None, Some((1, 3, None)), None, Some((2, 3, Some(1)))],
+            "shm off: {shm_off}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------- asynchronous calls
 
 #[test]

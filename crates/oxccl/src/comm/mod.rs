@@ -39,6 +39,7 @@ pub use scope::{Scope, Work};
 /// Bootstrap message tags (high byte: purpose).
 const TAG_SPLIT: u64 = 1 << 56;
 const TAG_SPLIT_ADDR: u64 = 2 << 56;
+const TAG_SHRINK_ADDR: u64 = 3 << 56;
 
 type QueuedJob = Box<dyn FnOnce(&Inner) + Send>;
 
@@ -77,6 +78,7 @@ pub(crate) struct Inner {
     /// Set once `failure` holds something (checked on every call without the lock).
     failed: AtomicBool,
     split_seq: AtomicU64,
+    shrink_seq: AtomicU64,
     worker: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -327,6 +329,7 @@ impl Communicator {
             failure: Mutex::new(None),
             failed: AtomicBool::new(false),
             split_seq: AtomicU64::new(0),
+            shrink_seq: AtomicU64::new(0),
             worker: Mutex::new(None),
             config: p.config,
         });
@@ -416,62 +419,58 @@ impl Communicator {
         };
         let child_rank = mine.iter().position(|m| m.1 == i.rank.0).map(Rank::new);
         let secret = derive_secret(&i.secret, "split", &[seq, color.unwrap_or(0) as u64]);
-        let doorbell = Arc::new(EventFd::new().map_err(|e| Error::io(i.rank, "eventfd", None, e))?);
-        let ctl = Arc::new(
-            Ctl::create(i.rank.0).map_err(|e| Error::io(i.rank, "create the control block", None, e))?,
-        );
-        let service = match child_rank {
-            Some(cr) => Some(Service::start(
-                i.peers[i.rank.idx()].addr.ip(),
-                cr,
-                mine.len(),
-                secret,
-                doorbell.clone(),
-                ctl.clone(),
-                Logger::new(i.config.log, Some(cr.0)),
-            )?),
-            None => None,
-        };
-        let mut msg = Writer::new();
-        match &service {
-            Some(s) => {
-                msg.u8(1);
-                let info = PeerInfo { addr: s.addr, unix_name: s.unix_name, ..i.peers[i.rank.idx()].clone() };
-                info.encode(&mut msg);
-            }
-            None => {
-                msg.u8(0);
-            }
-        }
-        let addrs = i.boot.all_gather(TAG_SPLIT_ADDR | seq, &msg.finish(), &w).inspect_err(|e| i.fail(e))?;
-        let (Some(cr), Some(service)) = (child_rank, service) else {
-            return Ok(None);
-        };
-        let mut peers = Vec::with_capacity(mine.len());
-        for (new_rank, (_, parent)) in mine.iter().enumerate() {
-            let mut rd = Reader::new(&addrs[*parent as usize], "split address");
-            if rd.u8()? != 1 {
-                return Err(Error::Internal(format!("rank {parent} sent no address for its split")));
-            }
-            let mut info = PeerInfo::decode(&mut rd)?;
-            info.rank = Rank::new(new_rank);
-            peers.push(info);
-        }
-        let log = Logger::new(i.config.log, Some(cr.0));
-        log.info(format_args!("split {seq}: color {:?} → rank {cr} of {}", color, peers.len()));
-        Communicator::assemble(Parts {
-            ctl,
-            rank: cr,
-            size: mine.len(),
-            config: i.config.clone(),
-            secret,
-            peers,
-            service,
-            doorbell,
-            abort: Arc::new(AtomicBool::new(false)),
-            log,
+        let parents: Vec<Rank> = mine.iter().map(|m| Rank(m.1)).collect();
+        let what = format!("split {seq}: color {color:?}");
+        i.child(child_rank, &parents, secret, &what, |msg| {
+            i.boot.all_gather(TAG_SPLIT_ADDR | seq, msg, &w).inspect_err(|e| i.fail(e))
         })
-        .map(Some)
+    }
+
+    /// Shrinks the communicator: the ranks not in `exclude` form a new communicator, keeping
+    /// their order (like `ncclCommShrink`). Only those ranks call it (the excluded ones may be
+    /// dead); it talks to no excluded rank, and works after the communicator has failed or
+    /// been aborted, so survivors can carry on without restarting. Every surviving rank must
+    /// pass the same list and call it in the same order relative to its other shrinks.
+    pub fn shrink(&self, exclude: &[Rank]) -> Result<Communicator> {
+        let i = &self.inner;
+        for r in exclude {
+            coll::check_rank("exclude", r.0 as i64, i.size)?;
+        }
+        if exclude.contains(&i.rank) {
+            return Err(Error::InvalidUsage(format!(
+                "rank {} is in the exclude list of its own shrink (excluded ranks must not call it)",
+                i.rank
+            )));
+        }
+        let parents: Vec<Rank> = (0..i.size).map(Rank::new).filter(|r| !exclude.contains(r)).collect();
+        let seq = i.shrink_seq.fetch_add(1, Ordering::Relaxed);
+        let mut key = Writer::new();
+        for r in &parents {
+            key.u32(r.0);
+        }
+        let list_hash = u64::from_le_bytes(
+            derive_secret(&key.finish(), "shrink-members", &[])[..8].try_into().expect("8 bytes"),
+        );
+        let secret = derive_secret(&i.secret, "shrink", &[seq, list_hash]);
+        let me = parents.iter().position(|r| *r == i.rank).map(Rank::new);
+        // A fresh abort flag: the parent may have been aborted, the child must still form.
+        let w = Waiter::new(i.rank, i.config.timeout, Arc::new(AtomicBool::new(false)));
+        let tag = TAG_SHRINK_ADDR | seq;
+        let what = format!("shrink {seq}: without ranks {exclude:?}");
+        i.child(me, &parents, secret, &what, |msg| {
+            for p in &parents {
+                // A connection shut down by an abort is reopened once.
+                if i.boot.send(*p, tag, msg, &w).is_err() {
+                    i.boot.send(*p, tag, msg, &w)?;
+                }
+            }
+            let mut all = vec![Vec::new(); i.size];
+            for p in &parents {
+                all[p.idx()] = i.boot.recv(*p, tag, &w)?;
+            }
+            Ok(all)
+        })?
+        .ok_or_else(|| Error::Internal("shrink built no communicator for a member".into()))
     }
 
     /// Aborts the communicator: pending and future calls on it fail promptly with
@@ -564,6 +563,78 @@ impl Drop for Turn<'_> {
 }
 
 impl Inner {
+    /// Builds a child communicator of `parents` (parent ranks, in child rank order) where this
+    /// rank is `child_rank` (`None`: it takes part in the exchange but joins nothing).
+    /// `exchange` sends this rank's encoded address record and returns every parent rank's
+    /// record, indexed by parent rank (entries of non-members may be anything).
+    fn child(
+        &self,
+        child_rank: Option<Rank>,
+        parents: &[Rank],
+        secret: [u8; 32],
+        what: &str,
+        exchange: impl FnOnce(&[u8]) -> Result<Vec<Vec<u8>>>,
+    ) -> Result<Option<Communicator>> {
+        let doorbell = Arc::new(EventFd::new().map_err(|e| Error::io(self.rank, "eventfd", None, e))?);
+        let ctl = Arc::new(
+            Ctl::create(self.rank.0)
+                .map_err(|e| Error::io(self.rank, "create the control block", None, e))?,
+        );
+        let service = match child_rank {
+            Some(cr) => Some(Service::start(
+                self.peers[self.rank.idx()].addr.ip(),
+                cr,
+                parents.len(),
+                secret,
+                doorbell.clone(),
+                ctl.clone(),
+                Logger::new(self.config.log, Some(cr.0)),
+            )?),
+            None => None,
+        };
+        let mut msg = Writer::new();
+        match &service {
+            Some(s) => {
+                msg.u8(1);
+                let info =
+                    PeerInfo { addr: s.addr, unix_name: s.unix_name, ..self.peers[self.rank.idx()].clone() };
+                info.encode(&mut msg);
+            }
+            None => {
+                msg.u8(0);
+            }
+        }
+        let addrs = exchange(&msg.finish())?;
+        let (Some(cr), Some(service)) = (child_rank, service) else {
+            return Ok(None);
+        };
+        let mut peers = Vec::with_capacity(parents.len());
+        for (new_rank, parent) in parents.iter().enumerate() {
+            let mut rd = Reader::new(&addrs[parent.idx()], "child communicator address");
+            if rd.u8()? != 1 {
+                return Err(Error::Internal(format!("rank {parent} sent no address for {what}")));
+            }
+            let mut info = PeerInfo::decode(&mut rd)?;
+            info.rank = Rank::new(new_rank);
+            peers.push(info);
+        }
+        let log = Logger::new(self.config.log, Some(cr.0));
+        log.info(format_args!("{what} → rank {cr} of {}", peers.len()));
+        Communicator::assemble(Parts {
+            ctl,
+            rank: cr,
+            size: parents.len(),
+            config: self.config.clone(),
+            secret,
+            peers,
+            service,
+            doorbell,
+            abort: Arc::new(AtomicBool::new(false)),
+            log,
+        })
+        .map(Some)
+    }
+
     fn take_turn(&self) -> Turn<'_> {
         let mut s = lock(&self.sched);
         while s.busy || !s.queue.is_empty() {
