@@ -388,6 +388,12 @@ impl Communicator {
         &self.inner.config
     }
 
+    /// Whether the communicator can still run calls: `Err` with the abort or the first
+    /// failure (`ncclCommGetAsyncError`'s question).
+    pub fn check(&self) -> Result<()> {
+        self.inner.check_usable()
+    }
+
     /// Splits the communicator: ranks that pass the same `color` form a new communicator,
     /// ordered by `key` (ties by rank). `None` as color takes no part and returns `None`.
     /// Every rank must call it, in the same order relative to its other calls.

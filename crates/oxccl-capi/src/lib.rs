@@ -1,0 +1,855 @@
+//! libnccl.so.2 from oxccl: the host API of `nccl.h` (NCCL 2.28.9) over oxccl communicators.
+//!
+//! Every entry point exists as `ncclX` and as its profiling alias `pncclX`. Each one catches
+//! panics (answering `ncclInternalError`), checks every argument before acting (answering
+//! `ncclInvalidArgument` or `ncclInvalidUsage`, with `ncclGetLastError` naming the argument
+//! and the rank), and records every failure for `ncclGetLastError`.
+//!
+//! Layout: [`handle`] (communicator handles, result codes, last error), [`ops`] (call
+//! checks, group queues, execution), [`premul`] (PreMulSum scaling), [`mem`] (ncclMemAlloc,
+//! registrations, windows). See `docs/capi.md` for the semantics on host memory.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+#![allow(clippy::missing_safety_doc)]
+
+pub mod handle;
+pub mod mem;
+pub mod ops;
+pub mod premul;
+
+use handle::{
+    invalid, lock, ncclResult_t, ready, state, usage, CommState, Fail, Init, PreMul, Scalar, INTERNAL_ERROR,
+    IN_PROGRESS, R, SUCCESS,
+};
+use mem::RegKind;
+use ops::{Args, Call, Kind};
+use oxccl::{Communicator, Config, Rank, UniqueId};
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// The NCCL version whose host API this library implements (`NCCL_VERSION_CODE`).
+pub const NCCL_VERSION_CODE: c_int = 22809;
+
+/// `ncclComm_t`.
+#[allow(non_camel_case_types)]
+pub type ncclComm_t = *mut c_void;
+
+/// `ncclUniqueId`: 128 opaque bytes (oxccl's root address and secret, see [`encode_id`]).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ncclUniqueId {
+    pub internal: [u8; 128],
+}
+
+/// `ncclConfig_t` as NCCL 2.28 lays it out.
+#[repr(C)]
+pub struct ncclConfig {
+    pub size: usize,
+    pub magic: u32,
+    pub version: u32,
+    pub blocking: c_int,
+    pub cga_cluster_size: c_int,
+    pub min_ctas: c_int,
+    pub max_ctas: c_int,
+    pub net_name: *const c_char,
+    pub split_share: c_int,
+    pub traffic_class: c_int,
+    pub comm_name: *const c_char,
+    pub collnet_enable: c_int,
+    pub cta_policy: c_int,
+    pub shrink_share: c_int,
+    pub nvls_ctas: c_int,
+    pub n_channels_per_net_peer: c_int,
+    pub nvlink_centric_sched: c_int,
+}
+
+/// `ncclSimInfo_t`.
+#[repr(C)]
+pub struct ncclSimInfo {
+    pub size: usize,
+    pub magic: u32,
+    pub version: u32,
+    pub estimated_time: f32,
+}
+
+const API_MAGIC: u32 = 0xcafe_beef;
+const SIM_MAGIC: u32 = 0x7468_5283;
+const UNDEF_INT: c_int = c_int::MIN;
+const ID_MAGIC: &[u8; 4] = b"OXU1";
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
+}
+
+/// Runs an entry point's body: catches panics, records failures, notes them in an open group.
+fn guard(func: &'static str, f: impl FnOnce() -> R<ncclResult_t>) -> ncclResult_t {
+    handle::set_current(None);
+    let r = catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        Err(Fail {
+            code: INTERNAL_ERROR,
+            msg: format!("internal error: oxccl panicked: {}", panic_text(&*p)),
+        })
+    });
+    match r {
+        Ok(code) => code,
+        Err(fail) => {
+            let cur = handle::take_current();
+            handle::record(func, cur.as_deref(), &fail);
+            if func != "ncclGroupEnd" && func != "ncclGroupSimulateEnd" {
+                ops::group_failed(&fail);
+            }
+            fail.code
+        }
+    }
+}
+
+/// Defines `ncclX` and its alias `pncclX`, both returning `ncclResult_t`.
+macro_rules! entry {
+    ($( fn $name:ident / $pname:ident ( $($a:ident : $t:ty),* $(,)? ) $body:block )*) => {$(
+        #[no_mangle]
+        #[allow(unused_unsafe)]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> ncclResult_t {
+            guard(stringify!($name), || {
+                // SAFETY: the caller keeps nccl.h's contract for each pointer argument (valid
+                // for the sizes the call implies, until it completes); the body dereferences
+                // only such arguments, after checking them for NULL.
+                unsafe { $body }
+            })
+        }
+
+        #[no_mangle]
+        pub unsafe extern "C" fn $pname($($a: $t),*) -> ncclResult_t {
+            // SAFETY: the same contract, passed on unchanged.
+            unsafe { $name($($a),*) }
+        }
+    )*};
+}
+
+/// Writes `v` through the out-pointer `p` (named `arg`).
+unsafe fn put<T>(p: *mut T, arg: &str, v: T) -> R<()> {
+    if p.is_null() {
+        return Err(invalid(arg, "NULL pointer"));
+    }
+    // SAFETY: non-NULL, and the caller passes a pointer to writable storage of T.
+    unsafe { p.write(v) };
+    Ok(())
+}
+
+// ------------------------------------------------------------------------- unique ids
+
+/// Packs an oxccl unique id into NCCL's 128 bytes: magic, address family, port, address,
+/// secret.
+pub fn encode_id(id: &UniqueId) -> ncclUniqueId {
+    let mut b = [0u8; 128];
+    b[..4].copy_from_slice(ID_MAGIC);
+    b[5..7].copy_from_slice(&id.root.port().to_be_bytes());
+    match id.root.ip() {
+        IpAddr::V4(a) => {
+            b[4] = 4;
+            b[7..11].copy_from_slice(&a.octets());
+        }
+        IpAddr::V6(a) => {
+            b[4] = 6;
+            b[7..23].copy_from_slice(&a.octets());
+        }
+    }
+    b[23..55].copy_from_slice(&id.secret);
+    ncclUniqueId { internal: b }
+}
+
+/// The oxccl unique id in NCCL's 128 bytes (the argument is named `arg` in errors).
+pub fn decode_id(u: &ncclUniqueId, arg: &str) -> R<UniqueId> {
+    let b = &u.internal;
+    if &b[..4] != ID_MAGIC {
+        return Err(invalid(arg, "not a unique id from oxccl's ncclGetUniqueId (bad magic; uninitialized, or made by another NCCL?)"));
+    }
+    let port = u16::from_be_bytes([b[5], b[6]]);
+    let ip = match b[4] {
+        4 => IpAddr::V4(Ipv4Addr::new(b[7], b[8], b[9], b[10])),
+        6 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&b[7..23]).expect("16 bytes"))),
+        f => return Err(invalid(arg, format!("unknown address family {f} in the unique id"))),
+    };
+    let mut secret = [0u8; 32];
+    secret.copy_from_slice(&b[23..55]);
+    Ok(UniqueId { root: SocketAddr::new(ip, port), secret })
+}
+
+fn env_config() -> R<Config> {
+    oxccl::env::config().map_err(Fail::from)
+}
+
+// ------------------------------------------------------------------------- configs
+
+/// What an `ncclConfig_t` asks for.
+#[derive(Clone)]
+struct Settings {
+    blocking: bool,
+    name: Option<String>,
+}
+
+unsafe fn cstr(p: *const c_char, arg: &str) -> R<Option<String>> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: a non-NULL string field of ncclConfig_t is a NUL-terminated C string.
+    let s = unsafe { CStr::from_ptr(p) };
+    s.to_str().map(|s| Some(s.to_string())).map_err(|_| invalid(arg, "not UTF-8"))
+}
+
+/// Reads `config` (NULL: `inherit`, or the defaults).
+unsafe fn settings(config: *const ncclConfig, inherit: Option<Settings>) -> R<Settings> {
+    let base = inherit.unwrap_or(Settings { blocking: true, name: None });
+    if config.is_null() {
+        return Ok(base);
+    }
+    // SAFETY: a non-NULL config points to an ncclConfig_t made from NCCL_CONFIG_INITIALIZER;
+    // the first three fields are in every version, the rest are read only within `size`.
+    let c = unsafe { &*config };
+    if c.magic != API_MAGIC {
+        return Err(invalid(
+            "config",
+            format!("magic {:#x} is not NCCL_API_MAGIC: initialize it with NCCL_CONFIG_INITIALIZER", c.magic),
+        ));
+    }
+    let within = |end: usize| c.size >= end;
+    let blocking =
+        if within(std::mem::offset_of!(ncclConfig, blocking) + 4) { c.blocking } else { UNDEF_INT };
+    let blocking = match blocking {
+        UNDEF_INT => base.blocking,
+        0 => false,
+        1 => true,
+        v => return Err(invalid("config->blocking", format!("{v} (must be 0 or 1)"))),
+    };
+    let mut name = base.name;
+    if within(std::mem::offset_of!(ncclConfig, comm_name) + 8) {
+        // SAFETY: inside the caller's struct (checked against its size).
+        if let Some(n) = unsafe { cstr(c.comm_name, "config->commName") }? {
+            name = Some(n);
+        }
+    }
+    if within(std::mem::offset_of!(ncclConfig, net_name) + 8) {
+        // SAFETY: as above.
+        if let Some(n) = unsafe { cstr(c.net_name, "config->netName") }? {
+            if !n.eq_ignore_ascii_case("socket") {
+                return Err(invalid(
+                    "config->netName",
+                    format!("{n:?}: oxccl's network between hosts is \"Socket\" (TCP)"),
+                ));
+            }
+        }
+    }
+    Ok(Settings { blocking, name })
+}
+
+// ------------------------------------------------------------------------- init
+
+/// Starts `job` for a new communicator: now (blocking), queued (in a group) or on a thread
+/// (nonblocking). Returns what the init call answers.
+fn launch_init(
+    st: Arc<CommState>,
+    blocking: bool,
+    job: impl FnOnce() -> R<Communicator> + Send + 'static,
+) -> R<ncclResult_t> {
+    let run = {
+        let st = st.clone();
+        move || {
+            let r = job();
+            let out = r.as_ref().map(|_| ()).map_err(Fail::clone);
+            st.set_init(r);
+            out
+        }
+    };
+    if ops::in_group() {
+        ops::submit_job(Box::new(run))?;
+        return Ok(if blocking { SUCCESS } else { IN_PROGRESS });
+    }
+    if blocking {
+        handle::set_current(Some(st));
+        run()?;
+        return Ok(SUCCESS);
+    }
+    std::thread::Builder::new()
+        .name("oxccl-capi-init".into())
+        .spawn(move || {
+            let _ = run();
+        })
+        .map_err(|e| Fail {
+            code: handle::SYSTEM_ERROR,
+            msg: format!("cannot start the init thread: {e}"),
+        })?;
+    Ok(IN_PROGRESS)
+}
+
+unsafe fn init_rank(
+    out: *mut ncclComm_t,
+    nranks: c_int,
+    id: &ncclUniqueId,
+    rank: c_int,
+    config: *const ncclConfig,
+) -> R<ncclResult_t> {
+    if out.is_null() {
+        return Err(invalid("comm", "NULL pointer for the new communicator"));
+    }
+    if nranks < 1 {
+        return Err(invalid("nranks", format!("{nranks} (a communicator needs at least one rank)")));
+    }
+    if rank < 0 || rank >= nranks {
+        return Err(invalid("rank", format!("{rank} is outside 0..{nranks}")));
+    }
+    let id = decode_id(id, "commId")?;
+    // SAFETY: passed on from the caller.
+    let s = unsafe { settings(config, None) }?;
+    let cfg = env_config()?;
+    let st = handle::new_comm(-1, s.name.clone(), s.blocking);
+    // SAFETY: checked non-NULL above; the caller's out-pointer.
+    unsafe { out.write(st.handle as ncclComm_t) };
+    let (n, r) = (nranks as usize, Rank::new(rank as usize));
+    launch_init(st, s.blocking, move || Communicator::init(&id, n, r, cfg).map_err(Fail::from))
+}
+
+entry! {
+    fn ncclGetVersion / pncclGetVersion(version: *mut c_int) {
+        put(version, "version", NCCL_VERSION_CODE)?;
+        Ok(SUCCESS)
+    }
+
+    fn ncclGetUniqueId / pncclGetUniqueId(unique_id: *mut ncclUniqueId) {
+        if unique_id.is_null() {
+            return Err(invalid("uniqueId", "NULL pointer"));
+        }
+        let id = oxccl::new_unique_id(&env_config()?)?;
+        put(unique_id, "uniqueId", encode_id(&id))?;
+        Ok(SUCCESS)
+    }
+
+    fn ncclCommInitRank / pncclCommInitRank(comm: *mut ncclComm_t, nranks: c_int, comm_id: ncclUniqueId, rank: c_int) {
+        init_rank(comm, nranks, &comm_id, rank, std::ptr::null())
+    }
+
+    fn ncclCommInitRankConfig / pncclCommInitRankConfig(
+        comm: *mut ncclComm_t, nranks: c_int, comm_id: ncclUniqueId, rank: c_int, config: *mut ncclConfig
+    ) {
+        init_rank(comm, nranks, &comm_id, rank, config)
+    }
+
+    fn ncclCommInitRankScalable / pncclCommInitRankScalable(
+        newcomm: *mut ncclComm_t, nranks: c_int, myrank: c_int, n_id: c_int, comm_ids: *mut ncclUniqueId,
+        config: *mut ncclConfig
+    ) {
+        if n_id < 1 {
+            return Err(invalid("nId", format!("{n_id} (at least one unique id is needed)")));
+        }
+        if comm_ids.is_null() {
+            return Err(invalid("commIds", "NULL pointer"));
+        }
+        let ids = std::slice::from_raw_parts(comm_ids, n_id as usize);
+        for (i, id) in ids.iter().enumerate() {
+            decode_id(id, &format!("commIds[{i}]"))?;
+        }
+        // One rendezvous root serves every rank; the other ids are checked and unused.
+        init_rank(newcomm, nranks, &ids[0], myrank, config)
+    }
+
+    fn ncclCommInitAll / pncclCommInitAll(comms: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) {
+        if comms.is_null() {
+            return Err(invalid("comm", "NULL array for the new communicators"));
+        }
+        if ndev < 1 {
+            return Err(invalid("ndev", format!("{ndev} (at least one rank)")));
+        }
+        let n = ndev as usize;
+        let devs: Vec<i32> = if devlist.is_null() { (0..ndev).collect() } else { std::slice::from_raw_parts(devlist, n).to_vec() };
+        if let Some((i, d)) = devs.iter().enumerate().find(|(_, d)| **d < 0) {
+            return Err(invalid("devlist", format!("devlist[{i}] = {d} is not a device")));
+        }
+        let cfg = env_config()?;
+        let id = oxccl::new_unique_id(&cfg)?;
+        let states: Vec<Arc<CommState>> = devs.iter().map(|d| handle::new_comm(*d, None, true)).collect();
+        for (i, st) in states.iter().enumerate() {
+            comms.add(i).write(st.handle as ncclComm_t);
+        }
+        let results = ops::run_all(states.iter().enumerate().collect(), |(i, st)| {
+            let r = Communicator::init(&id, n, Rank::new(i), cfg.clone()).map_err(Fail::from);
+            let out = r.as_ref().map(|_| ()).map_err(Fail::clone);
+            st.set_init(r);
+            out
+        });
+        results.into_iter().collect::<R<Vec<()>>>()?;
+        Ok(SUCCESS)
+    }
+
+    fn ncclCommFinalize / pncclCommFinalize(comm: ncclComm_t) {
+        let (st, _c) = ready(comm)?;
+        // Host-memory calls complete before they return: nothing is left to flush.
+        st.finalized.store(true, Ordering::Relaxed);
+        Ok(SUCCESS)
+    }
+
+    fn ncclCommDestroy / pncclCommDestroy(comm: ncclComm_t) {
+        if comm.is_null() {
+            return Ok(SUCCESS);
+        }
+        let st = state(comm, "comm")?;
+        st.wait_init();
+        let old = std::mem::replace(&mut *lock(&st.init), Init::Destroyed);
+        match old {
+            Init::Destroyed => Err(usage(format!("communicator {comm:p} was already destroyed"))),
+            Init::Ready(c) => {
+                drop(c);
+                Ok(SUCCESS)
+            }
+            _ => Ok(SUCCESS),
+        }
+    }
+
+    fn ncclCommAbort / pncclCommAbort(comm: ncclComm_t) {
+        if comm.is_null() {
+            return Ok(SUCCESS);
+        }
+        let st = state(comm, "comm")?;
+        // An init still running ends on its own; its result is dropped when it arrives.
+        let old = std::mem::replace(&mut *lock(&st.init), Init::Destroyed);
+        match old {
+            Init::Destroyed => Err(usage(format!("communicator {comm:p} was already destroyed"))),
+            Init::Ready(c) => {
+                c.abort();
+                drop(c);
+                Ok(SUCCESS)
+            }
+            _ => Ok(SUCCESS),
+        }
+    }
+
+    fn ncclCommSplit / pncclCommSplit(comm: ncclComm_t, color: c_int, key: c_int, newcomm: *mut ncclComm_t, config: *mut ncclConfig) {
+        if newcomm.is_null() {
+            return Err(invalid("newcomm", "NULL pointer for the new communicator"));
+        }
+        if color < -1 {
+            return Err(invalid("color", format!("{color} (a color is >= 0, or NCCL_SPLIT_NOCOLOR)")));
+        }
+        let (st, c) = ready(comm)?;
+        let s = settings(config, Some(Settings { blocking: st.blocking, name: st.name.clone() }))?;
+        let color = (color >= 0).then_some(color as u32);
+        match color {
+            None => {
+                newcomm.write(std::ptr::null_mut());
+                let job = move || c.split(None, key as i64).map(|_| ()).map_err(Fail::from);
+                if s.blocking || ops::in_group() {
+                    ops::submit_job(Box::new(job))?;
+                    Ok(SUCCESS)
+                } else {
+                    std::thread::spawn(job);
+                    Ok(SUCCESS)
+                }
+            }
+            Some(_) => {
+                let child = handle::new_comm(st.device, s.name.clone(), s.blocking);
+                newcomm.write(child.handle as ncclComm_t);
+                launch_init(child, s.blocking, move || {
+                    c.split(color, key as i64)?.ok_or_else(|| Fail { code: INTERNAL_ERROR, msg: "split returned no communicator for a color".into() })
+                })
+            }
+        }
+    }
+
+    fn ncclCommShrink / pncclCommShrink(
+        comm: ncclComm_t, exclude_ranks_list: *mut c_int, exclude_ranks_count: c_int, newcomm: *mut ncclComm_t,
+        config: *mut ncclConfig, shrink_flags: c_int
+    ) {
+        if newcomm.is_null() {
+            return Err(invalid("newcomm", "NULL pointer for the new communicator"));
+        }
+        if shrink_flags & !1 != 0 {
+            return Err(invalid("shrinkFlags", format!("{shrink_flags:#x} (NCCL_SHRINK_DEFAULT or NCCL_SHRINK_ABORT)")));
+        }
+        if exclude_ranks_count < 0 {
+            return Err(invalid("excludeRanksCount", exclude_ranks_count));
+        }
+        if exclude_ranks_count > 0 && exclude_ranks_list.is_null() {
+            return Err(invalid("excludeRanksList", format!("NULL with excludeRanksCount {exclude_ranks_count}")));
+        }
+        let st = state(comm, "comm")?;
+        handle::set_current(Some(st.clone()));
+        let c = st.ready()?;
+        let list: &[c_int] = if exclude_ranks_count == 0 { &[] } else { std::slice::from_raw_parts(exclude_ranks_list, exclude_ranks_count as usize) };
+        let mut exclude = Vec::with_capacity(list.len());
+        for (i, r) in list.iter().enumerate() {
+            if *r < 0 || *r as usize >= c.size() {
+                return Err(invalid(&format!("excludeRanksList[{i}]"), format!("{r} is not a rank of this {}-rank communicator", c.size())));
+            }
+            exclude.push(Rank::new(*r as usize));
+        }
+        if exclude.contains(&c.rank()) {
+            return Err(usage(format!("rank {} is in excludeRanksList: excluded ranks must not call ncclCommShrink", c.rank())));
+        }
+        let s = settings(config, Some(Settings { blocking: st.blocking, name: st.name.clone() }))?;
+        if shrink_flags & 1 != 0 {
+            c.abort();
+        }
+        let child = handle::new_comm(st.device, s.name.clone(), s.blocking);
+        newcomm.write(child.handle as ncclComm_t);
+        launch_init(child, s.blocking, move || c.shrink(&exclude).map_err(Fail::from))
+    }
+
+    fn ncclCommGetAsyncError / pncclCommGetAsyncError(comm: ncclComm_t, async_error: *mut ncclResult_t) {
+        if async_error.is_null() {
+            return Err(invalid("asyncError", "NULL pointer"));
+        }
+        let st = state(comm, "comm")?;
+        let code = match &*lock(&st.init) {
+            Init::InProgress => IN_PROGRESS,
+            Init::Failed(f) => f.code,
+            Init::Ready(c) => match c.check() {
+                Ok(()) => SUCCESS,
+                Err(e) => {
+                    *lock(&st.last_error) = Some(e.to_string());
+                    handle::code_of(&e)
+                }
+            },
+            Init::Destroyed => return Err(usage(format!("communicator {comm:p} was destroyed"))),
+        };
+        async_error.write(code);
+        Ok(SUCCESS)
+    }
+
+    fn ncclCommCount / pncclCommCount(comm: ncclComm_t, count: *mut c_int) {
+        if count.is_null() {
+            return Err(invalid("count", "NULL pointer"));
+        }
+        let (_, c) = ready(comm)?;
+        count.write(c.size() as c_int);
+        Ok(SUCCESS)
+    }
+
+    fn ncclCommUserRank / pncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) {
+        if rank.is_null() {
+            return Err(invalid("rank", "NULL pointer"));
+        }
+        let (_, c) = ready(comm)?;
+        rank.write(c.rank().idx() as c_int);
+        Ok(SUCCESS)
+    }
+
+    fn ncclCommCuDevice / pncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) {
+        if device.is_null() {
+            return Err(invalid("device", "NULL pointer"));
+        }
+        let (st, _) = ready(comm)?;
+        device.write(st.device);
+        Ok(SUCCESS)
+    }
+
+    fn ncclRedOpCreatePreMulSum / pncclRedOpCreatePreMulSum(
+        op: *mut c_int, scalar: *mut c_void, datatype: c_int, residence: c_int, comm: ncclComm_t
+    ) {
+        if op.is_null() {
+            return Err(invalid("op", "NULL pointer"));
+        }
+        if scalar.is_null() {
+            return Err(invalid("scalar", "NULL pointer"));
+        }
+        let dtype = ops::dtype_of(datatype)?;
+        let (st, _) = ready(comm)?;
+        let scalar = match residence {
+            1 => Scalar::Value(std::slice::from_raw_parts(scalar as *const u8, dtype.size_bytes()).to_vec()),
+            0 => Scalar::Pointer(scalar as usize),
+            r => return Err(invalid("residence", format!("{r} (ncclScalarDevice or ncclScalarHostImmediate)"))),
+        };
+        let id = st.next_op.fetch_add(1, Ordering::Relaxed);
+        if id < 5 {
+            return Err(usage("every ncclRedOp_t value of this communicator is in use"));
+        }
+        lock(&st.premul).insert(id, PreMul { dtype, scalar });
+        op.write(id);
+        Ok(SUCCESS)
+    }
+
+    fn ncclRedOpDestroy / pncclRedOpDestroy(op: c_int, comm: ncclComm_t) {
+        let (st, _) = ready(comm)?;
+        if (0..5).contains(&op) {
+            return Err(invalid("op", format!("{op} is a built-in operator (only ncclRedOpCreatePreMulSum's can be destroyed)")));
+        }
+        if lock(&st.premul).remove(&op).is_none() {
+            return Err(invalid("op", format!("{op} is not an operator created on this communicator (or was destroyed)")));
+        }
+        Ok(SUCCESS)
+    }
+
+    fn ncclGroupStart / pncclGroupStart() {
+        ops::group_start();
+        Ok(SUCCESS)
+    }
+
+    fn ncclGroupEnd / pncclGroupEnd() {
+        let Some(ended) = ops::group_end()? else { return Ok(SUCCESS) };
+        for r in ops::run_all(ended.jobs, |j| j()) {
+            r?;
+        }
+        let results = ops::run_all(ended.per_comm.iter().collect(), |(_, c, calls)| ops::run(c, calls));
+        let mut first = None;
+        for ((st, _, _), r) in ended.per_comm.iter().zip(results) {
+            if let Err(f) = r {
+                handle::record("ncclGroupEnd", Some(st), &f);
+                first.get_or_insert((st.clone(), f));
+            }
+        }
+        match first {
+            None => Ok(SUCCESS),
+            Some((st, f)) => {
+                handle::set_current(Some(st));
+                Err(f)
+            }
+        }
+    }
+
+    fn ncclGroupSimulateEnd / pncclGroupSimulateEnd(sim_info: *mut ncclSimInfo) {
+        if sim_info.is_null() {
+            return Err(invalid("simInfo", "NULL pointer"));
+        }
+        if (*sim_info).magic != SIM_MAGIC {
+            return Err(invalid("simInfo", "not initialized with NCCL_SIM_INFO_INITIALIZER"));
+        }
+        // The calls are checked (each returned its error when made) and then dropped, as the
+        // simulation runs nothing. oxccl's cost model comes with the tuner; until then the
+        // estimate stays NCCL_UNDEF_FLOAT, "not estimated".
+        let _ = ops::group_end()?;
+        (*sim_info).estimated_time = -1.0;
+        Ok(SUCCESS)
+    }
+
+    fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize) {
+        if ptr.is_null() {
+            return Err(invalid("ptr", "NULL pointer"));
+        }
+        let p = mem::alloc(size)?;
+        ptr.write(p as *mut c_void);
+        Ok(SUCCESS)
+    }
+
+    fn ncclMemFree / pncclMemFree(ptr: *mut c_void) {
+        if ptr.is_null() {
+            return Ok(SUCCESS);
+        }
+        mem::free(ptr as usize)?;
+        Ok(SUCCESS)
+    }
+
+    fn ncclCommRegister / pncclCommRegister(comm: ncclComm_t, buff: *mut c_void, size: usize, handle: *mut *mut c_void) {
+        if handle.is_null() {
+            return Err(invalid("handle", "NULL pointer"));
+        }
+        let (st, _) = ready(comm)?;
+        let h = mem::register(&st, RegKind::Buffer, buff as usize, size)?;
+        handle.write(h as *mut c_void);
+        Ok(SUCCESS)
+    }
+
+    fn ncclCommDeregister / pncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) {
+        let (st, _) = ready(comm)?;
+        mem::deregister(&st, RegKind::Buffer, handle as usize, "handle")?;
+        Ok(SUCCESS)
+    }
+
+    fn ncclCommWindowRegister / pncclCommWindowRegister(
+        comm: ncclComm_t, buff: *mut c_void, size: usize, win: *mut *mut c_void, win_flags: c_int
+    ) {
+        if win.is_null() {
+            return Err(invalid("win", "NULL pointer"));
+        }
+        if win_flags & !1 != 0 {
+            return Err(invalid("winFlags", format!("{win_flags:#x} (NCCL_WIN_DEFAULT or NCCL_WIN_COLL_SYMMETRIC)")));
+        }
+        let (st, _) = ready(comm)?;
+        let h = mem::register(&st, RegKind::Window, buff as usize, size)?;
+        win.write(h as *mut c_void);
+        Ok(SUCCESS)
+    }
+
+    fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: ncclComm_t, win: *mut c_void) {
+        let (st, _) = ready(comm)?;
+        mem::deregister(&st, RegKind::Window, win as usize, "win")?;
+        Ok(SUCCESS)
+    }
+
+    fn ncclDevCommCreate / pncclDevCommCreate(comm: ncclComm_t, reqs: *const c_void, out_dev_comm: *mut c_void) {
+        let _ = (reqs, out_dev_comm);
+        ready(comm)?;
+        Err(usage("ncclDevCommCreate: the device API (device-side communicators) is not supported by oxccl"))
+    }
+
+    fn ncclDevCommDestroy / pncclDevCommDestroy(comm: ncclComm_t, dev_comm: *const c_void) {
+        let _ = dev_comm;
+        ready(comm)?;
+        Err(usage("ncclDevCommDestroy: the device API (device-side communicators) is not supported by oxccl"))
+    }
+}
+
+// ------------------------------------------------------------------------- collectives
+
+/// Checks a call on `comm` and runs or queues it.
+fn collective(
+    comm: ncclComm_t,
+    a: Args,
+    kind: impl FnOnce(Option<oxccl::ReduceOp>, Option<Rank>) -> Kind,
+) -> R<ncclResult_t> {
+    let (st, c) = ready(comm)?;
+    let call = Call::check(&st, &c, a, kind)?;
+    ops::submit(st, c, call)?;
+    Ok(SUCCESS)
+}
+
+fn op_of(op: Option<oxccl::ReduceOp>) -> oxccl::ReduceOp {
+    op.expect("reductions carry an operator")
+}
+
+fn rank_of(r: Option<Rank>) -> Rank {
+    r.expect("rooted calls carry a rank")
+}
+
+#[allow(clippy::too_many_arguments)]
+fn args(
+    func: &'static str,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    op: Option<c_int>,
+    rank: Option<(&'static str, c_int)>,
+    stream: *mut c_void,
+) -> Args {
+    Args {
+        func,
+        send: send as *const u8,
+        recv: recv as *mut u8,
+        count,
+        dtype,
+        op,
+        rank,
+        stream: stream as usize,
+    }
+}
+
+entry! {
+    fn ncclAllReduce / pncclAllReduce(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, op: c_int, comm: ncclComm_t,
+        stream: *mut c_void
+    ) {
+        let a = args("ncclAllReduce", sendbuff, recvbuff, count, datatype, Some(op), None, stream);
+        collective(comm, a, |op, _| Kind::AllReduce(op_of(op)))
+    }
+
+    fn ncclBroadcast / pncclBroadcast(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: ncclComm_t,
+        stream: *mut c_void
+    ) {
+        let a = args("ncclBroadcast", sendbuff, recvbuff, count, datatype, None, Some(("root", root)), stream);
+        collective(comm, a, |_, r| Kind::Broadcast(rank_of(r)))
+    }
+
+    fn ncclBcast / pncclBcast(buff: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: ncclComm_t, stream: *mut c_void) {
+        let a = args("ncclBcast", buff, buff, count, datatype, None, Some(("root", root)), stream);
+        collective(comm, a, |_, r| Kind::Broadcast(rank_of(r)))
+    }
+
+    fn ncclReduce / pncclReduce(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, op: c_int, root: c_int,
+        comm: ncclComm_t, stream: *mut c_void
+    ) {
+        let a = args("ncclReduce", sendbuff, recvbuff, count, datatype, Some(op), Some(("root", root)), stream);
+        collective(comm, a, |op, r| Kind::Reduce(op_of(op), rank_of(r)))
+    }
+
+    fn ncclAllGather / pncclAllGather(
+        sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: c_int, comm: ncclComm_t,
+        stream: *mut c_void
+    ) {
+        let a = args("ncclAllGather", sendbuff, recvbuff, sendcount, datatype, None, None, stream);
+        collective(comm, a, |_, _| Kind::AllGather)
+    }
+
+    fn ncclReduceScatter / pncclReduceScatter(
+        sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: c_int, op: c_int, comm: ncclComm_t,
+        stream: *mut c_void
+    ) {
+        let a = args("ncclReduceScatter", sendbuff, recvbuff, recvcount, datatype, Some(op), None, stream);
+        collective(comm, a, |op, _| Kind::ReduceScatter(op_of(op)))
+    }
+
+    fn ncclAlltoAll / pncclAlltoAll(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, comm: ncclComm_t,
+        stream: *mut c_void
+    ) {
+        let a = args("ncclAlltoAll", sendbuff, recvbuff, count, datatype, None, None, stream);
+        collective(comm, a, |_, _| Kind::AllToAll)
+    }
+
+    fn ncclGather / pncclGather(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: ncclComm_t,
+        stream: *mut c_void
+    ) {
+        let a = args("ncclGather", sendbuff, recvbuff, count, datatype, None, Some(("root", root)), stream);
+        collective(comm, a, |_, r| Kind::Gather(rank_of(r)))
+    }
+
+    fn ncclScatter / pncclScatter(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: ncclComm_t,
+        stream: *mut c_void
+    ) {
+        let a = args("ncclScatter", sendbuff, recvbuff, count, datatype, None, Some(("root", root)), stream);
+        collective(comm, a, |_, r| Kind::Scatter(rank_of(r)))
+    }
+
+    fn ncclSend / pncclSend(sendbuff: *const c_void, count: usize, datatype: c_int, peer: c_int, comm: ncclComm_t, stream: *mut c_void) {
+        let a = args("ncclSend", sendbuff, std::ptr::null_mut(), count, datatype, None, Some(("peer", peer)), stream);
+        collective(comm, a, |_, r| Kind::Send(rank_of(r)))
+    }
+
+    fn ncclRecv / pncclRecv(recvbuff: *mut c_void, count: usize, datatype: c_int, peer: c_int, comm: ncclComm_t, stream: *mut c_void) {
+        let a = args("ncclRecv", std::ptr::null(), recvbuff, count, datatype, None, Some(("peer", peer)), stream);
+        collective(comm, a, |_, r| Kind::Recv(rank_of(r)))
+    }
+}
+
+// ------------------------------------------------------------------------- strings
+
+/// `ncclGetErrorString`.
+#[no_mangle]
+pub extern "C" fn ncclGetErrorString(result: ncclResult_t) -> *const c_char {
+    let s: &'static CStr = match result {
+        0 => c"no error",
+        1 => c"a CUDA call failed (ncclGetLastError says which)",
+        2 => c"a system call failed (ncclGetLastError says which)",
+        3 => c"internal error in oxccl (a bug: please report it with ncclGetLastError's text)",
+        4 => c"invalid argument (ncclGetLastError names it)",
+        5 => c"invalid usage (ncclGetLastError says why)",
+        6 => c"a remote rank failed, exited or could not be reached (ncclGetLastError names it)",
+        7 => c"operation in progress",
+        _ => c"unknown ncclResult_t value",
+    };
+    s.as_ptr()
+}
+
+/// `pncclGetErrorString`.
+#[no_mangle]
+pub extern "C" fn pncclGetErrorString(result: ncclResult_t) -> *const c_char {
+    ncclGetErrorString(result)
+}
+
+/// `ncclGetLastError`: the text of the last failure on `comm` (or, with NULL or no failure
+/// there, on this thread); empty when there was none.
+#[no_mangle]
+pub extern "C" fn ncclGetLastError(comm: ncclComm_t) -> *const c_char {
+    catch_unwind(|| handle::last_error(comm)).unwrap_or(c"".as_ptr())
+}
+
+/// `pncclGetLastError`.
+#[no_mangle]
+pub extern "C" fn pncclGetLastError(comm: ncclComm_t) -> *const c_char {
+    ncclGetLastError(comm)
+}

@@ -1,0 +1,89 @@
+//! `ncclMemAlloc`, buffer registration and windows on host memory.
+//!
+//! `ncclMemAlloc` returns oxccl shared memory ([`oxccl::mem::SharedBuf`]): same-host peers
+//! map it, so collectives on it take the zero-copy direct path with no registration step.
+//! Registration and windows are recorded per communicator (so deregistering checks the
+//! handle) and change nothing else on host memory.
+
+use crate::handle::{invalid, lock, CommState, R};
+use oxccl::mem::SharedBuf;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+/// Kept only to own the allocation until `free`.
+struct Owned(#[allow(dead_code)] SharedBuf<u8>);
+
+// SAFETY: the allocation is plain shared memory owned by this entry; it is only created and
+// dropped under the registry lock, and its bytes are touched only through C pointers.
+unsafe impl Send for Owned {}
+
+fn allocs() -> std::sync::MutexGuard<'static, HashMap<usize, Owned>> {
+    static A: OnceLock<Mutex<HashMap<usize, Owned>>> = OnceLock::new();
+    lock(A.get_or_init(Default::default))
+}
+
+/// Allocates `size` bytes of shared host memory; returns its address.
+pub fn alloc(size: usize) -> R<usize> {
+    if size == 0 {
+        return Err(invalid("size", "0 bytes"));
+    }
+    let mut b = SharedBuf::<u8>::zeroed(size)?;
+    let p = b.as_mut_ptr() as usize;
+    allocs().insert(p, Owned(b));
+    Ok(p)
+}
+
+/// Frees what [`alloc`] returned.
+pub fn free(p: usize) -> R<()> {
+    match allocs().remove(&p) {
+        Some(_) => Ok(()),
+        None => {
+            Err(invalid("ptr", format!("{p:#x} was not returned by ncclMemAlloc (or was freed already)")))
+        }
+    }
+}
+
+/// Registration handles: unique, never dereferenced, never reused.
+fn next_handle() -> usize {
+    static N: AtomicUsize = AtomicUsize::new(1);
+    N.fetch_add(1, Ordering::Relaxed) << 4
+}
+
+/// What a registration handle stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegKind {
+    Buffer,
+    Window,
+}
+
+/// Records `[buff, buff + size)` on `st`; returns the handle.
+pub fn register(st: &CommState, kind: RegKind, buff: usize, size: usize) -> R<usize> {
+    if buff == 0 {
+        return Err(invalid("buff", "NULL pointer"));
+    }
+    if size == 0 {
+        return Err(invalid("size", "0 bytes"));
+    }
+    if buff.checked_add(size).is_none() {
+        return Err(invalid("size", format!("{size} bytes from {buff:#x} wrap around the address space")));
+    }
+    let h = next_handle();
+    lock(&st.regs).insert(h, (buff, size, kind));
+    Ok(h)
+}
+
+/// Drops the registration `h` of `kind` from `st` (the argument is named `arg`).
+pub fn deregister(st: &CommState, kind: RegKind, h: usize, arg: &str) -> R<()> {
+    let mut regs = lock(&st.regs);
+    match regs.get(&h) {
+        Some((_, _, k)) if *k == kind => {
+            regs.remove(&h);
+            Ok(())
+        }
+        Some((_, _, k)) => Err(invalid(arg, format!("{h:#x} is a {k:?} registration, not a {kind:?} one"))),
+        None => {
+            Err(invalid(arg, format!("{h:#x} is not registered on this communicator (or was deregistered)")))
+        }
+    }
+}
