@@ -119,14 +119,12 @@ pub struct CommState {
 impl CommState {
     /// The communicator, if it is ready for calls.
     pub fn ready(&self) -> R<Arc<Communicator>> {
-        if self.finalized.load(Ordering::Relaxed) {
-            return Err(usage(format!(
+        match &*lock(&self.init) {
+            Init::Ready(c) if !self.finalized.load(Ordering::Relaxed) => Ok(c.clone()),
+            Init::Ready(_) => Err(usage(format!(
                 "communicator {:#x} was finalized (only ncclCommDestroy may follow ncclCommFinalize)",
                 self.handle
-            )));
-        }
-        match &*lock(&self.init) {
-            Init::Ready(c) => Ok(c.clone()),
+            ))),
             Init::InProgress => Err(usage(format!(
                 "communicator {:#x} is still initializing (poll ncclCommGetAsyncError until it returns ncclSuccess)",
                 self.handle
@@ -220,7 +218,11 @@ fn to_cstring(s: &str) -> CString {
 
 /// Records a failure of `func` on this thread and, when known, on its communicator.
 pub fn record(func: &str, comm: Option<&CommState>, f: &Fail) {
-    let msg = format!("{func}: {}", f.msg);
+    let who = comm.and_then(|st| match st.init.try_lock().as_deref() {
+        Ok(Init::Ready(c)) => Some(format!("rank {} of {}: ", c.rank(), c.size())),
+        _ => None,
+    });
+    let msg = format!("{func}: {}{}", who.unwrap_or_default(), f.msg);
     if let Some(st) = comm {
         *lock(&st.last_error) = Some(msg.clone());
     }

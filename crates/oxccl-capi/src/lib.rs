@@ -302,9 +302,9 @@ unsafe fn init_rank(
     if rank < 0 || rank >= nranks {
         return Err(invalid("rank", format!("{rank} is outside 0..{nranks}")));
     }
-    let id = decode_id(id, "commId")?;
     // SAFETY: passed on from the caller.
     let s = unsafe { settings(config, None) }?;
+    let id = decode_id(id, "commId")?;
     let cfg = env_config()?;
     let st = handle::new_comm(-1, s.name.clone(), s.blocking);
     // SAFETY: checked non-NULL above; the caller's out-pointer.

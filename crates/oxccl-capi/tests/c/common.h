@@ -1,0 +1,63 @@
+/* Helpers shared by the C test programs: checked calls and unique ids passed through files. */
+#ifndef OXCCL_TEST_COMMON_H
+#define OXCCL_TEST_COMMON_H
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nccl.h"
+
+static int g_rank = -1;
+
+#define NCCLCHECK(call)                                                                   \
+  do {                                                                                    \
+    ncclResult_t r_ = (call);                                                             \
+    if (r_ != ncclSuccess) {                                                              \
+      fprintf(stderr, "rank %d: %s:%d: %s -> %d (%s): %s\n", g_rank, __FILE__, __LINE__, \
+              #call, (int)r_, ncclGetErrorString(r_), ncclGetLastError(NULL));            \
+      exit(1);                                                                            \
+    }                                                                                     \
+  } while (0)
+
+#define EXPECT(cond, ...)                                                       \
+  do {                                                                          \
+    if (!(cond)) {                                                              \
+      fprintf(stderr, "rank %d: %s:%d: expected %s: ", g_rank, __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                             \
+      fprintf(stderr, "\n");                                                    \
+      exit(1);                                                                  \
+    }                                                                           \
+  } while (0)
+
+/* Rank 0 makes a unique id and publishes it at `path` (write, then rename); the others wait
+ * for the file (up to 60 s). */
+static inline void share_id(const char* path, int rank, ncclUniqueId* id) {
+  if (rank == 0) {
+    char tmp[4096];
+    NCCLCHECK(ncclGetUniqueId(id));
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE* f = fopen(tmp, "wb");
+    EXPECT(f != NULL, "open %s: %s", tmp, strerror(errno));
+    EXPECT(fwrite(id, sizeof *id, 1, f) == 1, "write %s", tmp);
+    fclose(f);
+    EXPECT(rename(tmp, path) == 0, "rename to %s: %s", path, strerror(errno));
+    return;
+  }
+  for (int i = 0; i < 6000; i++) {
+    FILE* f = fopen(path, "rb");
+    if (f != NULL) {
+      size_t n = fread(id, sizeof *id, 1, f);
+      fclose(f);
+      if (n == 1) return;
+    }
+    usleep(10000);
+  }
+  fprintf(stderr, "rank %d: no unique id at %s after 60 s\n", rank, path);
+  exit(1);
+}
+
+#endif

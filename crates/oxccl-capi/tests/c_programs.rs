@@ -1,0 +1,227 @@
+//! C programs written against nccl.h, compiled by `cc` against our header and libnccl.so.2,
+//! run as several processes (unique ids pass through files).
+//!
+//! The library is the cdylib cargo builds with this test (`target/<profile>/deps/libnccl.so`:
+//! `cargo test` does not copy it up to `target/<profile>/`, `cargo build` does); each test
+//! links a private directory holding it as `libnccl.so` and `libnccl.so.2`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn manifest() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The directory cargo put this build's libnccl.so in: the test binary's own (`deps/`).
+fn deps_dir() -> PathBuf {
+    std::env::current_exe().unwrap().parent().unwrap().to_path_buf()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("oxccl-capi-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A directory holding our library under both names.
+fn lib_dir(work: &Path) -> PathBuf {
+    let so = deps_dir().join("libnccl.so");
+    assert!(so.exists(), "{} is missing: cargo builds the cdylib with the tests", so.display());
+    let d = work.join("lib");
+    std::fs::create_dir_all(&d).unwrap();
+    for name in ["libnccl.so", "libnccl.so.2"] {
+        std::os::unix::fs::symlink(&so, d.join(name)).unwrap();
+    }
+    d
+}
+
+fn run_checked(cmd: &mut Command, what: &str) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Compiles `src` (in tests/c) with cc against our header, linked with `-L lib -lnccl`.
+fn compile(src: &str, work: &Path, lib: &Path) -> PathBuf {
+    let exe = work.join(src.trim_end_matches(".c"));
+    let c = manifest().join("tests/c");
+    run_checked(
+        Command::new("cc")
+            .args(["-std=c11", "-D_DEFAULT_SOURCE", "-Wall", "-Wextra", "-Werror", "-O1"])
+            .arg("-I")
+            .arg(manifest().join("include"))
+            .arg("-I")
+            .arg(&c)
+            .arg(c.join(src))
+            .arg("-L")
+            .arg(lib)
+            .args(["-lnccl", "-o"])
+            .arg(&exe),
+        &format!("cc {src}"),
+    );
+    exe
+}
+
+/// Runs `n` processes of `exe DIR N RANK` with `env`; kills them all after `limit`.
+fn run_ranks(exe: &Path, n: usize, work: &Path, env: &[(&str, &str)], limit: Duration) -> Vec<Output> {
+    let ids = work.join(format!("ids-{n}"));
+    std::fs::create_dir_all(&ids).unwrap();
+    let mut children: Vec<Child> = (0..n)
+        .map(|r| {
+            let mut c = Command::new(exe);
+            c.arg(&ids).arg(n.to_string()).arg(r.to_string());
+            c.envs(env.iter().copied()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            c.spawn().unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline && children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let timed_out = children.iter_mut().any(|c| c.try_wait().unwrap().is_none());
+    for c in &mut children {
+        let _ = c.kill();
+    }
+    let outs: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    let report = || {
+        outs.iter()
+            .enumerate()
+            .map(|(r, o)| {
+                format!(
+                    "--- rank {r} ({}):\n{}{}",
+                    o.status,
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                )
+            })
+            .collect::<String>()
+    };
+    assert!(!timed_out, "{} with {n} ranks did not finish within {limit:?}:\n{}", exe.display(), report());
+    assert!(
+        outs.iter().all(|o| o.status.success()),
+        "{} with {n} ranks failed:\n{}",
+        exe.display(),
+        report()
+    );
+    outs
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn every_call_on_host_memory_with_1_2_and_4_processes() {
+    let work = scratch("collectives");
+    let lib = lib_dir(&work);
+    let exe = compile("collectives.c", &work, &lib);
+    let ld = lib.to_str().unwrap();
+    for (n, shm_off) in [(4, "0"), (1, "0"), (2, "1"), (4, "1")] {
+        let env = [("LD_LIBRARY_PATH", ld), ("NCCL_SHM_DISABLE", shm_off), ("OXCCL_TIMEOUT", "60")];
+        let outs =
+            run_ranks(&exe, n, &work.join(format!("shm-off-{shm_off}")), &env, Duration::from_secs(150));
+        for (r, o) in outs.iter().enumerate() {
+            assert!(
+                stdout(o).contains(&format!("COLLECTIVES OK rank {r} of {n}")),
+                "rank {r}: {}",
+                stdout(o)
+            );
+        }
+    }
+}
+
+#[test]
+fn every_invalid_argument_is_refused_by_name() {
+    let work = scratch("invalid");
+    let lib = lib_dir(&work);
+    let exe = compile("invalid.c", &work, &lib);
+    let env = [("LD_LIBRARY_PATH", lib.to_str().unwrap()), ("OXCCL_TIMEOUT", "30")];
+    for n in [1, 2] {
+        let outs = run_ranks(&exe, n, &work, &env, Duration::from_secs(120));
+        for (r, o) in outs.iter().enumerate() {
+            let s = stdout(o);
+            assert!(s.contains(&format!("INVALID OK rank {r}")), "rank {r}: {s}");
+            println!("{n} ranks: {}", s.trim());
+        }
+    }
+    let _ = std::fs::remove_dir_all(&work);
+}
+
+#[test]
+fn one_thread_drives_several_ranks_with_init_all_and_grouped_init() {
+    let work = scratch("initall");
+    let lib = lib_dir(&work);
+    let exe = compile("initall.c", &work, &lib);
+    let env = [("LD_LIBRARY_PATH", lib.to_str().unwrap()), ("OXCCL_TIMEOUT", "60")];
+    let outs = run_ranks(&exe, 1, &work, &env, Duration::from_secs(120));
+    assert!(stdout(&outs[0]).contains("INITALL OK"), "{}", stdout(&outs[0]));
+    let _ = std::fs::remove_dir_all(&work);
+}
+
+/// A program built against another libnccl.so.2 (a stand-in whose every call fails) runs on
+/// oxccl when the loader finds ours first: by LD_PRELOAD, and by LD_LIBRARY_PATH alone.
+#[test]
+fn a_program_linked_against_another_libnccl_runs_on_ours() {
+    let work = scratch("preload");
+    let ours = lib_dir(&work);
+    // The stand-in: same soname, every symbol the program uses, each returning an error.
+    let other = work.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    run_checked(
+        Command::new("cc")
+            .args(["-shared", "-fPIC", "-Wl,-soname,libnccl.so.2", "-I"])
+            .arg(manifest().join("include"))
+            .arg("-o")
+            .arg(other.join("libnccl.so.2"))
+            .arg(manifest().join("tests/c/standin.c")),
+        "cc standin.c",
+    );
+    std::os::unix::fs::symlink(other.join("libnccl.so.2"), other.join("libnccl.so")).unwrap();
+    let exe = compile("collectives.c", &work, &other);
+    let needed = run_checked(Command::new("readelf").arg("-d").arg(&exe), "readelf");
+    assert!(
+        stdout(&needed).contains("[libnccl.so.2]"),
+        "the program needs libnccl.so.2:\n{}",
+        stdout(&needed)
+    );
+
+    // On the stand-in alone, the program fails at its first call (the stand-in is real).
+    let o = Command::new(&exe)
+        .arg(work.join("ids-standin"))
+        .args(["1", "0"])
+        .env("LD_LIBRARY_PATH", &other)
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "the stand-in library must not pass the test program");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("stand-in"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+
+    let preload = ours.join("libnccl.so.2");
+    let (o, p) = (other.to_str().unwrap(), preload.to_str().unwrap());
+    for env in
+        [vec![("LD_LIBRARY_PATH", o), ("LD_PRELOAD", p)], vec![("LD_LIBRARY_PATH", ours.to_str().unwrap())]]
+    {
+        let mut env = env;
+        env.push(("OXCCL_TIMEOUT", "60"));
+        let dir = work.join(format!("run-{}", env.len()));
+        let outs = run_ranks(&exe, 2, &dir, &env, Duration::from_secs(120));
+        for (r, out) in outs.iter().enumerate() {
+            assert!(
+                stdout(out).contains(&format!("COLLECTIVES OK rank {r} of 2")),
+                "{env:?}: {}",
+                stdout(out)
+            );
+        }
+    }
+}
