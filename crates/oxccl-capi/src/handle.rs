@@ -6,11 +6,11 @@
 //! communicator's state.
 
 use oxccl::{Communicator, Error};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::{c_char, CString};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicI32, AtomicU8, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, RwLock};
 
 /// `ncclResult_t` (a C enum: an `int`).
 #[allow(non_camel_case_types)]
@@ -73,14 +73,15 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Where a communicator stands.
-pub enum Init {
+/// Where a communicator stands (`CommState::phase`).
+pub mod phase {
     /// A nonblocking init (or one queued in a group) has not finished.
-    InProgress,
-    Ready(Arc<Communicator>),
-    /// Init failed: every call answers this.
-    Failed(Fail),
-    Destroyed,
+    pub const INIT: u8 = 0;
+    pub const READY: u8 = 1;
+    /// Init failed: every call answers `CommState::failure`.
+    pub const FAILED: u8 = 2;
+    pub const FINALIZED: u8 = 3;
+    pub const DESTROYED: u8 = 4;
 }
 
 /// A reduction operator made by `ncclRedOpCreatePreMulSum`.
@@ -98,12 +99,18 @@ pub struct PreMul {
     pub scalar: Scalar,
 }
 
-/// One `ncclComm_t`'s state.
+/// One `ncclComm_t`'s state. It is never freed (like its handle), so calls borrow it for
+/// `'static` and pay no reference counting; destroying the communicator closes the
+/// [`Communicator`] inside, which releases its connections, threads and memory.
 pub struct CommState {
     pub handle: usize,
-    pub init: Mutex<Init>,
-    pub init_cv: Condvar,
-    pub finalized: AtomicBool,
+    /// One of [`phase`]'s values; READY only once `comm` is set.
+    pub phase: AtomicU8,
+    pub comm: OnceLock<Communicator>,
+    pub failure: OnceLock<Fail>,
+    /// Signalled when init ends (`wait_init`).
+    init_lock: Mutex<()>,
+    init_cv: Condvar,
     /// The CUDA device reported by `ncclCommCuDevice` (-1: a host-memory communicator).
     pub device: i32,
     pub name: Option<String>,
@@ -112,62 +119,126 @@ pub struct CommState {
     pub last_error: Mutex<Option<String>>,
     pub premul: Mutex<HashMap<i32, PreMul>>,
     pub next_op: AtomicI32,
-    /// Registered buffers (`ncclCommRegister`) and windows, by handle: `(address, bytes)`.
+    /// Registered buffers (`ncclCommRegister`) and windows, by handle: `(address, bytes, kind)`.
     pub regs: Mutex<HashMap<usize, (usize, usize, crate::mem::RegKind)>>,
 }
 
+/// A communicator state, borrowed for the life of the process.
+pub type St = &'static CommState;
+
 impl CommState {
     /// The communicator, if it is ready for calls.
-    pub fn ready(&self) -> R<Arc<Communicator>> {
-        match &*lock(&self.init) {
-            Init::Ready(c) if !self.finalized.load(Ordering::Relaxed) => Ok(c.clone()),
-            Init::Ready(_) => Err(usage(format!(
-                "communicator {:#x} was finalized (only ncclCommDestroy may follow ncclCommFinalize)",
-                self.handle
-            ))),
-            Init::InProgress => Err(usage(format!(
-                "communicator {:#x} is still initializing (poll ncclCommGetAsyncError until it returns ncclSuccess)",
-                self.handle
-            ))),
-            Init::Failed(f) => Err(f.clone()),
-            Init::Destroyed => Err(usage(format!("communicator {:#x} was destroyed", self.handle))),
+    #[inline]
+    pub fn ready(&'static self) -> R<&'static Communicator> {
+        match self.phase.load(Ordering::Acquire) {
+            phase::READY => self.comm.get().ok_or_else(|| self.not_ready(phase::READY)),
+            p => Err(self.not_ready(p)),
+        }
+    }
+
+    #[cold]
+    fn not_ready(&self, p: u8) -> Fail {
+        let h = self.handle;
+        match p {
+            phase::INIT => usage(format!(
+                "communicator {h:#x} is still initializing (poll ncclCommGetAsyncError until it returns ncclSuccess)"
+            )),
+            phase::FAILED => self.failure.get().cloned().unwrap_or_else(|| usage("init failed")),
+            phase::FINALIZED => usage(format!(
+                "communicator {h:#x} was finalized (only ncclCommDestroy may follow ncclCommFinalize)"
+            )),
+            phase::DESTROYED => usage(format!("communicator {h:#x} was destroyed")),
+            _ => Fail { code: INTERNAL_ERROR, msg: format!("communicator {h:#x} in unknown state {p}") },
         }
     }
 
     /// Waits until init has finished one way or the other.
     pub fn wait_init(&self) {
-        let mut g = lock(&self.init);
-        while matches!(*g, Init::InProgress) {
+        let mut g = lock(&self.init_lock);
+        while self.phase.load(Ordering::Acquire) == phase::INIT {
             g = self.init_cv.wait(g).unwrap_or_else(|e| e.into_inner());
         }
     }
 
+    /// Ends init with `r`. A communicator that was aborted meanwhile is closed at once.
     pub fn set_init(&self, r: R<Communicator>) {
-        let mut g = lock(&self.init);
-        if matches!(*g, Init::InProgress) {
-            *g = match r {
-                Ok(c) => Init::Ready(Arc::new(c)),
-                Err(f) => Init::Failed(f),
-            };
+        let _g = lock(&self.init_lock);
+        match r {
+            Ok(c) => {
+                let fresh = self.comm.set(c).is_ok();
+                let won = fresh
+                    && self
+                        .phase
+                        .compare_exchange(phase::INIT, phase::READY, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok();
+                if !won {
+                    if let Some(c) = self.comm.get() {
+                        c.close();
+                    }
+                }
+            }
+            Err(f) => {
+                let _ = self.failure.set(f);
+                let _ = self.phase.compare_exchange(
+                    phase::INIT,
+                    phase::FAILED,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+            }
         }
         self.init_cv.notify_all();
     }
+
+    /// Moves to DESTROYED; returns the phase it left.
+    pub fn destroy(&self) -> u8 {
+        let _g = lock(&self.init_lock);
+        let old = self.phase.swap(phase::DESTROYED, Ordering::AcqRel);
+        self.init_cv.notify_all();
+        old
+    }
 }
 
-fn registry() -> MutexGuard<'static, HashMap<usize, Arc<CommState>>> {
-    static R: OnceLock<Mutex<HashMap<usize, Arc<CommState>>>> = OnceLock::new();
-    lock(R.get_or_init(Default::default))
+/// Every handle this process made. Read when a thread meets a handle for the first time,
+/// written when a communicator is made.
+fn registry() -> &'static RwLock<HashMap<usize, St>> {
+    static R: OnceLock<RwLock<HashMap<usize, St>>> = OnceLock::new();
+    R.get_or_init(Default::default)
 }
 
-/// A new handle in state `InProgress`.
-pub fn new_comm(device: i32, name: Option<String>, blocking: bool) -> Arc<CommState> {
+#[inline]
+fn lookup(handle: usize) -> Option<St> {
+    // Handles and states are never freed (see the module doc), so a handle seen once maps to
+    // the same state forever: a per-thread cache of recent ones answers without touching the
+    // shared lock (whose reader count would bounce between cores of ranks that are threads).
+    thread_local! {
+        static SEEN: RefCell<Vec<St>> = const { RefCell::new(Vec::new()) };
+    }
+    if let Some(st) = SEEN.with(|s| s.borrow().iter().copied().find(|st| st.handle == handle)) {
+        return Some(st);
+    }
+    let st = *registry().read().unwrap_or_else(|e| e.into_inner()).get(&handle)?;
+    SEEN.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() >= 8 {
+            s.remove(0);
+        }
+        s.push(st);
+    });
+    Some(st)
+}
+
+/// A new handle in phase INIT.
+pub fn new_comm(device: i32, name: Option<String>, blocking: bool) -> St {
     // Never freed: the address stays unique for the life of the process (see the module doc).
     let handle = Box::into_raw(Box::new(0u64)) as usize;
-    let st = Arc::new(CommState {
+    let st: St = Box::leak(Box::new(CommState {
         handle,
-        init: Mutex::new(Init::InProgress),
+        phase: AtomicU8::new(phase::INIT),
+        comm: OnceLock::new(),
+        failure: OnceLock::new(),
+        init_lock: Mutex::new(()),
         init_cv: Condvar::new(),
-        finalized: AtomicBool::new(false),
         device,
         name,
         blocking,
@@ -175,41 +246,46 @@ pub fn new_comm(device: i32, name: Option<String>, blocking: bool) -> Arc<CommSt
         premul: Mutex::new(HashMap::new()),
         next_op: AtomicI32::new(5),
         regs: Mutex::new(HashMap::new()),
-    });
-    registry().insert(handle, st.clone());
+    }));
+    registry().write().unwrap_or_else(|e| e.into_inner()).insert(handle, st);
     st
 }
 
 /// The state behind `comm` (which the caller names `arg`).
-pub fn state(comm: *const std::ffi::c_void, arg: &str) -> R<Arc<CommState>> {
+#[inline]
+pub fn state(comm: *const std::ffi::c_void, arg: &str) -> R<St> {
     if comm.is_null() {
         return Err(invalid(arg, "NULL communicator"));
     }
-    registry().get(&(comm as usize)).cloned().ok_or_else(|| {
+    lookup(comm as usize).ok_or_else(|| {
         invalid(arg, format!("{comm:p} is not a communicator created by this library (oxccl's libnccl)"))
     })
 }
 
 /// The ready communicator behind `comm`.
-pub fn ready(comm: *const std::ffi::c_void) -> R<(Arc<CommState>, Arc<Communicator>)> {
+pub fn ready(comm: *const std::ffi::c_void) -> R<(St, &'static Communicator)> {
     let st = state(comm, "comm")?;
-    set_current(Some(st.clone()));
+    set_current(Some(st));
     let c = st.ready()?;
     Ok((st, c))
 }
 
 thread_local! {
     static LAST: RefCell<CString> = RefCell::new(CString::default());
-    /// The communicator the running entry point works on (its failures are recorded there).
-    static CURRENT: RefCell<Option<Arc<CommState>>> = const { RefCell::new(None) };
+    /// The handle of the communicator the running entry point works on (0: none); its
+    /// failures are recorded there too.
+    static CURRENT: Cell<usize> = const { Cell::new(0) };
 }
 
-pub fn set_current(st: Option<Arc<CommState>>) {
-    CURRENT.with(|c| *c.borrow_mut() = st);
+pub fn set_current(st: Option<&CommState>) {
+    CURRENT.with(|c| c.set(st.map_or(0, |s| s.handle)));
 }
 
-pub fn take_current() -> Option<Arc<CommState>> {
-    CURRENT.with(|c| c.borrow_mut().take())
+pub fn take_current() -> Option<St> {
+    match CURRENT.with(|c| c.replace(0)) {
+        0 => None,
+        h => lookup(h),
+    }
 }
 
 fn to_cstring(s: &str) -> CString {
@@ -218,10 +294,7 @@ fn to_cstring(s: &str) -> CString {
 
 /// Records a failure of `func` on this thread and, when known, on its communicator.
 pub fn record(func: &str, comm: Option<&CommState>, f: &Fail) {
-    let who = comm.and_then(|st| match st.init.try_lock().as_deref() {
-        Ok(Init::Ready(c)) => Some(format!("rank {} of {}: ", c.rank(), c.size())),
-        _ => None,
-    });
+    let who = comm.and_then(|st| st.comm.get()).map(|c| format!("rank {} of {}: ", c.rank(), c.size()));
     let msg = format!("{func}: {}{}", who.unwrap_or_default(), f.msg);
     if let Some(st) = comm {
         *lock(&st.last_error) = Some(msg.clone());
@@ -232,11 +305,8 @@ pub fn record(func: &str, comm: Option<&CommState>, f: &Fail) {
 /// `ncclGetLastError(comm)`: the communicator's last failure, else this thread's. The text
 /// lives in a per-thread buffer until this thread's next failure or query.
 pub fn last_error(comm: *const std::ffi::c_void) -> *const c_char {
-    let from_comm = if comm.is_null() {
-        None
-    } else {
-        registry().get(&(comm as usize)).and_then(|st| lock(&st.last_error).clone())
-    };
+    let from_comm =
+        if comm.is_null() { None } else { lookup(comm as usize).and_then(|st| lock(&st.last_error).clone()) };
     LAST.with(|l| {
         if let Some(m) = from_comm {
             *l.borrow_mut() = to_cstring(&m);

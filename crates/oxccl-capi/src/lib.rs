@@ -18,7 +18,7 @@ pub mod ops;
 pub mod premul;
 
 use handle::{
-    invalid, lock, ncclResult_t, ready, state, usage, CommState, Fail, Init, PreMul, Scalar, INTERNAL_ERROR,
+    invalid, lock, ncclResult_t, phase, ready, state, usage, Fail, PreMul, Scalar, St, INTERNAL_ERROR,
     IN_PROGRESS, R, SUCCESS,
 };
 use mem::RegKind;
@@ -28,7 +28,6 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 /// The NCCL version whose host API this library implements (`NCCL_VERSION_CODE`).
 pub const NCCL_VERSION_CODE: c_int = 22809;
@@ -100,7 +99,7 @@ fn guard(func: &'static str, f: impl FnOnce() -> R<ncclResult_t>) -> ncclResult_
         Ok(code) => code,
         Err(fail) => {
             let cur = handle::take_current();
-            handle::record(func, cur.as_deref(), &fail);
+            handle::record(func, cur, &fail);
             if func != "ncclGroupEnd" && func != "ncclGroupSimulateEnd" {
                 ops::group_failed(&fail);
             }
@@ -252,12 +251,11 @@ unsafe fn settings(config: *const ncclConfig, inherit: Option<Settings>) -> R<Se
 /// Starts `job` for a new communicator: now (blocking), queued (in a group) or on a thread
 /// (nonblocking). Returns what the init call answers.
 fn launch_init(
-    st: Arc<CommState>,
+    st: St,
     blocking: bool,
     job: impl FnOnce() -> R<Communicator> + Send + 'static,
 ) -> R<ncclResult_t> {
     let run = {
-        let st = st.clone();
         move || {
             let r = job();
             let out = r.as_ref().map(|_| ()).map_err(Fail::clone);
@@ -370,11 +368,11 @@ entry! {
         }
         let cfg = env_config()?;
         let id = oxccl::new_unique_id(&cfg)?;
-        let states: Vec<Arc<CommState>> = devs.iter().map(|d| handle::new_comm(*d, None, true)).collect();
+        let states: Vec<St> = devs.iter().map(|d| handle::new_comm(*d, None, true)).collect();
         for (i, st) in states.iter().enumerate() {
             comms.add(i).write(st.handle as ncclComm_t);
         }
-        let results = ops::run_all(states.iter().enumerate().collect(), |(i, st)| {
+        let results = ops::run_all(states.iter().copied().enumerate().collect(), |(i, st)| {
             let r = Communicator::init(&id, n, Rank::new(i), cfg.clone()).map_err(Fail::from);
             let out = r.as_ref().map(|_| ()).map_err(Fail::clone);
             st.set_init(r);
@@ -387,7 +385,9 @@ entry! {
     fn ncclCommFinalize / pncclCommFinalize(comm: ncclComm_t) {
         let (st, _c) = ready(comm)?;
         // Host-memory calls complete before they return: nothing is left to flush.
-        st.finalized.store(true, Ordering::Relaxed);
+        if st.phase.compare_exchange(phase::READY, phase::FINALIZED, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            st.ready()?;
+        }
         Ok(SUCCESS)
     }
 
@@ -397,14 +397,14 @@ entry! {
         }
         let st = state(comm, "comm")?;
         st.wait_init();
-        let old = std::mem::replace(&mut *lock(&st.init), Init::Destroyed);
-        match old {
-            Init::Destroyed => Err(usage(format!("communicator {comm:p} was already destroyed"))),
-            Init::Ready(c) => {
-                drop(c);
+        match st.destroy() {
+            phase::DESTROYED => Err(usage(format!("communicator {comm:p} was already destroyed"))),
+            _ => {
+                if let Some(c) = st.comm.get() {
+                    c.close();
+                }
                 Ok(SUCCESS)
             }
-            _ => Ok(SUCCESS),
         }
     }
 
@@ -413,16 +413,16 @@ entry! {
             return Ok(SUCCESS);
         }
         let st = state(comm, "comm")?;
-        // An init still running ends on its own; its result is dropped when it arrives.
-        let old = std::mem::replace(&mut *lock(&st.init), Init::Destroyed);
-        match old {
-            Init::Destroyed => Err(usage(format!("communicator {comm:p} was already destroyed"))),
-            Init::Ready(c) => {
-                c.abort();
-                drop(c);
+        // An init still running ends on its own; its communicator is closed when it arrives.
+        match st.destroy() {
+            phase::DESTROYED => Err(usage(format!("communicator {comm:p} was already destroyed"))),
+            _ => {
+                if let Some(c) = st.comm.get() {
+                    c.abort();
+                    c.close();
+                }
                 Ok(SUCCESS)
             }
-            _ => Ok(SUCCESS),
         }
     }
 
@@ -475,7 +475,7 @@ entry! {
             return Err(invalid("excludeRanksList", format!("NULL with excludeRanksCount {exclude_ranks_count}")));
         }
         let st = state(comm, "comm")?;
-        handle::set_current(Some(st.clone()));
+        handle::set_current(Some(st));
         let c = st.ready()?;
         let list: &[c_int] = if exclude_ranks_count == 0 { &[] } else { std::slice::from_raw_parts(exclude_ranks_list, exclude_ranks_count as usize) };
         let mut exclude = Vec::with_capacity(list.len());
@@ -502,17 +502,18 @@ entry! {
             return Err(invalid("asyncError", "NULL pointer"));
         }
         let st = state(comm, "comm")?;
-        let code = match &*lock(&st.init) {
-            Init::InProgress => IN_PROGRESS,
-            Init::Failed(f) => f.code,
-            Init::Ready(c) => match c.check() {
-                Ok(()) => SUCCESS,
-                Err(e) => {
+        let code = match st.phase.load(Ordering::Acquire) {
+            phase::INIT => IN_PROGRESS,
+            phase::FAILED => st.failure.get().map_or(INTERNAL_ERROR, |f| f.code),
+            phase::DESTROYED => return Err(usage(format!("communicator {comm:p} was destroyed"))),
+            _ => match st.comm.get().map(|c| c.check()) {
+                Some(Ok(())) => SUCCESS,
+                Some(Err(e)) => {
                     *lock(&st.last_error) = Some(e.to_string());
                     handle::code_of(&e)
                 }
+                None => INTERNAL_ERROR,
             },
-            Init::Destroyed => return Err(usage(format!("communicator {comm:p} was destroyed"))),
         };
         async_error.write(code);
         Ok(SUCCESS)
@@ -596,7 +597,7 @@ entry! {
         for ((st, _, _), r) in ended.per_comm.iter().zip(results) {
             if let Err(f) = r {
                 handle::record("ncclGroupEnd", Some(st), &f);
-                first.get_or_insert((st.clone(), f));
+                first.get_or_insert((*st, f));
             }
         }
         match first {
@@ -645,14 +646,14 @@ entry! {
             return Err(invalid("handle", "NULL pointer"));
         }
         let (st, _) = ready(comm)?;
-        let h = mem::register(&st, RegKind::Buffer, buff as usize, size)?;
+        let h = mem::register(st, RegKind::Buffer, buff as usize, size)?;
         handle.write(h as *mut c_void);
         Ok(SUCCESS)
     }
 
     fn ncclCommDeregister / pncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) {
         let (st, _) = ready(comm)?;
-        mem::deregister(&st, RegKind::Buffer, handle as usize, "handle")?;
+        mem::deregister(st, RegKind::Buffer, handle as usize, "handle")?;
         Ok(SUCCESS)
     }
 
@@ -666,14 +667,14 @@ entry! {
             return Err(invalid("winFlags", format!("{win_flags:#x} (NCCL_WIN_DEFAULT or NCCL_WIN_COLL_SYMMETRIC)")));
         }
         let (st, _) = ready(comm)?;
-        let h = mem::register(&st, RegKind::Window, buff as usize, size)?;
+        let h = mem::register(st, RegKind::Window, buff as usize, size)?;
         win.write(h as *mut c_void);
         Ok(SUCCESS)
     }
 
     fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: ncclComm_t, win: *mut c_void) {
         let (st, _) = ready(comm)?;
-        mem::deregister(&st, RegKind::Window, win as usize, "win")?;
+        mem::deregister(st, RegKind::Window, win as usize, "win")?;
         Ok(SUCCESS)
     }
 
@@ -698,9 +699,15 @@ fn collective(
     a: Args,
     kind: impl FnOnce(Option<oxccl::ReduceOp>, Option<Rank>) -> Kind,
 ) -> R<ncclResult_t> {
-    let (st, c) = ready(comm)?;
-    let call = Call::check(&st, &c, a, kind)?;
-    ops::submit(st, c, call)?;
+    let st = state(comm, "comm")?;
+    handle::set_current(Some(st));
+    let c = st.ready()?;
+    let call = Call::check(st, c, a, kind)?;
+    if ops::in_group() {
+        ops::queue(st, c, call);
+    } else {
+        ops::run(c, std::slice::from_ref(&call))?;
+    }
     Ok(SUCCESS)
 }
 
@@ -852,4 +859,45 @@ pub extern "C" fn ncclGetLastError(comm: ncclComm_t) -> *const c_char {
 #[no_mangle]
 pub extern "C" fn pncclGetLastError(comm: ncclComm_t) -> *const c_char {
     ncclGetLastError(comm)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_internal_error_with_its_message() {
+        let code = guard("ncclTestEntry", || panic!("boom at the boundary"));
+        assert_eq!(code, INTERNAL_ERROR);
+        // SAFETY: ncclGetLastError returns a NUL-terminated string owned by this thread.
+        let msg =
+            unsafe { CStr::from_ptr(ncclGetLastError(std::ptr::null_mut())) }.to_string_lossy().into_owned();
+        assert!(msg.contains("ncclTestEntry") && msg.contains("boom at the boundary"), "{msg}");
+    }
+
+    #[test]
+    fn unique_ids_round_trip_and_garbage_is_refused() {
+        for root in ["127.0.0.1:4242", "[::1]:65535"] {
+            let id = UniqueId { root: root.parse().unwrap(), secret: [7; 32] };
+            let back = decode_id(&encode_id(&id), "commId").unwrap();
+            assert_eq!((back.root, back.secret), (id.root, id.secret));
+        }
+        let e = decode_id(&ncclUniqueId { internal: [0; 128] }, "commId").unwrap_err();
+        assert_eq!(e.code, handle::INVALID_ARGUMENT);
+        assert!(e.msg.contains("commId"), "{}", e.msg);
+    }
+
+    #[test]
+    fn result_codes_of_oxccl_errors() {
+        use oxccl::Error;
+        let r = Rank::new(1);
+        assert_eq!(handle::code_of(&Error::Aborted { rank: r }), handle::INVALID_USAGE);
+        assert_eq!(handle::code_of(&Error::Internal("x".into())), INTERNAL_ERROR);
+        let t =
+            Error::Timeout { rank: r, op: "x".into(), after: Duration::from_secs(1), waiting_for: vec![] };
+        assert_eq!(handle::code_of(&t), handle::REMOTE_ERROR);
+        let io = Error::Io { rank: r, op: "x", peer: None, source: std::io::Error::other("x") };
+        assert_eq!(handle::code_of(&io), handle::SYSTEM_ERROR);
+    }
+    use std::time::Duration;
 }

@@ -10,12 +10,11 @@
 //! a call on host memory completes before it returns, whatever the stream. The stream is
 //! kept in each call so the CUDA path can route device pointers onto it.
 
-use crate::handle::{invalid, lock, usage, CommState, Fail, PreMul, Scalar, R};
+use crate::handle::{invalid, lock, usage, CommState, Fail, PreMul, Scalar, St, R};
 use crate::premul;
 use oxccl::{Communicator, DataType, Group, Rank, ReduceOp};
 use oxccl_core::coll::elems;
 use std::cell::RefCell;
-use std::sync::Arc;
 
 /// What a call does.
 #[derive(Clone, Copy, Debug)]
@@ -45,7 +44,7 @@ pub struct Call {
     send_len: usize,
     recv_len: usize,
     in_place: bool,
-    premul: Option<PreMul>,
+    premul: Option<Box<PreMul>>,
     /// The caller's stream (unused on host memory).
     _stream: usize,
 }
@@ -71,9 +70,26 @@ pub struct Args {
     pub stream: usize,
 }
 
+#[inline]
 pub fn dtype_of(v: i32) -> R<DataType> {
-    DataType::from_nccl(v)
-        .ok_or_else(|| invalid("datatype", format!("{v} is not an ncclDataType_t (0..=11)")))
+    match v {
+        0..=11 => Ok(DataType::ALL[v as usize]),
+        _ => Err(bad_dtype(v)),
+    }
+}
+
+#[cold]
+fn bad_dtype(v: i32) -> Fail {
+    invalid("datatype", format!("{v} is not an ncclDataType_t (0..=11)"))
+}
+
+/// NCCL's built-in operators, by enum value.
+const BUILTIN_OPS: [ReduceOp; 5] =
+    [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg];
+
+#[cold]
+fn count_overflow(n: usize, factor: usize, dtype: DataType, arg: &'static str) -> Fail {
+    invalid("count", elems(arg, n, factor, dtype).err().map(|e| e.to_string()).unwrap_or_default())
 }
 
 fn overlap(a: usize, alen: usize, b: usize, blen: usize) -> bool {
@@ -93,11 +109,8 @@ impl Call {
         let mut premul = None;
         let op = match a.op {
             None => None,
-            Some(v @ 0..=4) => {
-                let op = ReduceOp::from_nccl(v).ok_or_else(|| invalid("op", v))?;
-                op.check(dtype).map_err(|e| invalid("op", e))?;
-                Some(op)
-            }
+            // Every built-in operator is defined on every type.
+            Some(v @ 0..=4) => Some(BUILTIN_OPS[v as usize]),
             Some(v) => {
                 let pm = lock(&st.premul).get(&v).cloned().ok_or_else(|| {
                     invalid("op", format!("{v} is neither a built-in ncclRedOp_t (0..=4) nor an operator ncclRedOpCreatePreMulSum made on this communicator"))
@@ -111,7 +124,7 @@ impl Call {
                         ),
                     ));
                 }
-                premul = Some(pm);
+                premul = Some(Box::new(pm));
                 Some(ReduceOp::Sum)
             }
         };
@@ -127,8 +140,14 @@ impl Call {
         let kind = kind_of(op, rank);
         let es = dtype.size_bytes();
         let n = a.count;
+        let limit = |b: usize| (b <= isize::MAX as usize).then_some(b);
+        let one = n.checked_mul(es).and_then(limit);
+        let all = one.and_then(|b| b.checked_mul(p)).and_then(limit);
         let bytes = |factor: usize, arg: &'static str| -> R<usize> {
-            Ok(elems(arg, n, factor, dtype).map_err(|e| invalid("count", e))? * es)
+            match if factor == 1 { one } else { all } {
+                Some(b) => Ok(b),
+                None => Err(count_overflow(n, factor, dtype, arg)),
+            }
         };
         let is_root = |r: Rank| me == r;
         let (send_len, recv_len) = match kind {
@@ -281,10 +300,23 @@ impl Call {
 
 /// Runs `calls` on `comm` as one oxccl group (a single call is a group of one).
 pub fn run(comm: &Communicator, calls: &[Call]) -> R<()> {
-    let scaled: Vec<Option<Vec<u8>>> = calls.iter().map(Call::premul_input).collect();
+    if let [c] = calls {
+        if c.premul.is_none() {
+            let mut g = comm.group();
+            c.add(&mut g, None).map_err(|e| Fail::from(e).with_func(c.func))?;
+            return g.end().map_err(Fail::from);
+        }
+    }
+    // The scaled inputs of PreMulSum calls (none in the common case: no allocation).
+    let scaled: Vec<Option<Vec<u8>>> = if calls.iter().any(|c| c.premul.is_some()) {
+        calls.iter().map(Call::premul_input).collect()
+    } else {
+        Vec::new()
+    };
     let mut g = comm.group();
-    for (c, s) in calls.iter().zip(&scaled) {
-        c.add(&mut g, s.as_deref()).map_err(|e| Fail::from(e).with_func(c.func))?;
+    for (i, c) in calls.iter().enumerate() {
+        let s = scaled.get(i).and_then(|s| s.as_deref());
+        c.add(&mut g, s).map_err(|e| Fail::from(e).with_func(c.func))?;
     }
     g.end().map_err(Fail::from)
 }
@@ -302,7 +334,7 @@ pub type Job = Box<dyn FnOnce() -> R<()> + Send>;
 #[derive(Default)]
 struct GroupState {
     depth: u32,
-    calls: Vec<(Arc<CommState>, Arc<Communicator>, Call)>,
+    calls: Vec<(St, &'static Communicator, Call)>,
     jobs: Vec<Job>,
     /// The first error a call inside the group returned: `ncclGroupEnd` returns it too and
     /// runs nothing.
@@ -331,20 +363,9 @@ pub fn group_failed(f: &Fail) {
     })
 }
 
-/// Runs `call` now, or queues it when a group is open.
-pub fn submit(st: Arc<CommState>, comm: Arc<Communicator>, call: Call) -> R<()> {
-    let now = GROUP.with(|g| {
-        let mut g = g.borrow_mut();
-        if g.depth == 0 {
-            return Some(call);
-        }
-        g.calls.push((st, comm.clone(), call));
-        None
-    });
-    match now {
-        Some(call) => run(&comm, std::slice::from_ref(&call)),
-        None => Ok(()),
-    }
+/// Queues `call` in the open group.
+pub fn queue(st: St, comm: &'static Communicator, call: Call) {
+    GROUP.with(|g| g.borrow_mut().calls.push((st, comm, call)));
 }
 
 /// Queues `job` in the open group, or runs it now.
@@ -366,7 +387,7 @@ pub fn submit_job(job: Job) -> R<()> {
 /// What `ncclGroupEnd` found to do, per communicator.
 pub struct Ended {
     pub jobs: Vec<Job>,
-    pub per_comm: Vec<(Arc<CommState>, Arc<Communicator>, Vec<Call>)>,
+    pub per_comm: Vec<(St, &'static Communicator, Vec<Call>)>,
 }
 
 /// Closes one level of grouping; at the outermost, takes the queue (or its error).
@@ -386,7 +407,7 @@ pub fn group_end() -> R<Option<Ended>> {
     if let Some(e) = st.error {
         return Err(e);
     }
-    let mut per_comm: Vec<(Arc<CommState>, Arc<Communicator>, Vec<Call>)> = Vec::new();
+    let mut per_comm: Vec<(St, &'static Communicator, Vec<Call>)> = Vec::new();
     for (s, c, call) in st.calls {
         match per_comm.iter_mut().find(|e| e.0.handle == s.handle) {
             Some(e) => e.2.push(call),

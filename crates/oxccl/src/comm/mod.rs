@@ -77,6 +77,8 @@ pub(crate) struct Inner {
     failure: Mutex<Option<String>>,
     /// Set once `failure` holds something (checked on every call without the lock).
     failed: AtomicBool,
+    /// Set by [`Communicator::close`]: resources released, every later call refused.
+    closed: AtomicBool,
     split_seq: AtomicU64,
     shrink_seq: AtomicU64,
     worker: Mutex<Option<JoinHandle<()>>>,
@@ -328,6 +330,7 @@ impl Communicator {
             sched_cv: Condvar::new(),
             failure: Mutex::new(None),
             failed: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
             split_seq: AtomicU64::new(0),
             shrink_seq: AtomicU64::new(0),
             worker: Mutex::new(None),
@@ -487,12 +490,20 @@ impl Communicator {
 
     /// Destroys the communicator in order: waits for queued work, then closes connections
     /// and the service.
-    pub fn destroy(mut self) -> Result<()> {
+    pub fn destroy(self) -> Result<()> {
         self.shutdown();
         Ok(())
     }
 
-    fn shutdown(&mut self) {
+    /// Destroys the communicator in place, as [`destroy`](Communicator::destroy) does, for
+    /// owners that cannot give it up (a handle shared with other threads): every later call
+    /// fails with [`Error::InvalidUsage`]. A second close does nothing.
+    pub fn close(&self) {
+        self.inner.closed.store(true, Ordering::SeqCst);
+        self.shutdown();
+    }
+
+    fn shutdown(&self) {
         let i = &self.inner;
         {
             let mut s = lock(&i.sched);
@@ -673,6 +684,9 @@ impl Inner {
     }
 
     fn check_usable(&self) -> Result<()> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(Error::InvalidUsage(format!("rank {}: the communicator was destroyed", self.rank)));
+        }
         if self.abort.load(Ordering::Relaxed) {
             return Err(Error::Aborted { rank: self.rank });
         }
