@@ -144,6 +144,20 @@ fn shrink_excludes_ranks_that_never_call_it_even_after_abort() {
     }
 }
 
+#[test]
+fn close_destroys_in_place_and_later_calls_are_refused() {
+    let out = threads(2, quick(), |c| {
+        let mut v = vec![1u32; 5];
+        c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        c.close();
+        c.close();
+        let e = c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap_err();
+        assert!(matches!(e, Error::InvalidUsage(_)) && e.to_string().contains("destroyed"), "{e}");
+        v
+    });
+    assert_eq!(out, vec![vec![2u32; 5]; 2]);
+}
+
 // ---------------------------------------------------------------- asynchronous calls
 
 #[test]

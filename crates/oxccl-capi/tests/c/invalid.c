@@ -190,6 +190,29 @@ int main(int argc, char** argv) {
   NCCLCHECK(ncclCommDestroy(NULL));
   NCCLCHECK(ncclCommAbort(NULL));
   NCCLCHECK(ncclCommDestroy(comm));
+
+  /* A nonblocking init that cannot complete (rank 1 of 2 never comes): polling
+   * ncclCommGetAsyncError turns from ncclInProgress into the failure (the join
+   * timeout, OXCCL_TIMEOUT=2 here); calls on the communicator then answer the same failure. */
+  if (R == 0) {
+    EXPECT(setenv("OXCCL_TIMEOUT", "2", 1) == 0, "setenv");
+    ncclUniqueId lonely;
+    NCCLCHECK(ncclGetUniqueId(&lonely));
+    ncclConfig_t nb = NCCL_CONFIG_INITIALIZER;
+    nb.blocking = 0;
+    ncclComm_t half;
+    ncclResult_t r0 = ncclCommInitRankConfig(&half, 2, lonely, 0, &nb);
+    EXPECT(r0 == ncclInProgress, "nonblocking init returned %d", (int)r0);
+    ncclResult_t st = ncclInProgress;
+    int polls = 0;
+    while (st == ncclInProgress && polls++ < 20000) {
+      NCCLCHECK(ncclCommGetAsyncError(half, &st));
+      usleep(1000);
+    }
+    EXPECT(st == ncclRemoteError, "async error %d after %d polls", (int)st, polls);
+    EXPECT_ERR(ncclAllReduce(f, g, 1, ncclFloat, ncclSum, half, NULL), ncclRemoteError, "timed out");
+    NCCLCHECK(ncclCommDestroy(half));
+  }
   printf("INVALID OK rank %d (%d cases)\n", R, cases);
   return 0;
 }
