@@ -25,7 +25,6 @@ use mem::RegKind;
 use ops::{Args, Call, Kind};
 use oxccl::{Communicator, Config, Rank, UniqueId};
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 
@@ -77,7 +76,6 @@ pub struct ncclSimInfo {
 const API_MAGIC: u32 = 0xcafe_beef;
 const SIM_MAGIC: u32 = 0x7468_5283;
 const UNDEF_INT: c_int = c_int::MIN;
-const ID_MAGIC: &[u8; 4] = b"OXU1";
 
 fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
     p.downcast_ref::<&str>()
@@ -142,41 +140,21 @@ unsafe fn put<T>(p: *mut T, arg: &str, v: T) -> R<()> {
 
 // ------------------------------------------------------------------------- unique ids
 
-/// Packs an oxccl unique id into NCCL's 128 bytes: magic, address family, port, address,
-/// secret.
+/// An oxccl unique id in NCCL's 128 bytes (its binary form, see `oxccl_core::uniqueid`).
 pub fn encode_id(id: &UniqueId) -> ncclUniqueId {
-    let mut b = [0u8; 128];
-    b[..4].copy_from_slice(ID_MAGIC);
-    b[5..7].copy_from_slice(&id.root.port().to_be_bytes());
-    match id.root.ip() {
-        IpAddr::V4(a) => {
-            b[4] = 4;
-            b[7..11].copy_from_slice(&a.octets());
-        }
-        IpAddr::V6(a) => {
-            b[4] = 6;
-            b[7..23].copy_from_slice(&a.octets());
-        }
-    }
-    b[23..55].copy_from_slice(&id.secret);
-    ncclUniqueId { internal: b }
+    ncclUniqueId { internal: id.to_bytes() }
 }
 
 /// The oxccl unique id in NCCL's 128 bytes (the argument is named `arg` in errors).
 pub fn decode_id(u: &ncclUniqueId, arg: &str) -> R<UniqueId> {
-    let b = &u.internal;
-    if &b[..4] != ID_MAGIC {
-        return Err(invalid(arg, "not a unique id from oxccl's ncclGetUniqueId (bad magic; uninitialized, or made by another NCCL?)"));
-    }
-    let port = u16::from_be_bytes([b[5], b[6]]);
-    let ip = match b[4] {
-        4 => IpAddr::V4(Ipv4Addr::new(b[7], b[8], b[9], b[10])),
-        6 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&b[7..23]).expect("16 bytes"))),
-        f => return Err(invalid(arg, format!("unknown address family {f} in the unique id"))),
-    };
-    let mut secret = [0u8; 32];
-    secret.copy_from_slice(&b[23..55]);
-    Ok(UniqueId { root: SocketAddr::new(ip, port), secret })
+    UniqueId::from_bytes(&u.internal).map_err(|e| {
+        invalid(
+            arg,
+            format!(
+                "not a unique id from oxccl's ncclGetUniqueId (uninitialized, or made by another NCCL?): {e}"
+            ),
+        )
+    })
 }
 
 fn env_config() -> R<Config> {
