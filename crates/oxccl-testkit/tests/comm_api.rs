@@ -250,6 +250,38 @@ fn timeout_names_the_missing_rank() {
     }
 }
 
+#[test]
+fn init_timeout_names_the_ranks_that_never_joined() {
+    // World size 4: ranks 0 and 2 start, 1 and 3 never do. Both starters' init fails within
+    // the timeout, naming 1 and 3. Then the same with rank 0 (the world size's owner) absent.
+    for (present, absent) in
+        [(vec![0u32, 2], vec![Rank(1), Rank(3)]), (vec![2u32, 3], vec![Rank(0), Rank(1)])]
+    {
+        let cfg = Config::default().with_timeout(Some(Duration::from_millis(1500)));
+        let id = oxccl::new_unique_id(&cfg).unwrap();
+        let t = Instant::now();
+        let hs: Vec<_> = present
+            .iter()
+            .map(|r| {
+                let (cfg, r) = (cfg.clone(), *r);
+                std::thread::spawn(move || {
+                    Communicator::init(&id, 4, Rank(r), cfg).err().expect("init must fail")
+                })
+            })
+            .collect();
+        for (h, r) in hs.into_iter().zip(&present) {
+            match h.join().unwrap() {
+                Error::Timeout { rank, waiting_for, .. } => {
+                    assert_eq!(rank, Rank(*r));
+                    assert_eq!(waiting_for, absent, "rank {r}");
+                }
+                other => panic!("rank {r}: expected a timeout, got {other}"),
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    }
+}
+
 // ---------------------------------------------------------------- launchers
 
 fn launcher_rank() {

@@ -40,6 +40,8 @@ pub(crate) mod kind {
     pub const JOIN: u8 = 1;
     pub const TABLE: u8 = 2;
     pub const REJECT: u8 = 3;
+    /// Root → joined ranks while the rendezvous is incomplete: who is still missing.
+    pub const STATUS: u8 = 4;
     pub const HELLO: u8 = 10;
     pub const MSG: u8 = 11;
 }
@@ -365,7 +367,16 @@ pub(crate) fn join(
     };
     write_frame(&mut s, kind::JOIN, &req.encode())
         .map_err(|e| Error::io(w.rank, "bootstrap: send join request", None, e))?;
-    let (k, payload) = read_frame(&mut s, w, "bootstrap: waiting for all ranks to join", &[])?;
+    // Until the table comes, the root's status frames say who has not joined yet: a timeout
+    // names them.
+    let mut missing: Vec<Rank> = Vec::new();
+    let (k, payload) = loop {
+        let (k, payload) = read_frame(&mut s, w, "bootstrap: waiting for all ranks to join", &missing)?;
+        if k != kind::STATUS {
+            break (k, payload);
+        }
+        missing = JoinStatus::decode(&payload)?.missing;
+    };
     match k {
         kind::TABLE => {
             let t = decode_table(&payload)?;
@@ -381,6 +392,38 @@ pub(crate) fn join(
         other => {
             Err(CoreError::Malformed { what: "root reply", reason: format!("frame kind {other}") }.into())
         }
+    }
+}
+
+/// The root's word on an incomplete rendezvous: the ranks that have not joined (at most
+/// [`JoinStatus::MAX_LISTED`] of them, lowest first).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct JoinStatus {
+    pub missing: Vec<Rank>,
+}
+
+impl JoinStatus {
+    pub const MAX_LISTED: usize = 64;
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        let listed = &self.missing[..self.missing.len().min(Self::MAX_LISTED)];
+        w.u32(listed.len() as u32);
+        for r in listed {
+            w.u32(r.0);
+        }
+        w.finish()
+    }
+
+    pub fn decode(b: &[u8]) -> Result<JoinStatus, CoreError> {
+        let mut r = Reader::new(b, "join status");
+        let n = r.u32()? as usize;
+        if n > Self::MAX_LISTED {
+            return Err(CoreError::Malformed { what: "join status", reason: format!("{n} ranks listed") });
+        }
+        let missing = (0..n).map(|_| r.u32().map(Rank)).collect::<Result<Vec<_>, _>>()?;
+        r.finish()?;
+        Ok(JoinStatus { missing })
     }
 }
 
@@ -504,5 +547,27 @@ impl Bootstrap {
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn join_status_round_trips_and_bounds_its_list() {
+        let s = JoinStatus { missing: vec![Rank(1), Rank(7)] };
+        assert_eq!(JoinStatus::decode(&s.encode()).unwrap(), s);
+        // More than MAX_LISTED missing ranks: the first MAX_LISTED are sent.
+        let many = JoinStatus { missing: (0..100).map(Rank).collect() };
+        let back = JoinStatus::decode(&many.encode()).unwrap();
+        assert_eq!(back.missing, (0..JoinStatus::MAX_LISTED as u32).map(Rank).collect::<Vec<_>>());
+        // A frame claiming more, or with trailing bytes, is refused.
+        let mut w = Writer::new();
+        w.u32(65);
+        assert!(JoinStatus::decode(&w.finish()).is_err());
+        let mut b = s.encode();
+        b.push(0);
+        assert!(JoinStatus::decode(&b).is_err());
     }
 }

@@ -11,13 +11,16 @@
 //!    a failure it keeps answering late joiners for `FAIL_LINGER`, then exits.
 //! 4. The thread never blocks on one client: every socket is non-blocking, requests are
 //!    bounded in size and in the time they take to arrive.
+//! 5. While the set is incomplete, joined ranks hear who is still missing (a status frame
+//!    after joins, at most every `STATUS_EVERY`), so a rank that times out can name them.
 
-use super::{encode_reject, encode_table, kind, write_frame, Join, PeerInfo, PROTOCOL_VERSION};
+use super::{encode_reject, encode_table, kind, write_frame, Join, JoinStatus, PeerInfo, PROTOCOL_VERSION};
 use crate::bootstrap::service::same_secret;
 use crate::error::RejectReason;
 use crate::log::Logger;
 use crate::sys::fd;
 use oxccl_core::tuning::{HELLO_DEADLINE_MS, MAX_PENDING_CONNECTIONS};
+use oxccl_core::Rank;
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -25,6 +28,15 @@ use std::time::{Duration, Instant};
 
 const MAX_JOIN_BYTES: usize = 4096;
 const FAIL_LINGER: Duration = Duration::from_secs(60);
+const STATUS_EVERY: Duration = Duration::from_millis(200);
+/// A status frame is a few hundred bytes; a rank that cannot take it this fast is skipped.
+const STATUS_WRITE_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// The ranks not in `joined`, of the world size rank 0 (else any joined rank) claims.
+fn missing(joined: &BTreeMap<u32, Joined>) -> Vec<Rank> {
+    let size = joined.get(&0).or_else(|| joined.values().next()).map_or(0, |j| j.nranks);
+    (0..size).filter(|r| !joined.contains_key(r)).take(JoinStatus::MAX_LISTED).map(Rank).collect()
+}
 
 struct Pending {
     s: TcpStream,
@@ -104,6 +116,7 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
     let mut pending: Vec<Pending> = Vec::new();
     let mut joined: BTreeMap<u32, Joined> = BTreeMap::new();
     let mut failed: Option<(RejectReason, Instant)> = None;
+    let (mut changed, mut last_status) = (false, Instant::now());
     loop {
         if let Some((_, at)) = &failed {
             if at.elapsed() > FAIL_LINGER {
@@ -169,6 +182,7 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
             }
             let _ = p.s.set_nonblocking(false);
             joined.insert(j.rank, Joined { s: p.s, nranks: j.nranks, info: j.info });
+            changed = true;
         }
         pending = still;
         if failed.is_none() {
@@ -194,6 +208,14 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                     failed = Some((why, Instant::now()));
                 }
             }
+        }
+        if failed.is_none() && changed && last_status.elapsed() >= STATUS_EVERY {
+            let msg = JoinStatus { missing: missing(&joined) }.encode();
+            for j in joined.values_mut() {
+                let _ = j.s.set_write_timeout(Some(STATUS_WRITE_TIMEOUT));
+                let _ = write_frame(&mut j.s, kind::STATUS, &msg);
+            }
+            (changed, last_status) = (false, Instant::now());
         }
         if let Some((why, _)) = &failed {
             for (_, mut j) in std::mem::take(&mut joined) {
