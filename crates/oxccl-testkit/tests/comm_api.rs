@@ -282,6 +282,94 @@ fn init_timeout_names_the_ranks_that_never_joined() {
     }
 }
 
+// ---------------------------------------------------------------- peer death
+
+/// The last rank SIGKILLs itself at iteration 10 of a loop of all-reduces: in the middle of
+/// the survivors' call ("mid"), or while they are idle between calls ("idle").
+fn death_rank(ctx: oxccl_testkit::ChildCtx) {
+    let comm = Communicator::from_env().unwrap();
+    let (me, victim) = (comm.rank().idx(), comm.size() - 1);
+    let mut v = vec![1.0f32; 1 << 15];
+    for i in 0..20 {
+        if i == 10 {
+            if me == victim {
+                // SAFETY: kill(2) on this process; nothing after it runs.
+                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            }
+            if ctx.args == "idle" {
+                std::thread::sleep(Duration::from_millis(1000));
+            }
+        }
+        let t = Instant::now();
+        match comm.all_reduce_in_place(&mut v, ReduceOp::Sum) {
+            Ok(()) => assert!(i < 10, "rank {me}: iteration {i} succeeded without rank {victim}"),
+            Err(e) => {
+                println!("DEATH rank {me} iteration {i} after {} ms: {e}", t.elapsed().as_millis());
+                assert_eq!(i, 10, "rank {me}: {e}");
+                assert!(
+                    matches!(e, Error::PeerClosed { peer, .. } if peer.idx() == victim),
+                    "rank {me}: expected rank {victim} named as gone, got {e}"
+                );
+                assert!(t.elapsed() < Duration::from_secs(2), "rank {me}: detected after {:?}", t.elapsed());
+                // The next call fails at once, naming the same rank.
+                let e2 = comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap_err();
+                assert!(e2.to_string().contains(&format!("rank {victim}")), "rank {me}: {e2}");
+                // The survivors carry on without it, in the same processes.
+                let s = comm.shrink(&[Rank::new(victim)]).unwrap();
+                let mut w = vec![me as u64 + 1; 1000];
+                s.all_reduce_in_place(&mut w, ReduceOp::Sum).unwrap();
+                assert_eq!(w, vec![(victim * (victim + 1) / 2) as u64; 1000], "rank {me}: after shrink");
+                println!("SHRUNK rank {me} -> {} of {}", s.rank(), s.size());
+                return;
+            }
+        }
+    }
+    panic!("rank {me}: no error after rank {victim} died");
+}
+
+#[test]
+fn a_killed_rank_is_named_by_every_survivor_within_2s() {
+    if let Some(ctx) = child("death") {
+        return death_rank(ctx);
+    }
+    for (p, shm_off, mode) in
+        [(3, "0", "mid"), (3, "0", "idle"), (3, "1", "mid"), (4, "1", "idle"), (5, "0", "mid")]
+    {
+        let id = oxccl::new_unique_id(&Config::default()).unwrap();
+        let what = format!("{p} ranks, NCCL_SHM_DISABLE={shm_off}, {mode}");
+        let outs = match Launch::new("a_killed_rank_is_named_by_every_survivor_within_2s", "death", p)
+            .args(mode)
+            .env("OXCCL_UNIQUE_ID", &id.to_string())
+            .env("NCCL_SHM_DISABLE", shm_off)
+            .env("OXCCL_TIMEOUT", "60")
+            .timeout(Duration::from_secs(60))
+            .run_keep()
+        {
+            Ok(_) => panic!("{what}: the victim was not killed"),
+            Err((outs, _)) => outs,
+        };
+        let all = || {
+            outs.iter()
+                .map(|o| {
+                    format!("--- rank {} ({:?}):\n{}\n{}\n", o.rank, o.status, o.stdout, o.stderr_tail(30))
+                })
+                .collect::<String>()
+        };
+        for o in &outs[..p - 1] {
+            assert!(o.status.is_some_and(|s| s.success()), "{what}: rank {} failed:\n{}", o.rank, all());
+            let line = o.stdout.find("DEATH").map(|i| o.stdout[i..].lines().next().unwrap_or_default());
+            assert!(o.stdout.contains("SHRUNK"), "{what}: rank {} did not carry on:\n{}", o.rank, o.stdout);
+            oxccl_testkit::report!("{what}: {}", line.unwrap_or_default());
+        }
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            outs[p - 1].status.and_then(|s| s.signal()),
+            Some(libc::SIGKILL),
+            "{what}: the victim's end"
+        );
+    }
+}
+
 // ---------------------------------------------------------------- launchers
 
 fn launcher_rank() {

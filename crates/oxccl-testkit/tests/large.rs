@@ -70,6 +70,72 @@ fn rank() {
     }
 }
 
+/// A container's trap: a tiny /dev/shm (Docker's default is 64 MiB). oxccl's shared memory is
+/// memfd, never a /dev/shm file, so 64 MiB collectives over shared memory work with a 64 KiB
+/// /dev/shm. Each rank runs in its own mount namespace with such a /dev/shm mounted.
+fn tiny_dev_shm_rank() {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    let shm = mounts.lines().find(|l| l.split(' ').nth(1) == Some("/dev/shm")).unwrap_or("");
+    assert!(shm.contains("size=64k"), "the test's tiny /dev/shm is not mounted here: {shm:?}");
+    let comm = Communicator::from_env().unwrap();
+    for (seed, shared) in [(70, true), (71, false)] {
+        let c = Case {
+            coll: Coll::AllReduce,
+            dtype: DataType::F32,
+            op: Some(ReduceOp::Sum),
+            count: MIB64_F32 + 5,
+            in_place: false,
+            root: 0,
+            seed,
+            shared,
+        };
+        run_case(&comm, &c).unwrap_or_else(|e| panic!("{e}"));
+        println!("TINYSHM rank {} {c}: exact", comm.rank());
+    }
+}
+
+#[test]
+fn a_64k_dev_shm_does_not_limit_shared_memory() {
+    if child("tinyshm").is_some() {
+        return tiny_dev_shm_rank();
+    }
+    let probe = std::process::Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "mount -t tmpfs -o size=64k oxccl-tiny /dev/shm",
+        ])
+        .output();
+    if !probe.as_ref().is_ok_and(|o| o.status.success()) {
+        oxccl_testkit::report!("SKIPPED a_64k_dev_shm_does_not_limit_shared_memory: cannot mount in a new mount namespace here: {probe:?}");
+        return;
+    }
+    let id = oxccl::new_unique_id(&oxccl::Config::default()).unwrap();
+    let mut l = Launch::new("a_64k_dev_shm_does_not_limit_shared_memory", "tinyshm", 4)
+        .env("OXCCL_UNIQUE_ID", &id.to_string())
+        .env("OXCCL_TIMEOUT", "300")
+        .timeout(Duration::from_secs(600));
+    let wrap: Vec<String> = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        "mount -t tmpfs -o size=64k oxccl-tiny /dev/shm && exec \"$@\"",
+        "sh",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    l.wrap = vec![wrap; 4];
+    let done = l.run().unwrap_or_else(|e| panic!("{e}"));
+    assert!(done.iter().all(|d| d.stdout.matches("TINYSHM rank").count() == 2));
+}
+
 #[test]
 fn large_buffers_shm_and_tcp() {
     if child("large").is_some() {

@@ -44,10 +44,15 @@ pub(crate) mod kind {
     pub const STATUS: u8 = 4;
     pub const HELLO: u8 = 10;
     pub const MSG: u8 = 11;
+    /// The last frame of a control connection closed in order.
+    pub const BYE: u8 = 12;
 }
 
 const JOIN_MAGIC: u32 = u32::from_le_bytes(*b"OXJN");
 const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"OXHL");
+
+/// How long a wait stuck only on live peers keeps waiting once another peer is gone.
+const GONE_GRACE_MS: u64 = 300;
 
 /// What a rank tells the others about itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,19 +144,62 @@ pub struct Waiter {
     pub abort: Arc<AtomicBool>,
     /// When the wait began (only known when there is a deadline: reading the clock costs).
     pub started: Option<Instant>,
+    /// Whose word on gone peers to heed (a wait on a gone rank fails at once).
+    pub mailbox: Option<Arc<Mailbox>>,
+    /// When this wait, stuck on live peers, first saw another peer gone.
+    pub gone_seen: std::cell::Cell<Option<Instant>>,
 }
 
 impl Waiter {
     /// A waiter for `rank` that gives up after `timeout` (never if `None`).
     pub fn new(rank: Rank, timeout: Option<Duration>, abort: Arc<AtomicBool>) -> Waiter {
         let started = timeout.map(|_| Instant::now());
-        Waiter { rank, deadline: started.zip(timeout).map(|(s, t)| s + t), abort, started }
+        Waiter {
+            rank,
+            deadline: started.zip(timeout).map(|(s, t)| s + t),
+            abort,
+            started,
+            mailbox: None,
+            gone_seen: std::cell::Cell::new(None),
+        }
+    }
+
+    /// Also fails, once stuck, when a peer is gone, as `mailbox` learned it.
+    pub fn watching(mut self, mailbox: &Arc<Mailbox>) -> Waiter {
+        self.mailbox = Some(mailbox.clone());
+        self
     }
 
     /// Fails if aborted or past the deadline; `what` and `waiting_for` describe the wait.
     pub fn check(&self, what: &str, waiting_for: &[Rank]) -> Result<()> {
         if self.abort.load(Ordering::Relaxed) {
             return Err(Error::Aborted { rank: self.rank });
+        }
+        // A wait stuck on a gone peer fails at once. One stuck only on live peers while another
+        // peer is gone fails after GONE_GRACE_MS: long enough for a call the gone peer had
+        // already done its part of to finish, short enough that a rank waiting on a survivor
+        // (who itself waits on the dead one, and will not send) hears it well within 2 s.
+        if let Some(m) = &self.mailbox {
+            if let Some(peer) = m.gone_among(waiting_for) {
+                return Err(Error::PeerClosed {
+                    rank: self.rank,
+                    op: what.to_string(),
+                    peer,
+                    host: m.host_of(peer),
+                });
+            }
+            if let Some(peer) = m.first_gone() {
+                let seen = *self.gone_seen.get().get_or_insert_with(Instant::now);
+                self.gone_seen.set(Some(seen));
+                if seen.elapsed() >= Duration::from_millis(GONE_GRACE_MS) {
+                    return Err(Error::PeerClosed {
+                        rank: self.rank,
+                        op: what.to_string(),
+                        peer,
+                        host: m.host_of(peer),
+                    });
+                }
+            }
         }
         if let (Some(d), Some(s)) = (self.deadline, self.started) {
             if Instant::now() >= d {
@@ -168,7 +216,11 @@ impl Waiter {
 
     /// The longest a single sleep may last.
     pub fn slice(&self) -> Duration {
-        let max = Duration::from_millis(MAX_SLEEP_MS);
+        let max = Duration::from_millis(if self.gone_seen.get().is_some() {
+            GONE_GRACE_MS / 4
+        } else {
+            MAX_SLEEP_MS
+        });
         match self.deadline {
             Some(d) => d.saturating_duration_since(Instant::now()).min(max),
             None => max,
@@ -490,14 +542,14 @@ impl Bootstrap {
         Bootstrap { me, secret, peers, mailbox, out: Mutex::new(HashMap::new()) }
     }
 
-    /// Sends `payload` to `to` under `tag`.
-    pub fn send(&self, to: Rank, tag: u64, payload: &[u8], w: &Waiter) -> Result<()> {
-        if to == self.me {
-            self.mailbox.deliver_msg(to, tag, payload.to_vec());
-            return Ok(());
-        }
-        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
-        let s = match out.entry(to.0) {
+    /// The control connection to `to`, opened (with its hello) if there is none yet.
+    fn conn<'a>(
+        &self,
+        out: &'a mut HashMap<u32, TcpStream>,
+        to: Rank,
+        w: &Waiter,
+    ) -> Result<&'a mut TcpStream> {
+        Ok(match out.entry(to.0) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
                 let peer = &self.peers[to.idx()];
@@ -507,7 +559,27 @@ impl Bootstrap {
                     .map_err(|e| Error::io(self.me, "bootstrap send", Some(to), e))?;
                 v.insert(s)
             }
-        };
+        })
+    }
+
+    /// Opens the control connection to every peer. Each is also this rank's lifeline: if it
+    /// ends without a goodbye, the peer knows this rank is gone.
+    pub fn connect_all(&self, w: &Waiter) -> Result<()> {
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        for r in (0..self.peers.len()).map(Rank::new).filter(|r| *r != self.me) {
+            self.conn(&mut out, r, w)?;
+        }
+        Ok(())
+    }
+
+    /// Sends `payload` to `to` under `tag`.
+    pub fn send(&self, to: Rank, tag: u64, payload: &[u8], w: &Waiter) -> Result<()> {
+        if to == self.me {
+            self.mailbox.deliver_msg(to, tag, payload.to_vec());
+            return Ok(());
+        }
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let s = self.conn(&mut out, to, w)?;
         let mut w2 = Writer::new();
         w2.u64(tag).raw(payload);
         let r = write_frame(s, kind::MSG, &w2.finish());
@@ -535,9 +607,15 @@ impl Bootstrap {
             .collect()
     }
 
-    /// Closes outgoing control connections (their peers see end of stream).
+    /// Closes outgoing control connections in order: a goodbye, then end of stream (so
+    /// peers do not take this rank for gone).
     pub fn close(&self) {
-        self.out.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        for s in out.values_mut() {
+            let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
+            let _ = write_frame(s, kind::BYE, &[]);
+        }
+        out.clear();
     }
 
     /// Shuts down outgoing control connections, from any thread (abort).

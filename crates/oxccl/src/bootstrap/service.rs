@@ -6,7 +6,9 @@
 //!    and this rank as destination, within `HELLO_DEADLINE_MS`; anything else is dropped (and
 //!    logged at WARN). At most `MAX_PENDING_CONNECTIONS` unauthenticated connections are held.
 //! 2. A control connection then carries `MSG` frames (`tag: u64`, payload), filed by
-//!    (sender, tag). A data connection is handed, as a blocking socket positioned right after
+//!    (sender, tag), and ends with `BYE` when the sender closes in order. One that ends without
+//!    it means the sender is gone (died or aborted): the mailbox records it and rings the
+//!    doorbell, and every wait stuck on that rank fails naming it. A data connection is handed, as a blocking socket positioned right after
 //!    its hello, to whoever waits for (sender, class).
 //! 3. The Unix socket takes shared-memory offers: a message with the secret, the sender, the
 //!    connection class and the ring geometry, plus two descriptors (the region and the
@@ -170,11 +172,31 @@ struct MailState {
     closed: bool,
 }
 
+impl std::fmt::Debug for Mailbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mailbox").field("gone", &self.first_gone()).finish_non_exhaustive()
+    }
+}
+
 /// What has arrived for one rank, and the waits for it.
 #[derive(Default)]
 pub struct Mailbox {
     st: Mutex<MailState>,
     cv: Condvar,
+    gone: Gone,
+}
+
+/// Peers known to be gone: their control connection to this rank ended without a goodbye
+/// (the process died, or aborted). Read on every wait that is stuck, so the common case is
+/// one relaxed load.
+#[derive(Default)]
+struct Gone {
+    any: std::sync::atomic::AtomicBool,
+    ranks: Mutex<Vec<Rank>>,
+    /// Rung when a peer goes, so a sleeping engine wakes and sees it.
+    doorbell: std::sync::OnceLock<Arc<EventFd>>,
+    /// Peers' host names, for messages.
+    hosts: std::sync::OnceLock<Vec<String>>,
 }
 
 impl Mailbox {
@@ -190,6 +212,50 @@ impl Mailbox {
     fn deliver_conn(&self, from: Rank, class: ConnClass, inc: Incoming) {
         self.lock().conns.entry((from.0, class)).or_default().push_back(inc);
         self.cv.notify_all();
+    }
+
+    /// Records that `r` is gone and wakes everyone waiting on this rank.
+    pub(crate) fn mark_gone(&self, r: Rank) {
+        {
+            let mut g = self.gone.ranks.lock().unwrap_or_else(|e| e.into_inner());
+            if !g.contains(&r) {
+                g.push(r);
+            }
+        }
+        self.gone.any.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(d) = self.gone.doorbell.get() {
+            d.notify();
+        }
+        self.cv.notify_all();
+    }
+
+    /// Which doorbell to ring, and the peers' host names (set once the peer table is known).
+    pub(crate) fn watch(&self, doorbell: Arc<EventFd>, hosts: Vec<String>) {
+        let _ = self.gone.doorbell.set(doorbell);
+        let _ = self.gone.hosts.set(hosts);
+    }
+
+    /// The first of `ranks` known to be gone.
+    #[inline]
+    pub fn gone_among(&self, ranks: &[Rank]) -> Option<Rank> {
+        if !self.gone.any.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        let g = self.gone.ranks.lock().unwrap_or_else(|e| e.into_inner());
+        ranks.iter().copied().find(|r| g.contains(r))
+    }
+
+    /// The first peer known to be gone.
+    pub fn first_gone(&self) -> Option<Rank> {
+        if !self.gone.any.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        self.gone.ranks.lock().unwrap_or_else(|e| e.into_inner()).first().copied()
+    }
+
+    /// The host name of peer `r` (for messages).
+    pub fn host_of(&self, r: Rank) -> String {
+        self.gone.hosts.get().and_then(|h| h.get(r.idx()).cloned()).unwrap_or_else(|| "?".into())
     }
 
     /// Wakes every waiter (after an abort, they see the flag).
@@ -376,8 +442,14 @@ impl FrameReader {
 }
 
 enum ConnState {
-    Hello { since: Instant },
-    Msgs { from: Rank },
+    Hello {
+        since: Instant,
+    },
+    /// A control connection; `bye` once the peer said it closes in order.
+    Msgs {
+        from: Rank,
+        bye: bool,
+    },
 }
 
 struct TcpConn {
@@ -465,7 +537,15 @@ fn tcp_step(ctx: &Ctx, c: &mut TcpConn, now: Instant, deadline: Duration) -> Ste
                 return Step::Keep;
             }
             Err(e) => {
-                if matches!(c.state, ConnState::Hello { .. }) || e.kind() != io::ErrorKind::UnexpectedEof {
+                if let ConnState::Msgs { from, bye: false } = c.state {
+                    // The peer's process ended (or it aborted) without closing in order.
+                    ctx.log.warn(format_args!(
+                        "service: rank {from}'s control connection ended without a goodbye ({e}): rank {from} is gone"
+                    ));
+                    ctx.mailbox.mark_gone(from);
+                } else if matches!(c.state, ConnState::Hello { .. })
+                    || e.kind() != io::ErrorKind::UnexpectedEof
+                {
                     ctx.log.info(format_args!("service: connection from {} closed: {e}", c.peer));
                 }
                 return Step::Drop;
@@ -500,12 +580,15 @@ fn tcp_step(ctx: &Ctx, c: &mut TcpConn, now: Instant, deadline: Duration) -> Ste
                         return Step::Handed;
                     }
                     None => {
-                        c.state = ConnState::Msgs { from: h.from };
+                        c.state = ConnState::Msgs { from: h.from, bye: false };
                         c.rd = FrameReader::new(MAX_BOOTSTRAP_FRAME_BYTES);
                     }
                 }
             }
-            (ConnState::Msgs { from }, (kind::MSG, payload)) => {
+            (ConnState::Msgs { from, .. }, (kind::BYE, _)) => {
+                c.state = ConnState::Msgs { from: *from, bye: true };
+            }
+            (ConnState::Msgs { from, .. }, (kind::MSG, payload)) => {
                 if payload.len() < 8 {
                     ctx.log.warn(format_args!("service: short message from rank {from}"));
                     return Step::Drop;

@@ -70,6 +70,8 @@ pub(crate) struct Inner {
     doorbell: Arc<EventFd>,
     service: Mutex<Service>,
     boot: Bootstrap,
+    /// The service's mailbox (it also knows which peers are gone).
+    mailbox: Arc<crate::bootstrap::Mailbox>,
     engine: Mutex<Engine>,
     sockets: Arc<Mutex<Vec<std::net::TcpStream>>>,
     sched: Mutex<Sched>,
@@ -277,10 +279,11 @@ impl Communicator {
             if net { "socket defaults" } else { "shared-memory defaults" }
         ));
         let mailbox = p.service.mailbox.clone();
+        mailbox.watch(p.doorbell.clone(), peers.iter().map(|q| q.hostname.clone()).collect());
         let single_host = peers.iter().all(|q| q.host_id == peers[p.rank.idx()].host_id);
         let direct =
             if single_host && !p.config.shm_disable && p.config.direct && p.size > 1 && p.size <= 4096 {
-                let w = Waiter::new(p.rank, p.config.timeout, p.abort.clone());
+                let w = Waiter::new(p.rank, p.config.timeout, p.abort.clone()).watching(&mailbox);
                 let d = direct::Direct::setup(
                     direct::Identity { me: p.rank, peers: &peers, secret: p.secret },
                     p.ctl.clone(),
@@ -316,7 +319,8 @@ impl Communicator {
             rank: p.rank,
             size: p.size,
             hash: oxccl_core::uniqueid::comm_hash(&p.secret),
-            boot: Bootstrap::new(p.rank, p.secret, peers.clone(), mailbox),
+            boot: Bootstrap::new(p.rank, p.secret, peers.clone(), mailbox.clone()),
+            mailbox,
             secret: p.secret,
             peers,
             geometry,
@@ -337,6 +341,11 @@ impl Communicator {
             config: p.config,
         });
         let comm = Communicator { inner };
+        // Control connections to every peer first: they are the lifelines that tell a peer
+        // this rank is gone, from the moment the communicator exists.
+        let w = Waiter::new(comm.inner.rank, comm.inner.config.timeout, comm.inner.abort.clone())
+            .watching(&comm.inner.mailbox);
+        comm.inner.boot.connect_all(&w)?;
         comm.connect_rings()?;
         Ok(comm)
     }
@@ -694,6 +703,16 @@ impl Inner {
             if let Some(f) = lock(&self.failure).as_ref() {
                 return Err(Error::Broken { rank: self.rank, first: f.clone() });
             }
+        }
+        if let Some(peer) = self.mailbox.first_gone() {
+            let e = Error::PeerClosed {
+                rank: self.rank,
+                op: "the next call".into(),
+                peer,
+                host: self.mailbox.host_of(peer),
+            };
+            self.fail(&e);
+            return Err(e);
         }
         Ok(())
     }

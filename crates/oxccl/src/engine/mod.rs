@@ -309,7 +309,8 @@ impl Engine {
     /// (and the call does not fall back), otherwise planned onto the ring engine.
     pub fn run_ops(&mut self, g: &Geometry, ops: &[OpSpec], bufs: &[RawBuf], what: &str) -> Result<()> {
         if let (Some(d), [op]) = (self.direct.as_mut(), ops) {
-            let w = Waiter::new(self.ctx.me, self.ctx.timeout, self.ctx.abort.clone());
+            let w = Waiter::new(self.ctx.me, self.ctx.timeout, self.ctx.abort.clone())
+                .watching(&self.ctx.mailbox);
             if d.run(op, bufs, &w, what)? == direct::Outcome::Done {
                 return Ok(());
             }
@@ -320,7 +321,8 @@ impl Engine {
 
     /// Runs `job` over `bufs`; `what` names the operation in errors.
     pub fn run(&mut self, job: Job, bufs: &[RawBuf], what: &str) -> Result<()> {
-        let w = Waiter::new(self.ctx.me, self.ctx.timeout, self.ctx.abort.clone());
+        let w =
+            Waiter::new(self.ctx.me, self.ctx.timeout, self.ctx.abort.clone()).watching(&self.ctx.mailbox);
         let needed = job_connections(&job);
         self.connect(&needed, &w)?;
         // Per-job vectors are kept between jobs (a small call should not allocate them).
