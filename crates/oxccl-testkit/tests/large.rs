@@ -75,7 +75,8 @@ fn rank() {
 /// /dev/shm. Each rank runs in its own mount namespace with such a /dev/shm mounted.
 fn tiny_dev_shm_rank() {
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
-    let shm = mounts.lines().find(|l| l.split(' ').nth(1) == Some("/dev/shm")).unwrap_or("");
+    // The last /dev/shm mount is the one in effect (the test's, over the host's).
+    let shm = mounts.lines().rfind(|l| l.split(' ').nth(1) == Some("/dev/shm")).unwrap_or("");
     assert!(shm.contains("size=64k"), "the test's tiny /dev/shm is not mounted here: {shm:?}");
     let comm = Communicator::from_env().unwrap();
     for (seed, shared) in [(70, true), (71, false)] {
