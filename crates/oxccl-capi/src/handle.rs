@@ -160,6 +160,13 @@ impl CommState {
         }
     }
 
+    /// Ends init with `r` and returns its outcome (see [`set_init`](Self::set_init)).
+    pub fn finish_init(&self, r: R<Communicator>) -> R<()> {
+        let out = r.as_ref().map(|_| ()).map_err(Fail::clone);
+        self.set_init(r);
+        out
+    }
+
     /// Ends init with `r`. A communicator that was aborted meanwhile is closed at once.
     pub fn set_init(&self, r: R<Communicator>) {
         let _g = lock(&self.init_lock);

@@ -233,14 +233,7 @@ fn launch_init(
     blocking: bool,
     job: impl FnOnce() -> R<Communicator> + Send + 'static,
 ) -> R<ncclResult_t> {
-    let run = {
-        move || {
-            let r = job();
-            let out = r.as_ref().map(|_| ()).map_err(Fail::clone);
-            st.set_init(r);
-            out
-        }
-    };
+    let run = move || st.finish_init(job());
     if ops::in_group() {
         ops::submit_job(Box::new(run))?;
         return Ok(if blocking { SUCCESS } else { IN_PROGRESS });
@@ -351,10 +344,7 @@ entry! {
             comms.add(i).write(st.handle as ncclComm_t);
         }
         let results = ops::run_all(states.iter().copied().enumerate().collect(), |(i, st)| {
-            let r = Communicator::init(&id, n, Rank::new(i), cfg.clone()).map_err(Fail::from);
-            let out = r.as_ref().map(|_| ()).map_err(Fail::clone);
-            st.set_init(r);
-            out
+            st.finish_init(Communicator::init(&id, n, Rank::new(i), cfg.clone()).map_err(Fail::from))
         });
         results.into_iter().collect::<R<Vec<()>>>()?;
         Ok(SUCCESS)

@@ -37,7 +37,6 @@ pub struct Call {
     pub func: &'static str,
     kind: Kind,
     dtype: DataType,
-    count: usize,
     send: *const u8,
     recv: *mut u8,
     /// Bytes of `send` and `recv` this rank uses (0: not used here).
@@ -197,7 +196,6 @@ impl Call {
             func: a.func,
             kind,
             dtype,
-            count: n,
             send: a.send,
             recv: a.recv,
             send_len,
@@ -291,10 +289,6 @@ impl Call {
             (Kind::Recv(peer), _) => g.recv_raw(t, self.recv_slice(), peer),
         }
         .map(|_| ())
-    }
-
-    pub fn count(&self) -> usize {
-        self.count
     }
 }
 
