@@ -295,7 +295,7 @@ impl Engine {
                 }
             };
             if out {
-                let conn = TcpSend::over(c.me, key.peer, stream, c.slots, c.slot_bytes)?;
+                let conn = TcpSend::over(c.me, peer, stream, c.slots, c.slot_bytes)?;
                 self.sends.insert(key, SendConn::Tcp(conn));
             } else {
                 let conn = TcpRecv::accept(c.me, peer, stream, c.slots, c.slot_bytes)?;

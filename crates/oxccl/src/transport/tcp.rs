@@ -47,6 +47,7 @@ pub struct TcpSend {
     fd: RawFd,
     me: Rank,
     peer: Rank,
+    host: String,
     slots: Vec<Box<[u8]>>,
     /// Free staging slots, the most recently freed (warmest in cache) last.
     free: Vec<usize>,
@@ -77,18 +78,19 @@ impl TcpSend {
     /// The sending end over an established data stream.
     pub(crate) fn over(
         me: Rank,
-        peer: Rank,
+        peer: &PeerInfo,
         s: TcpStream,
         slots: usize,
         slot_bytes: usize,
     ) -> Result<TcpSend> {
-        s.set_nonblocking(true).map_err(|e| Error::io(me, "TCP connection setup", Some(peer), e))?;
+        s.set_nonblocking(true).map_err(|e| Error::io(me, "TCP connection setup", Some(peer.rank), e))?;
         let _ = s.set_nodelay(true);
         Ok(TcpSend {
             fd: s.as_raw_fd(),
             s,
             me,
-            peer,
+            peer: peer.rank,
+            host: peer.hostname.clone(),
             slots: staging(slots, slot_bytes),
             free: (0..slots).rev().collect(),
             queue: VecDeque::new(),
@@ -147,7 +149,7 @@ impl TcpSend {
             } else {
                 fd::send_vectored(self.fd, &[&payload[self.written - FRAME_HEADER..]])
             }
-            .map_err(|e| Error::io(self.me, "TCP send", Some(self.peer), e))?;
+            .map_err(|e| stream_error(self.me, "TCP send", self.peer, &self.host, e))?;
             if n == 0 {
                 break;
             }
@@ -197,6 +199,20 @@ impl TcpSend {
 /// socket into their slot.
 const SMALL_FRAME: usize = 16 << 10;
 const RX_BYTES: usize = 64 << 10;
+
+/// An error on a data stream. A reset, a broken pipe or an aborted connection means the
+/// peer's end is gone (its process died or its host dropped the connection): that is
+/// reported as the peer closing, naming it, like an end of stream, rather than as a bare
+/// I/O error; anything else stays an I/O error.
+fn stream_error(me: Rank, op: &'static str, peer: Rank, host: &str, e: std::io::Error) -> Error {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::ConnectionReset | K::BrokenPipe | K::ConnectionAborted => {
+            Error::PeerClosed { rank: me, op: format!("{op} ({e})"), peer, host: host.to_string() }
+        }
+        _ => Error::io(me, op, Some(peer), e),
+    }
+}
 
 /// The receiving end of a TCP connection.
 pub struct TcpRecv {
@@ -281,7 +297,7 @@ impl TcpRecv {
             None => &mut self.rx[self.rx_end..],
         };
         let asked = buf.len();
-        let r = fd::recv_some(fd, buf).map_err(|e| Error::io(me, "TCP receive", Some(peer), e))?;
+        let r = fd::recv_some(fd, buf).map_err(|e| stream_error(me, "TCP receive", peer, &self.host, e))?;
         // A short read (or none) drained the socket: reading again before it polls readable
         // would only cost a system call that fails.
         self.drained = r.is_none_or(|n| n < asked);
@@ -595,5 +611,58 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(50));
         r.pump().unwrap();
         assert!(dst[big / 2..].iter().all(|&x| x == 0), "nothing more may be written to the old post");
+    }
+    /// A peer whose process died resets the connection: sending to it then fails with a
+    /// reset or broken pipe, which must name the peer as gone, as an end of stream does.
+    #[test]
+    fn a_reset_connection_names_the_peer_as_closed() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = PeerInfo {
+            rank: Rank(3),
+            pid: 0,
+            host_id: 0,
+            hostname: "far".into(),
+            addr: l.local_addr().unwrap(),
+            unix_name: [0; 16],
+        };
+        let tx = TcpStream::connect(peer.addr).unwrap();
+        let (rx, _) = l.accept().unwrap();
+        let mut s = TcpSend::over(Rank(0), &peer, tx, 2, 1 << 16).unwrap();
+        // Unread data plus a zero linger: closing sends a reset, as a killed process's does.
+        let mut w = rx.try_clone().unwrap();
+        w.write_all(&[1]).unwrap();
+        let lin = libc::linger { l_onoff: 1, l_linger: 0 };
+        // SAFETY: setsockopt on an open socket with a correctly sized linger struct.
+        let rc = unsafe {
+            libc::setsockopt(
+                rx.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&lin as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0);
+        drop((rx, w));
+        let t = std::time::Instant::now();
+        let err = loop {
+            if s.ready() {
+                let (_, cap) = s.slot();
+                if let Err(e) = s.commit(cap) {
+                    break e;
+                }
+            } else if let Err(e) = s.pump() {
+                break e;
+            }
+            assert!(t.elapsed().as_secs() < 10, "sending to a reset connection never failed");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
+        match &err {
+            Error::PeerClosed { rank, peer, host, .. } => {
+                assert_eq!((*rank, *peer, host.as_str()), (Rank(0), Rank(3), "far"), "{err}");
+            }
+            other => panic!("expected the peer named as closed, got {other}"),
+        }
+        assert!(err.to_string().contains("peer rank 3 (host far) closed"), "{err}");
     }
 }
