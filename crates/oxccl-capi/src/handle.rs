@@ -48,11 +48,16 @@ pub fn usage(why: impl std::fmt::Display) -> Fail {
 pub fn code_of(e: &Error) -> ncclResult_t {
     match e {
         Error::Invalid(_) => INVALID_ARGUMENT,
-        Error::InvalidUsage(_) | Error::Rejected { .. } | Error::Aborted { .. } => INVALID_USAGE,
+        Error::InvalidUsage(_)
+        | Error::Rejected { .. }
+        | Error::Aborted { .. }
+        | Error::CallMismatch { .. } => INVALID_USAGE,
         Error::Io { .. } => SYSTEM_ERROR,
-        Error::PeerClosed { .. } | Error::Mismatch { .. } | Error::Timeout { .. } | Error::Broken { .. } => {
-            REMOTE_ERROR
-        }
+        Error::PeerClosed { .. }
+        | Error::PeerFailed { .. }
+        | Error::Mismatch { .. }
+        | Error::Timeout { .. }
+        | Error::Broken { .. } => REMOTE_ERROR,
         _ => INTERNAL_ERROR,
     }
 }

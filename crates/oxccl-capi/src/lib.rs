@@ -861,8 +861,13 @@ mod tests {
         let r = Rank::new(1);
         assert_eq!(handle::code_of(&Error::Aborted { rank: r }), handle::INVALID_USAGE);
         assert_eq!(handle::code_of(&Error::Internal("x".into())), INTERNAL_ERROR);
-        let t =
-            Error::Timeout { rank: r, op: "x".into(), after: Duration::from_secs(1), waiting_for: vec![] };
+        let t = Error::Timeout {
+            rank: r,
+            op: "x".into(),
+            after: Duration::from_secs(1),
+            waiting_for: vec![],
+            detail: String::new(),
+        };
         assert_eq!(handle::code_of(&t), handle::REMOTE_ERROR);
         let io = Error::Io { rank: r, op: "x", peer: None, source: std::io::Error::other("x") };
         assert_eq!(handle::code_of(&io), handle::SYSTEM_ERROR);

@@ -16,6 +16,7 @@
 //! | `OXCCL_TIMEOUT` | seconds a call may wait for peers; `0` = forever | forever |
 //! | `OXCCL_HOST_ID` | overrides the host identity (ranks with equal ids share memory) | derived |
 //! | `OXCCL_DIRECT` | `0`: single-host communicators use the ring engine, not direct memory access | `1` |
+//! | `OXCCL_CHECK_CALLS` | `0`: chunks carry no call signatures and none are compared (the contract check is off; for measuring its cost) | `1` |
 
 use crate::error::CoreError;
 use crate::ifname::{Family, IfSpec};
@@ -47,6 +48,9 @@ pub struct Config {
     pub host_id: Option<String>,
     /// Single-host communicators run collectives by direct memory access (`OXCCL_DIRECT`).
     pub direct: bool,
+    /// Every chunk carries its call's signature and receivers compare it with their own call's
+    /// (`OXCCL_CHECK_CALLS`, on by default); every rank of a communicator must agree.
+    pub check_calls: bool,
 }
 
 impl Default for Config {
@@ -62,6 +66,7 @@ impl Default for Config {
             timeout: None,
             host_id: None,
             direct: true,
+            check_calls: true,
         }
     }
 }
@@ -122,6 +127,9 @@ impl Config {
                 return Err(bad("OXCCL_TIMEOUT", &v, "expected a non-negative number of seconds"));
             }
             c.timeout = (secs > 0.0).then(|| Duration::from_secs_f64(secs));
+        }
+        if let Some(v) = get("OXCCL_CHECK_CALLS") {
+            c.check_calls = parse_bool("OXCCL_CHECK_CALLS", &v)?;
         }
         if let Some(v) = get("OXCCL_DIRECT") {
             c.direct = parse_bool("OXCCL_DIRECT", &v)?;

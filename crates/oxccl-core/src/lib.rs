@@ -12,6 +12,7 @@
 
 pub mod coll;
 pub mod config;
+pub mod contract;
 pub mod dtype;
 pub mod error;
 pub mod fp8;

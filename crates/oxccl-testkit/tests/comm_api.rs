@@ -608,8 +608,14 @@ fn mismatched_send_and_receive_sizes_are_reported() {
             }
         });
         assert!(r[0].is_ok(), "{:?}", r[0]);
+        // The contract check names both messages (16 and 20 elements of uint32).
         match &r[1] {
-            Err(Error::Mismatch { rank: Rank(1), peer: Rank(0), got: 64, want: 80, .. }) => {}
+            Err(e @ Error::CallMismatch { rank: Rank(1), peer: Rank(0), mine, theirs, .. }) => {
+                assert_eq!((mine.count, theirs.count), (20, 16), "{e}");
+                let text = e.to_string();
+                assert!(text.contains("send/recv message #0 (uint32 × 20)"), "{text}");
+                assert!(text.contains("send/recv message #0 (uint32 × 16)"), "{text}");
+            }
             other => panic!("NCCL_SHM_DISABLE={shm_off}: expected a mismatch, got {other:?}"),
         }
     }

@@ -1,6 +1,7 @@
 //! The runtime's error type: every failure names the operation, the rank(s) involved and, for
 //! OS failures, the OS error.
 
+use oxccl_core::contract::Sig;
 use oxccl_core::{CoreError, Rank};
 use std::io;
 use std::time::Duration;
@@ -72,9 +73,16 @@ pub enum Error {
     /// A peer sent data that does not match what this rank's call expects.
     #[error("rank {rank}: {op}: rank {peer} sent a {got}-byte chunk where a {want}-byte chunk was expected (the two ranks' calls differ)")]
     Mismatch { rank: Rank, op: String, peer: Rank, got: usize, want: usize },
+    /// This rank's call and a peer's call differ (the contract check): another collective,
+    /// data type, count, operator or root, or calls made in another order.
+    #[error("rank {rank}: {op}: calls differ: rank {rank} is in {mine} but rank {peer} is in {theirs}")]
+    CallMismatch { rank: Rank, op: String, peer: Rank, mine: Sig, theirs: Sig },
+    /// A peer's communicator failed and it told this rank why.
+    #[error("rank {rank}: {op}: rank {peer} (host {host}) failed: {reason}")]
+    PeerFailed { rank: Rank, op: String, peer: Rank, host: String, reason: String },
     /// The call waited longer than the communicator's timeout.
-    #[error("rank {rank}: {op} timed out after {after:?}, still waiting for rank(s) {waiting_for:?}")]
-    Timeout { rank: Rank, op: String, after: Duration, waiting_for: Vec<Rank> },
+    #[error("rank {rank}: {op} timed out after {after:?}, still waiting for rank(s) {}{detail}", rank_list(.waiting_for))]
+    Timeout { rank: Rank, op: String, after: Duration, waiting_for: Vec<Rank>, detail: String },
     /// The communicator was aborted.
     #[error("rank {rank}: communicator aborted")]
     Aborted { rank: Rank },
@@ -84,6 +92,11 @@ pub enum Error {
     /// A broken internal invariant (a bug in oxccl).
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// `[1, 3]`.
+fn rank_list(r: &[Rank]) -> String {
+    format!("{:?}", r.iter().map(|r| r.0).collect::<Vec<_>>())
 }
 
 /// `Result` with oxccl's error.

@@ -5,6 +5,7 @@
 //! group's messages to that peer in issue order. A rank's data for itself is a local copy lane.
 
 use super::{ConnClass, ConnKey, Geometry, Input, Lane, Loc, OpSpec, Port, Step};
+use crate::contract::{Seqs, Sig};
 use crate::dtype::DataType;
 use crate::error::CoreError;
 use crate::types::Rank;
@@ -26,11 +27,17 @@ pub struct DirectStream {
     total: usize,
     chunk: usize,
     done: usize,
+    tag: u16,
 }
 
 impl DirectStream {
     pub(super) fn new(kind: StreamKind, src: Loc, dst: Loc, bytes: usize, chunk: usize) -> Self {
-        DirectStream { kind, src, dst, total: bytes, chunk: chunk.max(1), done: 0 }
+        DirectStream { kind, src, dst, total: bytes, chunk: chunk.max(1), done: 0, tag: 0 }
+    }
+
+    /// The same stream with its steps tagged `tag` (see [`Step::tag`]).
+    fn tagged(self, tag: u16) -> Self {
+        DirectStream { tag, ..self }
     }
 }
 
@@ -44,6 +51,7 @@ impl Iterator for DirectStream {
         let len = self.chunk.min(self.total - self.done);
         let off = self.done;
         self.done += len;
+        let tag = self.tag;
         Some(match self.kind {
             StreamKind::Send => Step {
                 input: Input::Src(self.src.at(off)),
@@ -51,6 +59,7 @@ impl Iterator for DirectStream {
                 send: Some(Port(0)),
                 finalize: false,
                 len,
+                tag,
             },
             StreamKind::Recv => Step {
                 input: Input::Recv(Port(0)),
@@ -58,6 +67,7 @@ impl Iterator for DirectStream {
                 send: None,
                 finalize: false,
                 len,
+                tag,
             },
             StreamKind::Copy => Step {
                 input: Input::Src(self.src.at(off)),
@@ -65,6 +75,7 @@ impl Iterator for DirectStream {
                 send: None,
                 finalize: false,
                 len,
+                tag,
             },
         })
     }
@@ -76,20 +87,55 @@ fn chunk_for(g: &Geometry, dtype: DataType) -> usize {
 }
 
 fn send_lane(peer: Rank, class: ConnClass, steps: Box<dyn Iterator<Item = Step> + Send>) -> Lane {
-    Lane { inbound: vec![], outbound: vec![ConnKey { peer, class }], reduce: None, steps }
+    Lane::new(vec![], vec![ConnKey { peer, class }], None, steps)
 }
 
 fn recv_lane(peer: Rank, class: ConnClass, steps: Box<dyn Iterator<Item = Step> + Send>) -> Lane {
-    Lane { inbound: vec![ConnKey { peer, class }], outbound: vec![], reduce: None, steps }
+    Lane::new(vec![ConnKey { peer, class }], vec![], None, steps)
 }
 
 fn copy_lane(src: Loc, dst: Loc, bytes: usize, chunk: usize) -> Lane {
-    Lane {
-        inbound: vec![],
-        outbound: vec![],
-        reduce: None,
-        steps: Box::new(DirectStream::new(StreamKind::Copy, src, dst, bytes, chunk)),
+    Lane::new(vec![], vec![], None, Box::new(DirectStream::new(StreamKind::Copy, src, dst, bytes, chunk)))
+}
+
+/// A point-to-point lane to or from one peer: its messages in order, each tagged with its
+/// place in the lane so that every chunk carries its own message's signature. `first` is the
+/// number of the peer's first message in this group; zero-length messages send nothing but
+/// keep their numbers.
+fn p2p_lane(
+    kind: StreamKind,
+    peer: Rank,
+    msgs: &[(Loc, usize, DataType)],
+    g: &Geometry,
+    first: Option<u64>,
+) -> Option<Lane> {
+    let mut sigs = Vec::new();
+    let mut streams = Vec::new();
+    for (i, &(loc, n, dtype)) in msgs.iter().enumerate() {
+        if n == 0 {
+            continue;
+        }
+        // Tags past u16::MAX share the last one, whose signature is then left unchecked
+        // (both ends compute the same tags, so they agree on what is checked).
+        let k = streams.len();
+        let tag = k.min(u16::MAX as usize) as u16;
+        if let (Some(f), true) = (first, k < u16::MAX as usize) {
+            sigs.push(Sig::message(f + i as u64, dtype, n / dtype.size_bytes()));
+        }
+        streams.push(DirectStream::new(kind, loc, loc, n, chunk_for(g, dtype)).tagged(tag));
     }
+    if streams.is_empty() {
+        return None;
+    }
+    let it: Box<dyn Iterator<Item = Step> + Send> = Box::new(streams.into_iter().flatten());
+    let mut lane = match kind {
+        StreamKind::Send => send_lane(peer, ConnClass::P2p, it),
+        _ => recv_lane(peer, ConnClass::P2p, it),
+    };
+    let mut sigs = sigs.into_iter();
+    lane.sig = sigs.next().unwrap_or(Sig::NONE);
+    lane.more_sigs = sigs.collect();
+    Some(lane)
 }
 
 fn stream(kind: StreamKind, src: Loc, dst: Loc, bytes: usize, chunk: usize) -> Box<DirectStream> {
@@ -213,7 +259,11 @@ pub(super) fn scatter(
 /// Point-to-point: the group's sends to each peer form one lane, its receives from each peer
 /// another, in issue order. Sends to self are paired with receives from self, in order, as
 /// local copies; an unpaired one is an error (it could never complete).
-pub fn p2p_checked(g: &Geometry, ops: &[OpSpec]) -> Result<Vec<Lane>, CoreError> {
+pub fn p2p_checked(
+    g: &Geometry,
+    ops: &[OpSpec],
+    mut seqs: Option<(&mut Seqs, bool)>,
+) -> Result<Vec<Lane>, CoreError> {
     let mut sends: Vec<Vec<(Loc, usize, DataType)>> = vec![Vec::new(); g.size];
     let mut recvs: Vec<Vec<(Loc, usize, DataType)>> = vec![Vec::new(); g.size];
     for op in ops {
@@ -254,24 +304,23 @@ pub fn p2p_checked(g: &Geometry, ops: &[OpSpec]) -> Result<Vec<Lane>, CoreError>
     for i in 1..g.size {
         let peer = (me + i) % g.size;
         let r = Rank::new(peer);
-        let msgs: Vec<_> = sends[peer].iter().filter(|m| m.1 > 0).cloned().collect();
-        if !msgs.is_empty() {
-            let chunks: Vec<usize> = msgs.iter().map(|m| chunk_for(g, m.2)).collect();
-            let it = msgs
-                .into_iter()
-                .zip(chunks)
-                .flat_map(|((loc, n, _), c)| DirectStream::new(StreamKind::Send, loc, loc, n, c));
-            lanes.push(send_lane(r, ConnClass::P2p, Box::new(it)));
-        }
-        let msgs: Vec<_> = recvs[peer].iter().filter(|m| m.1 > 0).cloned().collect();
-        if !msgs.is_empty() {
-            let chunks: Vec<usize> = msgs.iter().map(|m| chunk_for(g, m.2)).collect();
-            let it = msgs
-                .into_iter()
-                .zip(chunks)
-                .flat_map(|((loc, n, _), c)| DirectStream::new(StreamKind::Recv, loc, loc, n, c));
-            lanes.push(recv_lane(r, ConnClass::P2p, Box::new(it)));
-        }
+        // The numbers of this group's first message to and from the peer (advanced past
+        // every message of the group, sent or not).
+        let (first_sent, first_received) = match seqs.as_mut() {
+            Some((s, stamp)) => {
+                let f = (s.sent[peer], s.received[peer]);
+                s.sent[peer] += sends[peer].len() as u64;
+                s.received[peer] += recvs[peer].len() as u64;
+                if *stamp {
+                    (Some(f.0), Some(f.1))
+                } else {
+                    (None, None)
+                }
+            }
+            None => (None, None),
+        };
+        lanes.extend(p2p_lane(StreamKind::Send, r, &sends[peer], g, first_sent));
+        lanes.extend(p2p_lane(StreamKind::Recv, r, &recvs[peer], g, first_received));
     }
     Ok(lanes)
 }

@@ -26,6 +26,7 @@ mod oneshot;
 mod ring;
 pub mod sim;
 
+use crate::contract::{Seqs, Sig};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::CoreError;
 use crate::reduce::ReduceCtx;
@@ -109,6 +110,9 @@ pub struct Step {
     pub finalize: bool,
     /// Bytes in the chunk.
     pub len: usize,
+    /// Which of its lane's signatures the chunk belongs to (0: [`Lane::sig`]; `i`:
+    /// `Lane::more_sigs[i - 1]`, for lanes carrying several messages).
+    pub tag: u16,
 }
 
 /// A sequence of steps with the connections it uses.
@@ -117,6 +121,32 @@ pub struct Lane {
     pub outbound: Vec<ConnKey>,
     pub reduce: Option<ReduceCtx>,
     pub steps: Box<dyn Iterator<Item = Step> + Send>,
+    /// The signature of the call the lane's chunks belong to (steps tagged 0), checked on
+    /// every chunk received and carried by every chunk sent ([`crate::contract`]).
+    pub sig: Sig,
+    /// Signatures of steps tagged 1, 2, … (a point-to-point lane's later messages).
+    pub more_sigs: Vec<Sig>,
+}
+
+impl Lane {
+    /// A lane without signatures (stamped later by [`plan_group_signed`]).
+    pub fn new(
+        inbound: Vec<ConnKey>,
+        outbound: Vec<ConnKey>,
+        reduce: Option<ReduceCtx>,
+        steps: Box<dyn Iterator<Item = Step> + Send>,
+    ) -> Lane {
+        Lane { inbound, outbound, reduce, steps, sig: Sig::NONE, more_sigs: Vec::new() }
+    }
+
+    /// The signature of a step tagged `tag`.
+    #[inline]
+    pub fn sig_of(&self, tag: u16) -> Sig {
+        match tag {
+            0 => self.sig,
+            t => self.more_sigs.get(t as usize - 1).copied().unwrap_or(Sig::NONE),
+        }
+    }
 }
 
 impl core::fmt::Debug for Lane {
@@ -300,7 +330,7 @@ fn ring_lanes(g: &Geometry, kind: RingKind, args: RingArgs) -> Result<Vec<Lane>,
         } else {
             (vec![ConnKey { peer: prev, class }], vec![ConnKey { peer: next, class }])
         };
-        lanes.push(Lane { inbound, outbound, reduce, steps: Box::new(gen) });
+        lanes.push(Lane::new(inbound, outbound, reduce, Box::new(gen)));
     }
     Ok(lanes)
 }
@@ -360,7 +390,7 @@ pub fn plan_op(g: &Geometry, op: &OpSpec) -> Result<Vec<Lane>, CoreError> {
         OpSpec::Scatter { count, dtype, root, src, dst } => {
             Ok(direct::scatter(g, dtype, count, root, src, dst))
         }
-        OpSpec::Send { .. } | OpSpec::Recv { .. } => direct::p2p_checked(g, std::slice::from_ref(op)),
+        OpSpec::Send { .. } | OpSpec::Recv { .. } => direct::p2p_checked(g, std::slice::from_ref(op), None),
     }
 }
 
@@ -374,25 +404,45 @@ pub struct Job {
     pub scratch_bytes: usize,
 }
 
-/// Plans a group of operations (a single op is a group of one).
+/// Plans a group of operations (a single op is a group of one), without signatures.
 pub fn plan_group(g: &Geometry, ops: &[OpSpec]) -> Result<Job, CoreError> {
+    plan_group_signed(g, ops, &mut Seqs::new(g.size), false)
+}
+
+/// Plans a group of operations and numbers them: each collective takes the next call number
+/// of `seqs`, each message the next number of its peer. With `stamp`, every lane carries its
+/// call's signature (the contract check); the numbers advance either way.
+pub fn plan_group_signed(
+    g: &Geometry,
+    ops: &[OpSpec],
+    seqs: &mut Seqs,
+    stamp: bool,
+) -> Result<Job, CoreError> {
     let mut job = Job::default();
     let p2p: Vec<OpSpec> = ops.iter().filter(|o| o.is_p2p()).cloned().collect();
     if !p2p.is_empty() {
-        job.p2p = direct::p2p_checked(g, &p2p)?;
+        job.p2p = direct::p2p_checked(g, &p2p, Some((&mut *seqs, stamp)))?;
     }
     for op in ops.iter().filter(|o| !o.is_p2p()) {
+        let sig = if stamp { Sig::of(op, seqs.coll) } else { Sig::NONE };
+        seqs.coll += 1;
+        let sign = |mut lanes: Vec<Lane>| {
+            for l in &mut lanes {
+                l.sig = sig;
+            }
+            lanes
+        };
         if let OpSpec::AllReduce { count, dtype, op, src, dst } = *op {
             if oneshot::applies(g, count, dtype) {
                 let (phases, scratch) = oneshot::all_reduce(g, count, dtype, op, src, dst)?;
-                job.phases.extend(phases);
+                job.phases.extend(phases.into_iter().map(sign));
                 job.scratch_bytes = job.scratch_bytes.max(scratch);
                 continue;
             }
         }
         let lanes = plan_op(g, op)?;
         if !lanes.is_empty() {
-            job.phases.push(lanes);
+            job.phases.push(sign(lanes));
         }
     }
     Ok(job)

@@ -39,27 +39,27 @@ pub(super) fn all_reduce(
     let n = count * dtype.size_bytes();
     let slot = |q: usize| Loc { buf: BufId::SCRATCH, off: q * n };
     let mut exchange = Vec::with_capacity(2 * p - 1);
-    exchange.push(Lane {
-        inbound: vec![],
-        outbound: vec![],
-        reduce: None,
-        steps: Box::new(DirectStream::new(StreamKind::Copy, src, slot(me), n, n)),
-    });
+    exchange.push(Lane::new(
+        vec![],
+        vec![],
+        None,
+        Box::new(DirectStream::new(StreamKind::Copy, src, slot(me), n, n)),
+    ));
     for i in 1..p {
         let q = (me + i) % p;
         let key = ConnKey { peer: Rank::new(q), class: ConnClass::Direct };
-        exchange.push(Lane {
-            inbound: vec![],
-            outbound: vec![key],
-            reduce: None,
-            steps: Box::new(DirectStream::new(StreamKind::Send, src, src, n, n)),
-        });
-        exchange.push(Lane {
-            inbound: vec![key],
-            outbound: vec![],
-            reduce: None,
-            steps: Box::new(DirectStream::new(StreamKind::Recv, slot(q), slot(q), n, n)),
-        });
+        exchange.push(Lane::new(
+            vec![],
+            vec![key],
+            None,
+            Box::new(DirectStream::new(StreamKind::Send, src, src, n, n)),
+        ));
+        exchange.push(Lane::new(
+            vec![key],
+            vec![],
+            None,
+            Box::new(DirectStream::new(StreamKind::Recv, slot(q), slot(q), n, n)),
+        ));
     }
     let ctx = ReduceCtx::new(dtype, op, p as u32)?;
     let mut steps = vec![Step {
@@ -68,6 +68,7 @@ pub(super) fn all_reduce(
         send: None,
         finalize: p == 2,
         len: n,
+        tag: 0,
     }];
     for q in 2..p {
         steps.push(Step {
@@ -76,9 +77,9 @@ pub(super) fn all_reduce(
             send: None,
             finalize: q == p - 1,
             len: n,
+            tag: 0,
         });
     }
-    let fold =
-        Lane { inbound: vec![], outbound: vec![], reduce: Some(ctx), steps: Box::new(steps.into_iter()) };
+    let fold = Lane::new(vec![], vec![], Some(ctx), Box::new(steps.into_iter()));
     Ok((vec![exchange, vec![fold]], p * n))
 }

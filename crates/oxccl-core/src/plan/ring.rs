@@ -117,7 +117,7 @@ impl RingCollective {
     }
 
     fn step(&self, input: Input, dst: Option<Loc>, send: bool, finalize: bool, n: usize) -> Step {
-        Step { input, dst, send: send.then_some(NEXT), finalize, len: n * self.es }
+        Step { input, dst, send: send.then_some(NEXT), finalize, len: n * self.es, tag: 0 }
     }
 
     /// Step `k` of the current loop, or `None` when it carries no data.

@@ -7,6 +7,7 @@
 
 use super::exec::{apply, StepData};
 use super::{BufId, ConnClass, Input, Job, Lane, Loc, Step};
+use crate::contract::{Sig, SigWords};
 use crate::error::CoreError;
 use crate::types::Rank;
 use std::collections::{HashMap, VecDeque};
@@ -20,6 +21,8 @@ pub enum SimError {
     LengthMismatch { rank: usize, from: usize, got: usize, want: usize },
     #[error("rank {rank}: step touches bytes {off}..{end} of buffer {buf}, which has {len}")]
     OutOfBounds { rank: usize, buf: u16, off: usize, end: usize, len: usize },
+    #[error("rank {rank}: received a chunk of {got} from rank {from} where the step expects {want}")]
+    SigMismatch { rank: usize, from: usize, got: Sig, want: Sig },
     #[error("{0} chunk(s) left unreceived on connections at the end")]
     Leftover(usize),
     #[error(transparent)]
@@ -34,7 +37,7 @@ pub struct SimStats {
     pub max_depth: usize,
 }
 
-type Fifo = VecDeque<Vec<u8>>;
+type Fifo = VecDeque<(Vec<u8>, SigWords)>;
 
 struct RankState {
     p2p: Vec<LaneState>,
@@ -112,7 +115,11 @@ fn try_step(
     if let Some(k) = recv_key {
         match fifos.get(&k).and_then(|f| f.front()) {
             None => return Ok(false),
-            Some(c) if c.len() != step.len => {
+            Some((_, w)) if !ls.lane.sig_of(step.tag).accepts(w) => {
+                let (got, want) = (Sig::from_words(*w), ls.lane.sig_of(step.tag));
+                return Err(SimError::SigMismatch { rank, from: k.0, got, want });
+            }
+            Some((c, _)) if c.len() != step.len => {
                 return Err(SimError::LengthMismatch { rank, from: k.0, got: c.len(), want: step.len })
             }
             Some(_) => {}
@@ -123,7 +130,7 @@ fn try_step(
             return Ok(false);
         }
     }
-    let received = recv_key.and_then(|k| fifos.get_mut(&k).and_then(|f| f.pop_front()));
+    let received = recv_key.and_then(|k| fifos.get_mut(&k).and_then(|f| f.pop_front())).map(|c| c.0);
     let mut out = send_key.map(|_| vec![0u8; step.len]);
     // Inputs are copied out of the user buffers first so the destination can be borrowed
     // mutably even when it lives in the same buffer.
@@ -154,7 +161,7 @@ fn try_step(
     };
     apply(ls.lane.reduce.as_ref(), step.finalize, data, dst, out.as_deref_mut())?;
     if let (Some(k), Some(o)) = (send_key, out) {
-        fifos.entry(k).or_default().push_back(o);
+        fifos.entry(k).or_default().push_back((o, ls.lane.sig_of(step.tag).to_words()));
     }
     ls.pending = ls.lane.steps.next();
     ls.done = ls.pending.is_none();

@@ -19,6 +19,7 @@ pub mod root;
 pub mod service;
 
 use crate::error::{Error, RejectReason, Result};
+use oxccl_core::contract::{CallKind, Sig};
 use oxccl_core::plan::ConnClass;
 use oxccl_core::tuning::{CONNECT_RETRY_MS, MAX_BOOTSTRAP_FRAME_BYTES, MAX_SLEEP_MS};
 use oxccl_core::wire::{Reader, Writer};
@@ -30,7 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub use service::{Incoming, Mailbox, Service};
+pub use service::{Incoming, Mailbox, PeerState, Service};
 
 /// Protocol version of every bootstrap message.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -46,7 +47,23 @@ pub(crate) mod kind {
     pub const MSG: u8 = 11;
     /// The last frame of a control connection closed in order.
     pub const BYE: u8 = 12;
+    /// The sender's communicator failed; the payload says why (UTF-8, bounded).
+    pub const FAIL: u8 = 13;
+    /// "Where do your calls stand?" (payload: a nonce), on a control connection.
+    pub const PROBE: u8 = 14;
+    /// The answer, back on the same connection: the nonce and a [`service::PeerState`].
+    pub const STATE: u8 = 15;
 }
+
+/// A wait stuck this long asks the peers it waits for where their calls stand.
+pub const PROBE_AFTER_MS: u64 = 200;
+/// How often a stuck wait asks again.
+pub const PROBE_EVERY_MS: u64 = 1000;
+/// How long a probe waits for its answer.
+pub const PROBE_ANSWER_MS: u64 = 200;
+
+/// The most bytes of a failure's reason sent to peers.
+pub const MAX_FAIL_REASON_BYTES: usize = 2048;
 
 const JOIN_MAGIC: u32 = u32::from_le_bytes(*b"OXJN");
 const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"OXHL");
@@ -148,6 +165,77 @@ pub struct Waiter {
     pub mailbox: Option<Arc<Mailbox>>,
     /// When this wait, stuck on live peers, first saw another peer gone.
     pub gone_seen: std::cell::Cell<Option<Instant>>,
+    /// Whom to ask, once stuck, where the awaited peers' calls stand.
+    pub probe: Option<Probe>,
+}
+
+/// A stuck wait's questions to its peers: the communicator's control connections, this
+/// rank's call, and when to ask next.
+#[derive(Clone)]
+pub struct Probe {
+    pub boot: Arc<Bootstrap>,
+    /// This rank's call (its first collective, for a group).
+    pub mine: Sig,
+    /// Whether calls are checked against the answers (the contract check is on).
+    pub check: bool,
+    next: std::cell::Cell<Option<Instant>>,
+}
+
+impl std::fmt::Debug for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Probe").field("mine", &self.mine).finish_non_exhaustive()
+    }
+}
+
+impl Probe {
+    /// The mismatch a peer's answer shows: it is in a collective with this call's number
+    /// and another signature.
+    fn breach(&self, me: Rank, what: &str, peer: Rank, st: &PeerState) -> Option<Error> {
+        let coll = |s: &Sig| s.checked() && s.kind != CallKind::P2p;
+        let differs = self.check && coll(&self.mine) && st.busy && coll(&st.sig);
+        (differs && st.sig.seq == self.mine.seq && st.sig != self.mine).then(|| Error::CallMismatch {
+            rank: me,
+            op: what.to_string(),
+            peer,
+            mine: self.mine,
+            theirs: st.sig,
+        })
+    }
+
+    /// Every peer's state, as the timeout's message gives it: who arrived at this call,
+    /// who did not, and where those stand.
+    fn report(&self, me: Rank, mailbox: Option<&Mailbox>) -> String {
+        let n = self.boot.peers.len();
+        let mut arrived = Vec::new();
+        let mut missing = Vec::new();
+        for r in (0..n).map(Rank::new).filter(|r| *r != me).take(64) {
+            let host = mailbox.map(|m| m.host_of(r)).unwrap_or_else(|| "?".into());
+            match self.boot.probe(r, Duration::from_millis(PROBE_ANSWER_MS)) {
+                Some(st) => {
+                    let here = self.mine.kind != CallKind::P2p
+                        && ((st.busy && st.sig.seq == self.mine.seq && st.sig.kind == self.mine.kind)
+                            || st.done > self.mine.seq);
+                    if here {
+                        arrived.push(r.0);
+                    } else {
+                        missing.push(format!("rank {r} (host {host}): {st}"));
+                    }
+                }
+                None => missing.push(format!("rank {r} (host {host}): no answer")),
+            }
+        }
+        let mut out = String::new();
+        if self.mine.checked() {
+            out += &format!("; this rank is in {}", self.mine);
+        }
+        if self.mine.kind != CallKind::P2p {
+            out += &format!("; arrived: ranks {arrived:?}");
+        }
+        if !missing.is_empty() {
+            out += &format!("; not in this call: {}", missing.join("; "));
+        }
+        out
+    }
 }
 
 impl Waiter {
@@ -161,7 +249,16 @@ impl Waiter {
             started,
             mailbox: None,
             gone_seen: std::cell::Cell::new(None),
+            probe: None,
         }
+    }
+
+    /// Also asks, once stuck, where the awaited peers' calls stand: a peer in another call
+    /// with this call's number is a mismatch (with `check`), and a timeout says who arrived
+    /// and where the others are.
+    pub fn probing(mut self, boot: &Arc<Bootstrap>, mine: Sig, check: bool) -> Waiter {
+        self.probe = Some(Probe { boot: boot.clone(), mine, check, next: std::cell::Cell::new(None) });
+        self
     }
 
     /// Also fails, once stuck, when a peer is gone, as `mailbox` learned it.
@@ -181,33 +278,49 @@ impl Waiter {
         // (who itself waits on the dead one, and will not send) hears it well within 2 s.
         if let Some(m) = &self.mailbox {
             if let Some(peer) = m.gone_among(waiting_for) {
-                return Err(Error::PeerClosed {
-                    rank: self.rank,
-                    op: what.to_string(),
-                    peer,
-                    host: m.host_of(peer),
-                });
+                return Err(m.gone_error(self.rank, what, peer));
             }
             if let Some(peer) = m.first_gone() {
                 let seen = *self.gone_seen.get().get_or_insert_with(Instant::now);
                 self.gone_seen.set(Some(seen));
                 if seen.elapsed() >= Duration::from_millis(GONE_GRACE_MS) {
-                    return Err(Error::PeerClosed {
-                        rank: self.rank,
-                        op: what.to_string(),
-                        peer,
-                        host: m.host_of(peer),
-                    });
+                    return Err(m.gone_error(self.rank, what, peer));
+                }
+            }
+        }
+        if let Some(p) = &self.probe {
+            let now = Instant::now();
+            let next = match p.next.get() {
+                Some(t) => t,
+                None => {
+                    let t = now + Duration::from_millis(PROBE_AFTER_MS);
+                    p.next.set(Some(t));
+                    t
+                }
+            };
+            if now >= next && !waiting_for.is_empty() {
+                p.next.set(Some(now + Duration::from_millis(PROBE_EVERY_MS)));
+                for &peer in waiting_for.iter().take(16) {
+                    if let Some(st) = p.boot.probe(peer, Duration::from_millis(PROBE_ANSWER_MS)) {
+                        if let Some(e) = p.breach(self.rank, what, peer, &st) {
+                            return Err(e);
+                        }
+                    }
                 }
             }
         }
         if let (Some(d), Some(s)) = (self.deadline, self.started) {
             if Instant::now() >= d {
+                let detail = match &self.probe {
+                    Some(p) => p.report(self.rank, self.mailbox.as_deref()),
+                    None => String::new(),
+                };
                 return Err(Error::Timeout {
                     rank: self.rank,
                     op: what.to_string(),
                     after: s.elapsed(),
                     waiting_for: waiting_for.to_vec(),
+                    detail,
                 });
             }
         }
@@ -530,6 +643,9 @@ pub struct Bootstrap {
     peers: Arc<Vec<PeerInfo>>,
     mailbox: Arc<Mailbox>,
     out: Mutex<HashMap<u32, TcpStream>>,
+    /// Bytes of probe answers read but not yet parsed, per peer (locked inside `out`).
+    answers: Mutex<HashMap<u32, Vec<u8>>>,
+    nonce: std::sync::atomic::AtomicU64,
 }
 
 impl Bootstrap {
@@ -539,7 +655,15 @@ impl Bootstrap {
         peers: Arc<Vec<PeerInfo>>,
         mailbox: Arc<Mailbox>,
     ) -> Bootstrap {
-        Bootstrap { me, secret, peers, mailbox, out: Mutex::new(HashMap::new()) }
+        Bootstrap {
+            me,
+            secret,
+            peers,
+            mailbox,
+            out: Mutex::new(HashMap::new()),
+            answers: Mutex::new(HashMap::new()),
+            nonce: std::sync::atomic::AtomicU64::new(1),
+        }
     }
 
     /// The control connection to `to`, opened (with its hello) if there is none yet.
@@ -616,6 +740,73 @@ impl Bootstrap {
             let _ = write_frame(s, kind::BYE, &[]);
         }
         out.clear();
+    }
+
+    /// Tells every peer this rank's communicator failed and why (best effort, bounded: each
+    /// write may take at most 100 ms), so their waits on it end at once naming this rank and
+    /// the reason instead of at their own deadline.
+    pub fn tell_failure(&self, reason: &str) {
+        let mut end = reason.len().min(MAX_FAIL_REASON_BYTES);
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let mut broken = Vec::new();
+        for (r, s) in out.iter_mut() {
+            let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
+            if write_frame(s, kind::FAIL, &reason.as_bytes()[..end]).is_err() {
+                broken.push(*r);
+            }
+            let _ = s.set_write_timeout(None);
+        }
+        for r in broken {
+            out.remove(&r);
+        }
+    }
+
+    /// Asks `peer` where its calls stand, over the control connection (answered by its
+    /// service thread, whatever its engine is doing); `None` if no answer came within `wait`
+    /// or there is no connection.
+    pub fn probe(&self, peer: Rank, wait: Duration) -> Option<PeerState> {
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let s = out.get_mut(&peer.0)?;
+        let nonce = self.nonce.fetch_add(1, Ordering::Relaxed);
+        let _ = s.set_write_timeout(Some(wait));
+        let sent = write_frame(s, kind::PROBE, &nonce.to_le_bytes());
+        let _ = s.set_write_timeout(None);
+        sent.ok()?;
+        let deadline = Instant::now() + wait;
+        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        let buf = answers.entry(peer.0).or_default();
+        let mut tmp = [0u8; 256];
+        loop {
+            // Whole frames first; only STATE frames are expected, older answers are skipped.
+            while buf.len() >= 8 {
+                let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+                if len > 256 || buf[4] != kind::STATE {
+                    buf.clear();
+                    return None;
+                }
+                if buf.len() < 8 + len {
+                    break;
+                }
+                let frame: Vec<u8> = buf.drain(..8 + len).skip(8).collect();
+                if let Ok((n, st)) = PeerState::decode(&frame) {
+                    if n == nonce {
+                        return Some(st);
+                    }
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            let _ = s.set_read_timeout(Some(left));
+            match s.read(&mut tmp) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => buf.extend_from_slice(&tmp[..n]),
+            }
+        }
     }
 
     /// Shuts down outgoing control connections, from any thread (abort).

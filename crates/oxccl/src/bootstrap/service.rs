@@ -22,6 +22,7 @@ use crate::log::Logger;
 use crate::sys::fd::{self, EventFd};
 use crate::sys::unix::{SeqListener, SeqSocket};
 use crate::transport::hostmem::Ctl;
+use oxccl_core::contract::Sig;
 use oxccl_core::plan::ConnClass;
 use oxccl_core::tuning::{HELLO_DEADLINE_MS, MAX_BOOTSTRAP_FRAME_BYTES, MAX_PENDING_CONNECTIONS};
 use oxccl_core::wire::{Reader, Writer};
@@ -30,6 +31,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -184,15 +186,105 @@ pub struct Mailbox {
     st: Mutex<MailState>,
     cv: Condvar,
     gone: Gone,
+    /// Where this rank's calls stand, for peers that ask (probes).
+    pub progress: Progress,
+}
+
+/// Where a rank's calls stand: the call it is in (its signature) and how many collective
+/// calls it has finished. Written by the rank's engine at each call's start and end (a few
+/// relaxed stores), read by its service thread to answer a peer's probe.
+#[derive(Default)]
+pub struct Progress {
+    sig: [AtomicU64; 3],
+    busy: AtomicBool,
+    done: AtomicU64,
+}
+
+impl Progress {
+    /// A call with signature `sig` begins.
+    #[inline]
+    pub fn begin(&self, sig: &Sig) {
+        for (a, w) in self.sig.iter().zip(sig.to_words()) {
+            a.store(w, Ordering::Relaxed);
+        }
+        self.busy.store(true, Ordering::Release);
+    }
+
+    /// The call ended; `done` collective calls are finished.
+    #[inline]
+    pub fn end(&self, done: u64) {
+        self.done.store(done, Ordering::Relaxed);
+        self.busy.store(false, Ordering::Release);
+    }
+
+    pub fn snapshot(&self) -> PeerState {
+        let busy = self.busy.load(Ordering::Acquire);
+        PeerState {
+            busy,
+            sig: Sig::from_words([0, 1, 2].map(|i| self.sig[i].load(Ordering::Relaxed))),
+            done: self.done.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A peer's answer to a probe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerState {
+    /// Whether it is inside a call (`sig`), or idle between calls.
+    pub busy: bool,
+    /// The call it is in, or was last in.
+    pub sig: Sig,
+    /// Collective calls it has finished (its last finished one is number `done − 1`).
+    pub done: u64,
+}
+
+impl PeerState {
+    pub fn encode(&self, nonce: u64) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.u64(nonce).u8(self.busy as u8);
+        for x in self.sig.to_words() {
+            w.u64(x);
+        }
+        w.u64(self.done);
+        w.finish()
+    }
+
+    pub fn decode(b: &[u8]) -> Result<(u64, PeerState), CoreError> {
+        let mut r = Reader::new(b, "probe answer");
+        let nonce = r.u64()?;
+        let busy = r.u8()? != 0;
+        let sig = Sig::from_words([r.u64()?, r.u64()?, r.u64()?]);
+        let done = r.u64()?;
+        r.finish()?;
+        Ok((nonce, PeerState { busy, sig, done }))
+    }
+}
+
+impl std::fmt::Display for PeerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.done {
+            0 => f.write_str("no call finished")?,
+            n => write!(f, "last finished call #{}", n - 1)?,
+        }
+        if !self.busy {
+            f.write_str(", idle")
+        } else if self.sig.kind == oxccl_core::contract::CallKind::P2p {
+            f.write_str(", in a send/recv group")
+        } else if self.sig.checked() {
+            write!(f, ", in {}", self.sig)
+        } else {
+            f.write_str(", in a call")
+        }
+    }
 }
 
 /// Peers known to be gone: their control connection to this rank ended without a goodbye
-/// (the process died, or aborted). Read on every wait that is stuck, so the common case is
-/// one relaxed load.
+/// (the process died, or aborted), or they said their communicator failed (with the reason).
+/// Read on every wait that is stuck, so the common case is one relaxed load.
 #[derive(Default)]
 struct Gone {
     any: std::sync::atomic::AtomicBool,
-    ranks: Mutex<Vec<Rank>>,
+    ranks: Mutex<Vec<(Rank, Option<String>)>>,
     /// Rung when a peer goes, so a sleeping engine wakes and sees it.
     doorbell: std::sync::OnceLock<Arc<EventFd>>,
     /// Peers' host names, for messages.
@@ -216,10 +308,24 @@ impl Mailbox {
 
     /// Records that `r` is gone and wakes everyone waiting on this rank.
     pub(crate) fn mark_gone(&self, r: Rank) {
+        self.mark(r, None);
+    }
+
+    /// Records that `r`'s communicator failed for `reason` (it told this rank).
+    pub(crate) fn mark_failed(&self, r: Rank, reason: String) {
+        self.mark(r, Some(reason));
+    }
+
+    fn mark(&self, r: Rank, reason: Option<String>) {
         {
             let mut g = self.gone.ranks.lock().unwrap_or_else(|e| e.into_inner());
-            if !g.contains(&r) {
-                g.push(r);
+            match g.iter_mut().find(|(x, _)| *x == r) {
+                Some((_, why)) => {
+                    if why.is_none() {
+                        *why = reason;
+                    }
+                }
+                None => g.push((r, reason)),
             }
         }
         self.gone.any.store(true, std::sync::atomic::Ordering::Release);
@@ -242,7 +348,7 @@ impl Mailbox {
             return None;
         }
         let g = self.gone.ranks.lock().unwrap_or_else(|e| e.into_inner());
-        ranks.iter().copied().find(|r| g.contains(r))
+        ranks.iter().copied().find(|r| g.iter().any(|(x, _)| x == r))
     }
 
     /// The first peer known to be gone.
@@ -250,7 +356,52 @@ impl Mailbox {
         if !self.gone.any.load(std::sync::atomic::Ordering::Acquire) {
             return None;
         }
-        self.gone.ranks.lock().unwrap_or_else(|e| e.into_inner()).first().copied()
+        self.gone.ranks.lock().unwrap_or_else(|e| e.into_inner()).first().map(|(r, _)| *r)
+    }
+
+    /// Why `peer` closed its connection, if a failure explains it: the reason `peer` gave, or
+    /// else the first reason any peer gave (the failure that made `peer` give up), waiting up
+    /// to `wait` for one to arrive (a peer that fails tells everyone, then may exit at once:
+    /// its data connections can end before its reason is filed).
+    pub fn root_cause(&self, peer: Rank, wait: Duration) -> Option<(Rank, String)> {
+        let until = Instant::now() + wait;
+        let mut st = self.lock();
+        loop {
+            {
+                let g = self.gone.ranks.lock().unwrap_or_else(|e| e.into_inner());
+                let mine = g.iter().find(|(x, _)| *x == peer);
+                if let Some((_, Some(why))) = mine {
+                    return Some((peer, why.clone()));
+                }
+                if let Some((r, Some(why))) = g.iter().find(|(_, why)| why.is_some()) {
+                    return Some((*r, why.clone()));
+                }
+                // A reason travels before the end of its control connection, on it: a peer
+                // known gone without one gave none.
+                if mine.is_some() {
+                    return None;
+                }
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            st = self.cv.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// The error of a wait (`op`, on rank `me`) that ends because `peer` is gone: the reason it
+    /// gave if it said its communicator failed, else that its connection closed.
+    pub fn gone_error(&self, me: Rank, op: &str, peer: Rank) -> Error {
+        let reason = {
+            let g = self.gone.ranks.lock().unwrap_or_else(|e| e.into_inner());
+            g.iter().find(|(x, _)| *x == peer).and_then(|(_, why)| why.clone())
+        };
+        let host = self.host_of(peer);
+        match reason {
+            Some(reason) => Error::PeerFailed { rank: me, op: op.to_string(), peer, host, reason },
+            None => Error::PeerClosed { rank: me, op: op.to_string(), peer, host },
+        }
     }
 
     /// The host name of peer `r` (for messages).
@@ -587,6 +738,21 @@ fn tcp_step(ctx: &Ctx, c: &mut TcpConn, now: Instant, deadline: Duration) -> Ste
             }
             (ConnState::Msgs { from, .. }, (kind::BYE, _)) => {
                 c.state = ConnState::Msgs { from: *from, bye: true };
+            }
+            (ConnState::Msgs { from, .. }, (kind::PROBE, payload)) => {
+                // Answered on the same connection; a probe that finds the socket full gets no
+                // answer (the prober gives up after its timeout).
+                let nonce =
+                    u64::from_le_bytes(payload.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]));
+                let answer = ctx.mailbox.progress.snapshot().encode(nonce);
+                if let Err(e) = super::write_frame(&mut c.s, kind::STATE, &answer) {
+                    ctx.log.info(format_args!("service: probe from rank {from} unanswered: {e}"));
+                }
+            }
+            (ConnState::Msgs { from, .. }, (kind::FAIL, payload)) => {
+                let reason = String::from_utf8_lossy(&payload).into_owned();
+                ctx.log.warn(format_args!("service: rank {from} failed: {reason}"));
+                ctx.mailbox.mark_failed(*from, reason);
             }
             (ConnState::Msgs { from, .. }, (kind::MSG, payload)) => {
                 if payload.len() < 8 {

@@ -69,7 +69,7 @@ pub(crate) struct Inner {
     abort: Arc<AtomicBool>,
     doorbell: Arc<EventFd>,
     service: Mutex<Service>,
-    boot: Bootstrap,
+    boot: Arc<Bootstrap>,
     /// The service's mailbox (it also knows which peers are gone).
     mailbox: Arc<crate::bootstrap::Mailbox>,
     engine: Mutex<Engine>,
@@ -300,7 +300,9 @@ impl Communicator {
             } else {
                 None
             };
+        let boot = Arc::new(Bootstrap::new(p.rank, p.secret, peers.clone(), mailbox.clone()));
         let mut engine = Engine::new(EngineCtx {
+            boot: boot.clone(),
             me: p.rank,
             secret: p.secret,
             host_id: peers[p.rank.idx()].host_id,
@@ -312,6 +314,7 @@ impl Communicator {
             slots: tuning::SLOTS_PER_CONN,
             slot_bytes,
             shm_disable: p.config.shm_disable,
+            check_calls: p.config.check_calls,
             log: p.log,
         });
         engine.direct = direct;
@@ -319,7 +322,7 @@ impl Communicator {
             rank: p.rank,
             size: p.size,
             hash: oxccl_core::uniqueid::comm_hash(&p.secret),
-            boot: Bootstrap::new(p.rank, p.secret, peers.clone(), mailbox.clone()),
+            boot,
             mailbox,
             secret: p.secret,
             peers,
@@ -575,6 +578,9 @@ impl Drop for Communicator {
     }
 }
 
+/// How long a call that lost a peer's connection waits for that peer's failure reason.
+const REASON_WAIT_MS: u64 = 200;
+
 /// Holds the communicator's turn (no other call runs until it is dropped).
 struct Turn<'a>(&'a Inner);
 
@@ -684,6 +690,15 @@ impl Inner {
         if r.is_err() && self.abort.load(Ordering::Relaxed) {
             r = Err(Error::Aborted { rank: self.rank });
         }
+        // A connection a peer closed because its communicator failed: report why it failed.
+        if let Err(Error::PeerClosed { rank, op, peer, .. }) = &r {
+            if let Some((culprit, reason)) =
+                self.mailbox.root_cause(*peer, Duration::from_millis(REASON_WAIT_MS))
+            {
+                let host = self.mailbox.host_of(culprit);
+                r = Err(Error::PeerFailed { rank: *rank, op: op.clone(), peer: culprit, host, reason });
+            }
+        }
         if let Err(e) = &r {
             if e.is_fatal() {
                 self.fail(e);
@@ -705,12 +720,7 @@ impl Inner {
             }
         }
         if let Some(peer) = self.mailbox.first_gone() {
-            let e = Error::PeerClosed {
-                rank: self.rank,
-                op: "the next call".into(),
-                peer,
-                host: self.mailbox.host_of(peer),
-            };
+            let e = self.mailbox.gone_error(self.rank, "the next call", peer);
             self.fail(&e);
             return Err(e);
         }
@@ -718,11 +728,27 @@ impl Inner {
     }
 
     fn fail(&self, e: &Error) {
-        let mut f = lock(&self.failure);
-        self.failed.store(true, Ordering::Relaxed);
-        if f.is_none() {
-            self.log.warn(format_args!("communicator failed: {e}"));
-            *f = Some(e.to_string());
+        let first = {
+            let mut f = lock(&self.failure);
+            self.failed.store(true, Ordering::Relaxed);
+            let first = f.is_none();
+            if first {
+                self.log.warn(format_args!("communicator failed: {e}"));
+                *f = Some(e.to_string());
+            }
+            first
+        };
+        // A failure this rank found itself (not one a peer caused or told it about) goes to
+        // every peer, so their waits on this rank end now, naming it and the reason.
+        let own = !matches!(
+            e,
+            Error::PeerClosed { .. }
+                | Error::PeerFailed { .. }
+                | Error::Aborted { .. }
+                | Error::Broken { .. }
+        );
+        if first && own {
+            self.boot.tell_failure(&e.to_string());
         }
     }
 

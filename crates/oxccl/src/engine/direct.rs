@@ -25,6 +25,7 @@ use crate::error::{Error, Result};
 use crate::mem::{self, PeerAlloc};
 use crate::sys::fd::{self, EventFd};
 use crate::transport::hostmem::{Ctl, FLAG_INLINE, FLAG_SHARED, INLINE_BYTES};
+use oxccl_core::contract::Sig;
 use oxccl_core::plan::hostdirect::{contribution_bytes, slice, DirectKind};
 use oxccl_core::plan::{Loc, OpSpec};
 use oxccl_core::reduce::{finalize, reduce_many, ReduceCtx};
@@ -277,8 +278,9 @@ impl Direct {
             .ok_or_else(|| Error::Internal(format!("rank {q} posted a buffer outside its shared allocation")))
     }
 
-    /// Runs one collective, or says it must take the ring.
-    pub fn run(&mut self, op: &OpSpec, bufs: &[RawBuf], w: &Waiter, what: &str) -> Result<Outcome> {
+    /// Runs one collective, or says it must take the ring. `sig` is the call's signature: it
+    /// goes out with the post, and every peer's post must carry the same one.
+    pub fn run(&mut self, op: &OpSpec, bufs: &[RawBuf], w: &Waiter, what: &str, sig: Sig) -> Result<Outcome> {
         let Some(c) = describe(op) else {
             return Ok(Outcome::Fallback);
         };
@@ -348,10 +350,30 @@ impl Direct {
                 }
             }
             post.meta.0.flags.store(flags, Ordering::Relaxed);
+            for (k, x) in sig.to_words().iter().enumerate() {
+                post.meta.0.sig[k].store(*x, Ordering::Relaxed);
+            }
             post.seq.0.store(s, Ordering::Release);
         }
         self.wake();
         self.wait_all(w, what, |ctl| ctl.post(s).seq.0.load(Ordering::Acquire) == s)?;
+        // The contract check: every peer's post is of this very call (before any of its data
+        // or buffers is used).
+        if sig.checked() {
+            for q in (0..p).filter(|q| *q != me) {
+                let m = &self.ctl(q).post(s).meta.0.sig;
+                let theirs = [0, 1, 2].map(|k| m[k].load(Ordering::Relaxed));
+                if !sig.accepts(&theirs) {
+                    return Err(Error::CallMismatch {
+                        rank: Rank::new(me),
+                        op: what.to_string(),
+                        peer: Rank::new(q),
+                        mine: sig,
+                        theirs: Sig::from_words(theirs),
+                    });
+                }
+            }
+        }
         let all = |f: u32| (0..p).all(|q| self.ctl(q).post(s).meta.0.flags.load(Ordering::Relaxed) & f != 0);
         if all(FLAG_INLINE) {
             self.run_inline(&c, ctx.as_ref(), s, dst, dst_len)?;

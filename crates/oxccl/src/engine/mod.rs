@@ -20,16 +20,17 @@
 pub(crate) mod direct;
 pub(crate) mod memops;
 
-use crate::bootstrap::{Incoming, Mailbox, PeerInfo, Waiter};
+use crate::bootstrap::{Bootstrap, Incoming, Mailbox, PeerInfo, Waiter};
 use crate::error::{Error, Result};
 use crate::log::Logger;
 use crate::sys::fd::{self, EventFd};
 use crate::transport::shm::{ShmRecv, ShmSend};
-use crate::transport::tcp::{TcpRecv, TcpSend};
+use crate::transport::tcp::{Post, TcpRecv, TcpSend};
 use crate::transport::{RecvConn, SendConn};
+use oxccl_core::contract::{Seqs, Sig};
 use oxccl_core::plan::exec::{apply, StepData};
 use oxccl_core::plan::{
-    job_connections, plan_group, BufId, ConnKey, Geometry, Input, Job, Lane, Loc, OpSpec, Step,
+    job_connections, plan_group_signed, BufId, ConnKey, Geometry, Input, Job, Lane, Loc, OpSpec, Step,
 };
 use oxccl_core::tuning::{SPIN_NS, SPIN_OVERSUBSCRIBED_NS, YIELD_NS};
 use oxccl_core::Rank;
@@ -100,6 +101,8 @@ impl RawBuf {
 
 /// What the engine knows of its communicator.
 pub(crate) struct EngineCtx {
+    /// Control connections to the peers (stuck waits probe them).
+    pub boot: Arc<Bootstrap>,
     pub me: Rank,
     pub secret: [u8; 32],
     pub host_id: u64,
@@ -111,6 +114,8 @@ pub(crate) struct EngineCtx {
     pub slots: usize,
     pub slot_bytes: usize,
     pub shm_disable: bool,
+    /// The contract check: chunks carry call signatures, receivers compare them.
+    pub check_calls: bool,
     pub log: Logger,
 }
 
@@ -132,6 +137,10 @@ pub(crate) struct Engine {
     work: Work,
     /// How long a waiting job spins before it yields.
     spin: Duration,
+    /// The numbers the next calls' signatures take.
+    pub seqs: Seqs,
+    /// The call being run (its first collective, for a group), for probes.
+    cur: Sig,
 }
 
 /// The vectors a job works in; empty between jobs (connections are back in the maps), with
@@ -143,7 +152,7 @@ struct Work {
     pfds: Vec<libc::pollfd>,
     io_fds: Vec<libc::pollfd>,
     io_idx: Vec<(bool, usize)>,
-    posts: Vec<Option<(*mut u8, usize)>>,
+    posts: Vec<Option<Post>>,
     users: Vec<u32>,
 }
 
@@ -194,6 +203,8 @@ impl Engine {
         let spin = Duration::from_nanos(if local > cpus { SPIN_OVERSUBSCRIBED_NS } else { SPIN_NS });
         Engine {
             spin,
+            seqs: Seqs::new(ctx.peers.len()),
+            cur: Sig::NONE,
             ctx,
             direct: None,
             sends: KeyMap::default(),
@@ -308,21 +319,46 @@ impl Engine {
     /// Runs a group: a single collective on the direct path when this communicator has one
     /// (and the call does not fall back), otherwise planned onto the ring engine.
     pub fn run_ops(&mut self, g: &Geometry, ops: &[OpSpec], bufs: &[RawBuf], what: &str) -> Result<()> {
-        if let (Some(d), [op]) = (self.direct.as_mut(), ops) {
-            let w = Waiter::new(self.ctx.me, self.ctx.timeout, self.ctx.abort.clone())
-                .watching(&self.ctx.mailbox);
-            if d.run(op, bufs, &w, what)? == direct::Outcome::Done {
-                return Ok(());
+        // Where this call stands, for peers' probes: its first collective (or its first
+        // message, for a group of sends and receives only).
+        self.cur = match ops.iter().find(|o| !o.is_p2p()).or(ops.first()) {
+            Some(op) if !op.is_p2p() => Sig::of(op, self.seqs.coll),
+            Some(op) => Sig::of(op, 0),
+            None => Sig::NONE,
+        };
+        self.ctx.mailbox.progress.begin(&self.cur);
+        let r = self.run_ops_inner(g, ops, bufs, what);
+        self.ctx.mailbox.progress.end(self.seqs.coll);
+        r
+    }
+
+    /// A waiter for one job: the communicator's deadline, abort flag, gone peers, and probes
+    /// of the awaited peers once stuck.
+    fn waiter(&self) -> Waiter {
+        Waiter::new(self.ctx.me, self.ctx.timeout, self.ctx.abort.clone())
+            .watching(&self.ctx.mailbox)
+            .probing(&self.ctx.boot, self.cur, self.ctx.check_calls)
+    }
+
+    fn run_ops_inner(&mut self, g: &Geometry, ops: &[OpSpec], bufs: &[RawBuf], what: &str) -> Result<()> {
+        if let [op] = ops {
+            if self.direct.is_some() {
+                let w = self.waiter();
+                let sig = if self.ctx.check_calls { Sig::of(op, self.seqs.coll) } else { Sig::NONE };
+                let d = self.direct.as_mut().ok_or_else(|| Error::Internal("direct path vanished".into()))?;
+                if d.run(op, bufs, &w, what, sig)? == direct::Outcome::Done {
+                    self.seqs.coll += 1;
+                    return Ok(());
+                }
             }
         }
-        let job = plan_group(g, ops)?;
+        let job = plan_group_signed(g, ops, &mut self.seqs, self.ctx.check_calls)?;
         self.run(job, bufs, what)
     }
 
     /// Runs `job` over `bufs`; `what` names the operation in errors.
     pub fn run(&mut self, job: Job, bufs: &[RawBuf], what: &str) -> Result<()> {
-        let w =
-            Waiter::new(self.ctx.me, self.ctx.timeout, self.ctx.abort.clone()).watching(&self.ctx.mailbox);
+        let w = self.waiter();
         let needed = job_connections(&job);
         self.connect(&needed, &w)?;
         // Per-job vectors are kept between jobs (a small call should not allocate them).
@@ -540,8 +576,19 @@ impl Engine {
             }
         }
         let len = step.len;
+        let sig = l.lane.sig_of(step.tag);
         let recv = match rin {
             Some(r) => {
+                let got = rv[r].1.sig();
+                if !sig.accepts(&got) {
+                    return Err(Error::CallMismatch {
+                        rank: self.ctx.me,
+                        op: what.to_string(),
+                        peer: rv[r].0.peer,
+                        mine: sig,
+                        theirs: Sig::from_words(got),
+                    });
+                }
                 let (p, n) = rv[r].1.chunk();
                 if n != len {
                     return Err(Error::Mismatch {
@@ -584,6 +631,7 @@ impl Engine {
             }
         }
         let recv = recv.or(local.map(|r| r.ptr as *const u8));
+        let words = sig.to_words();
         let in_place = src_loc.is_some() && step.dst == src_loc;
         let src = match src_loc {
             Some(loc) => Some(span(bufs, loc, len)?),
@@ -615,12 +663,12 @@ impl Engine {
                     if sv[s].1.sends_in_place() {
                         // SAFETY: the destination holds this step's chunk, valid and unchanged
                         // until the job ends (rule 1), which waits for the flush.
-                        unsafe { sv[s].1.commit_external(d.ptr, len)? };
+                        unsafe { sv[s].1.commit_external(d.ptr, len, &words)? };
                     } else if let Some(p) = send {
                         // SAFETY: the free slot holds ≥ len bytes (checked above) and is disjoint
                         // from user memory.
                         unsafe { std::ptr::copy_nonoverlapping(d.ptr, p, len) };
-                        sv[s].1.commit(len)?;
+                        sv[s].1.commit(len, &words)?;
                     }
                 }
                 if let Some(r) = rin {
@@ -671,8 +719,8 @@ impl Engine {
                 // rule 1), written by this step and by no later step of this job (plans write
                 // each output location once), and the job ends only when every connection is
                 // flushed.
-                Some(p) => unsafe { sv[s].1.commit_external(p, len)? },
-                None => sv[s].1.commit(len)?,
+                Some(p) => unsafe { sv[s].1.commit_external(p, len, &words)? },
+                None => sv[s].1.commit(len, &words)?,
             }
         }
         if let Some(r) = rin {
@@ -699,7 +747,7 @@ impl Engine {
 fn pump_sockets(
     sv: &mut [(ConnKey, SendConn)],
     rv: &mut [(ConnKey, RecvConn)],
-    posts: &[Option<(*mut u8, usize)>],
+    posts: &[Option<Post>],
     fds: &mut Vec<libc::pollfd>,
     idx: &mut Vec<(bool, usize)>,
     me: Rank,
@@ -753,7 +801,7 @@ fn post_receives<'a>(
     rv: &[(ConnKey, RecvConn)],
     users: &[u32],
     bufs: &[RawBuf],
-    posts: &mut Vec<Option<(*mut u8, usize)>>,
+    posts: &mut Vec<Option<Post>>,
 ) {
     posts.clear();
     posts.resize(rv.len(), None);
@@ -768,7 +816,7 @@ fn post_receives<'a>(
         if !b.writable || sv.iter().any(|(_, s)| s.reads_external(b.ptr, st.len)) {
             continue;
         }
-        posts[r] = Some((b.ptr, st.len));
+        posts[r] = Some((b.ptr, st.len, l.lane.sig_of(st.tag).to_words()));
     }
 }
 

@@ -8,8 +8,9 @@
 //! 0       magic
 //! 64      done      (u64)  last sequence number whose direct work this rank finished
 //! 128     sleeping  (u32)  this rank is (about to be) asleep waiting for peers
-//! 256     post[0]   seq (u64) at +0, meta at +64: flags, nbufs, 2 × (alloc id, offset, len)
-//! 512     post[1]
+//! 256     post[0]   seq (u64) at +0, meta at +64: flags, nbufs, 2 × (alloc id, offset, len),
+//!                   the call's signature (3 × u64)
+//! 448     post[1]
 //! 4096    inline[0] INLINE_BYTES
 //! 4096 + INLINE_BYTES  inline[1]
 //! ```
@@ -35,7 +36,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// Bytes of one inline area.
 pub const INLINE_BYTES: usize = DIRECT_INLINE_BYTES;
 const INLINE_AT: usize = 4096;
-const MAGIC: u64 = u64::from_le_bytes(*b"OXCTL001");
+const MAGIC: u64 = u64::from_le_bytes(*b"OXCTL002");
 
 #[repr(C, align(64))]
 pub struct Line<T>(pub T);
@@ -47,6 +48,8 @@ pub struct Meta {
     pub nbufs: AtomicU32,
     /// (allocation id, offset, length) of the send and receive buffers; id 0: not shared.
     pub desc: [[AtomicU64; 3]; 2],
+    /// The call's signature (the contract check; zeros when it is off).
+    pub sig: [AtomicU64; 3],
 }
 
 #[repr(C)]
@@ -65,6 +68,7 @@ struct Header {
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() <= INLINE_AT);
+const _: () = assert!(std::mem::offset_of!(Header, posts) == 256 && std::mem::size_of::<Post>() == 192);
 
 /// Flag: this rank's buffers are shared allocations (zero-copy capable).
 pub const FLAG_SHARED: u32 = 1;

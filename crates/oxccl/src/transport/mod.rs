@@ -11,6 +11,7 @@ pub mod tcp;
 
 use crate::error::Result;
 use crate::sys::fd;
+use oxccl_core::contract::SigWords;
 use oxccl_core::Rank;
 use shm::{ShmRecv, ShmSend};
 use std::net::TcpStream;
@@ -46,13 +47,13 @@ impl SendConn {
     }
 
     #[inline]
-    pub fn commit(&mut self, len: usize) -> Result<()> {
+    pub fn commit(&mut self, len: usize, sig: &SigWords) -> Result<()> {
         match self {
             SendConn::Shm(c) => {
-                c.commit(len);
+                c.commit(len, sig);
                 Ok(())
             }
-            SendConn::Tcp(c) => c.commit(len),
+            SendConn::Tcp(c) => c.commit(len, sig),
         }
     }
 
@@ -78,10 +79,10 @@ impl SendConn {
     /// [`flushed`](Self::flushed).
     ///
     /// [`sends_in_place`]: Self::sends_in_place
-    pub unsafe fn commit_external(&mut self, ptr: *const u8, len: usize) -> Result<()> {
+    pub unsafe fn commit_external(&mut self, ptr: *const u8, len: usize, sig: &SigWords) -> Result<()> {
         match self {
             // SAFETY: forwarded from the caller's contract.
-            SendConn::Tcp(c) => unsafe { c.commit_external(ptr, len) },
+            SendConn::Tcp(c) => unsafe { c.commit_external(ptr, len, sig) },
             SendConn::Shm(_) => {
                 Err(crate::error::Error::Internal("shared-memory connections stage every chunk".into()))
             }
@@ -160,6 +161,15 @@ impl RecvConn {
         }
     }
 
+    /// The waiting chunk's call signature.
+    #[inline]
+    pub fn sig(&self) -> SigWords {
+        match self {
+            RecvConn::Shm(c) => c.sig(),
+            RecvConn::Tcp(c) => c.sig(),
+        }
+    }
+
     #[inline]
     pub fn release(&mut self) {
         match self {
@@ -197,7 +207,7 @@ impl RecvConn {
     ///
     /// # Safety
     /// As [`TcpRecv::pump_posted`].
-    pub unsafe fn pump_posted(&mut self, post: Option<(*mut u8, usize)>) -> Result<bool> {
+    pub unsafe fn pump_posted(&mut self, post: Option<tcp::Post>) -> Result<bool> {
         match self {
             RecvConn::Shm(_) => Ok(false),
             // SAFETY: forwarded contract.

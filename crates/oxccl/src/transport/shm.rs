@@ -6,7 +6,8 @@
 //! Layout: a header page, then `slots` slots of `slot_bytes` each.
 //!
 //! ```text
-//! [magic][slots, slot_bytes][head][tail][recv_sleeping][send_sleeping][lens[MAX_SLOTS]] pad → 4096
+//! [magic][slots, slot_bytes][head][tail][recv_sleeping][send_sleeping][lens[MAX_SLOTS]]
+//! [sigs[MAX_SLOTS] × 4 u64] pad → 4096
 //! [slot 0][slot 1]…[slot slots−1]
 //! ```
 //!
@@ -14,7 +15,8 @@
 //! 1. Only the sender writes `head` (chunks committed) and `lens`; only the receiver writes
 //!    `tail` (chunks released). Both count from zero and never wrap in practice (u64).
 //! 2. The sender fills slot `head % slots` only while `head − tail < slots`; it writes the data
-//!    and `lens[slot]`, then publishes with a release store of `head + 1`.
+//!    and `lens[slot]` and `sigs[slot]` (the chunk's call signature), then publishes with a
+//!    release store of `head + 1`.
 //! 3. The receiver reads slot `tail % slots` only after an acquire load shows `head > tail`,
 //!    and releases it with a release store of `tail + 1`; it never trusts `lens` beyond
 //!    `slot_bytes`.
@@ -32,6 +34,7 @@ use crate::error::{Error, Result};
 use crate::sys::fd::EventFd;
 use crate::sys::shm::ShmRegion;
 use crate::sys::unix::SeqSocket;
+use oxccl_core::contract::SigWords;
 use oxccl_core::plan::ConnClass;
 use oxccl_core::Rank;
 use std::os::fd::AsRawFd;
@@ -42,7 +45,7 @@ use std::time::Duration;
 pub const MAX_SLOTS: usize = 64;
 /// Offset of slot 0 from the start of the region.
 pub const DATA_OFFSET: usize = 4096;
-const MAGIC: u64 = u64::from_le_bytes(*b"OXSHM001");
+const MAGIC: u64 = u64::from_le_bytes(*b"OXSHM002");
 
 #[repr(C, align(64))]
 struct Line<T>(T);
@@ -56,6 +59,8 @@ struct Header {
     recv_sleeping: Line<AtomicU32>,
     send_sleeping: Line<AtomicU32>,
     lens: Line<[AtomicU32; MAX_SLOTS]>,
+    /// Each slot's chunk signature (three words used, one pad).
+    sigs: Line<[[AtomicU64; 4]; MAX_SLOTS]>,
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() <= DATA_OFFSET);
@@ -180,9 +185,13 @@ impl ShmSend {
 
     /// Publishes `len` bytes written into the slot.
     #[inline]
-    pub fn commit(&mut self, len: usize) {
+    pub fn commit(&mut self, len: usize, sig: &SigWords) {
         let h = self.sh.hdr();
-        h.lens.0[(self.head % self.sh.slots) as usize].store(len as u32, Ordering::Relaxed);
+        let i = (self.head % self.sh.slots) as usize;
+        h.lens.0[i].store(len as u32, Ordering::Relaxed);
+        for (k, w) in sig.iter().enumerate() {
+            h.sigs.0[i][k].store(*w, Ordering::Relaxed);
+        }
         self.head += 1;
         h.head.0.store(self.head, Ordering::Release);
         fence(Ordering::SeqCst);
@@ -262,6 +271,13 @@ impl ShmRecv {
     pub fn chunk(&self) -> (*const u8, usize) {
         let len = self.sh.hdr().lens.0[(self.tail % self.sh.slots) as usize].load(Ordering::Relaxed) as usize;
         (self.sh.slot_ptr(self.tail), len.min(self.sh.slot_bytes))
+    }
+
+    /// The waiting chunk's signature (call only when [`ready`](Self::ready)).
+    #[inline]
+    pub fn sig(&self) -> SigWords {
+        let s = &self.sh.hdr().sigs.0[(self.tail % self.sh.slots) as usize];
+        [s[0].load(Ordering::Relaxed), s[1].load(Ordering::Relaxed), s[2].load(Ordering::Relaxed)]
     }
 
     /// Frees the chunk's slot for the sender.

@@ -17,13 +17,15 @@
 use crate::bootstrap::{connect_retry, kind, write_frame, Hello, PeerInfo, Waiter};
 use crate::error::{Error, Result};
 use crate::sys::fd;
+use oxccl_core::contract::SigWords;
 use oxccl_core::plan::ConnClass;
 use oxccl_core::Rank;
 use std::collections::VecDeque;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 
-const FRAME_HEADER: usize = 8;
+/// A frame's header: `[len u32][0 u32][signature 3 × u64]` (the chunk's call signature).
+const FRAME_HEADER: usize = 32;
 
 fn staging(slots: usize, slot_bytes: usize) -> Vec<Box<[u8]>> {
     (0..slots).map(|_| vec![0u8; slot_bytes].into_boxed_slice()).collect()
@@ -52,7 +54,7 @@ pub struct TcpSend {
     /// Free staging slots, the most recently freed (warmest in cache) last.
     free: Vec<usize>,
     /// Committed frames not yet fully written: (payload, len).
-    queue: VecDeque<(Payload, usize)>,
+    queue: VecDeque<(Payload, usize, SigWords)>,
     /// Bytes of the front frame (header included) already written.
     written: usize,
 }
@@ -115,9 +117,9 @@ impl TcpSend {
     }
 
     /// Queues the slot's `len` bytes and starts writing them.
-    pub fn commit(&mut self, len: usize) -> Result<()> {
+    pub fn commit(&mut self, len: usize, sig: &SigWords) -> Result<()> {
         let i = self.free.pop().ok_or_else(|| Error::Internal("TCP commit without a free slot".into()))?;
-        self.queue.push_back((Payload::Slot(i), len));
+        self.queue.push_back((Payload::Slot(i), len, *sig));
         self.pump()?;
         Ok(())
     }
@@ -126,8 +128,8 @@ impl TcpSend {
     ///
     /// # Safety
     /// `ptr` must stay valid for `len` reads, and unchanged, until [`flushed`](Self::flushed).
-    pub unsafe fn commit_external(&mut self, ptr: *const u8, len: usize) -> Result<()> {
-        self.queue.push_back((Payload::External(ptr), len));
+    pub unsafe fn commit_external(&mut self, ptr: *const u8, len: usize, sig: &SigWords) -> Result<()> {
+        self.queue.push_back((Payload::External(ptr), len, *sig));
         self.pump()?;
         Ok(())
     }
@@ -135,9 +137,8 @@ impl TcpSend {
     /// Writes what the socket takes; returns whether anything was written.
     pub fn pump(&mut self) -> Result<bool> {
         let mut progressed = false;
-        while let Some(&(pl, len)) = self.queue.front() {
-            let mut hdr = [0u8; FRAME_HEADER];
-            hdr[..4].copy_from_slice(&(len as u32).to_le_bytes());
+        while let Some(&(pl, len, sig)) = self.queue.front() {
+            let hdr = frame_header(len, &sig);
             let total = FRAME_HEADER + len;
             let payload: &[u8] = match pl {
                 Payload::Slot(i) => &self.slots[i][..len],
@@ -156,7 +157,7 @@ impl TcpSend {
             progressed = true;
             self.written += n;
             if self.written == total {
-                if let Some((Payload::Slot(i), _)) = self.queue.pop_front() {
+                if let Some((Payload::Slot(i), _, _)) = self.queue.pop_front() {
                     self.free.push(i);
                 }
                 self.written = 0;
@@ -168,7 +169,7 @@ impl TcpSend {
     /// Whether a queued frame sent from user memory overlaps `ptr..ptr + len`.
     pub fn reads_external(&self, ptr: *const u8, len: usize) -> bool {
         let (a0, a1) = (ptr as usize, ptr as usize + len);
-        self.queue.iter().any(|&(pl, n)| match pl {
+        self.queue.iter().any(|&(pl, n, _)| match pl {
             Payload::External(p) => (p as usize) < a1 && a0 < p as usize + n,
             Payload::Slot(_) => false,
         })
@@ -200,6 +201,28 @@ impl TcpSend {
 const SMALL_FRAME: usize = 16 << 10;
 const RX_BYTES: usize = 64 << 10;
 
+fn frame_header(len: usize, sig: &SigWords) -> [u8; FRAME_HEADER] {
+    let mut h = [0u8; FRAME_HEADER];
+    h[..4].copy_from_slice(&(len as u32).to_le_bytes());
+    for (i, w) in sig.iter().enumerate() {
+        h[8 + 8 * i..16 + 8 * i].copy_from_slice(&w.to_le_bytes());
+    }
+    h
+}
+
+fn header_sig(h: &[u8]) -> SigWords {
+    let w = |i: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&h[8 + 8 * i..16 + 8 * i]);
+        u64::from_le_bytes(b)
+    };
+    [w(0), w(1), w(2)]
+}
+
+/// A posted receive: where the next frame's payload may go, its length, and the signature the
+/// step expects (a frame of another call is never written there).
+pub type Post = (*mut u8, usize, SigWords);
+
 /// An error on a data stream. A reset, a broken pipe or an aborted connection means the
 /// peer's end is gone (its process died or its host dropped the connection): that is
 /// reported as the peer closing, naming it, like an end of stream, rather than as a bare
@@ -224,14 +247,15 @@ pub struct TcpRecv {
     slots: Vec<Box<[u8]>>,
     /// Free slots, the most recently released (warmest in cache) last.
     free: Vec<usize>,
-    /// Received chunks not yet released, in arrival order: (where, len).
-    ready: VecDeque<(Dest, usize)>,
+    /// Received chunks not yet released, in arrival order: (where, len, signature).
+    ready: VecDeque<(Dest, usize, SigWords)>,
     /// Bytes read from the socket and not yet parsed: `rx[rx_start..rx_end]`.
     rx: Box<[u8]>,
     rx_start: usize,
     rx_end: usize,
-    /// A large payload being read straight into its destination: (where, len, bytes so far).
-    direct: Option<(Dest, usize, usize)>,
+    /// A large payload being read straight into its destination: (where, len, bytes so far,
+    /// signature).
+    direct: Option<(Dest, usize, usize, SigWords)>,
     /// The peer closed its end.
     eof: bool,
     /// The last read took less than it asked for (the socket had nothing more).
@@ -321,7 +345,7 @@ impl TcpRecv {
     /// `post.0` must be valid for `post.1` byte writes, written by no one else, until the
     /// chunk is released or the job that posted it ends ([`abandon_posted`](Self::abandon_posted)
     /// on an early end).
-    pub unsafe fn pump_posted(&mut self, post: Option<(*mut u8, usize)>) -> Result<bool> {
+    pub unsafe fn pump_posted(&mut self, post: Option<Post>) -> Result<bool> {
         self.pump_with(true, post)
     }
 
@@ -346,19 +370,19 @@ impl TcpRecv {
     /// safely, so the connection is marked broken (its stream position is lost).
     pub fn abandon_posted(&mut self) {
         let posted = |d: &Dest| matches!(d, Dest::User(_));
-        if self.direct.as_ref().is_some_and(|(d, ..)| posted(d)) || self.ready.iter().any(|(d, _)| posted(d))
+        if self.direct.as_ref().is_some_and(|(d, ..)| posted(d)) || self.ready.iter().any(|(d, ..)| posted(d))
         {
             self.direct = None;
-            self.ready.retain(|(d, _)| !posted(d));
+            self.ready.retain(|(d, ..)| !posted(d));
             self.broken = true;
         }
     }
 
-    fn pump_with(&mut self, read: bool, mut post: Option<(*mut u8, usize)>) -> Result<bool> {
+    fn pump_with(&mut self, read: bool, mut post: Option<Post>) -> Result<bool> {
         let mut progressed = false;
         self.drained = false;
         while !self.eof && !self.broken {
-            if let Some((d, len, got)) = self.direct {
+            if let Some((d, len, got, sig)) = self.direct {
                 if !read || self.drained {
                     break;
                 }
@@ -368,9 +392,9 @@ impl TcpRecv {
                         progressed = true;
                         if got + n == len {
                             self.direct = None;
-                            self.ready.push_back((d, len));
+                            self.ready.push_back((d, len, sig));
                         } else {
-                            self.direct = Some((d, len, got + n));
+                            self.direct = Some((d, len, got + n, sig));
                         }
                     }
                 }
@@ -384,6 +408,7 @@ impl TcpRecv {
             if have >= FRAME_HEADER {
                 let h = &self.rx[self.rx_start..self.rx_start + 4];
                 let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
+                let sig = header_sig(&self.rx[self.rx_start..self.rx_start + FRAME_HEADER]);
                 let cap = self.slots[0].len();
                 if len > cap {
                     return Err(Error::InvalidUsage(format!(
@@ -394,7 +419,7 @@ impl TcpRecv {
                 let avail = have - FRAME_HEADER;
                 let body = self.rx_start + FRAME_HEADER;
                 let dest = match usable_post {
-                    Some((p, n)) if n == len && len > SMALL_FRAME => Some(Dest::User(p)),
+                    Some((p, n, want)) if n == len && len > SMALL_FRAME && want == sig => Some(Dest::User(p)),
                     _ => self.free.last().map(|&i| Dest::Slot(i)),
                 };
                 if let (Some(d), true) = (dest, avail >= len || len > SMALL_FRAME) {
@@ -417,9 +442,9 @@ impl TcpRecv {
                     }
                     progressed = true;
                     if take == len {
-                        self.ready.push_back((d, len));
+                        self.ready.push_back((d, len, sig));
                     } else {
-                        self.direct = Some((d, len, take));
+                        self.direct = Some((d, len, take, sig));
                     }
                     continue;
                 }
@@ -472,16 +497,22 @@ impl TcpRecv {
     #[inline]
     pub fn chunk(&self) -> (*const u8, usize) {
         match self.ready.front() {
-            Some(&(Dest::Slot(i), len)) => (self.slots[i].as_ptr(), len),
-            Some(&(Dest::User(p), len)) => (p as *const u8, len),
+            Some(&(Dest::Slot(i), len, _)) => (self.slots[i].as_ptr(), len),
+            Some(&(Dest::User(p), len, _)) => (p as *const u8, len),
             None => (std::ptr::null(), 0),
         }
+    }
+
+    /// The waiting chunk's signature.
+    #[inline]
+    pub fn sig(&self) -> SigWords {
+        self.ready.front().map_or([0; 3], |c| c.2)
     }
 
     /// Frees the chunk's slot.
     #[inline]
     pub fn release(&mut self) {
-        if let Some((Dest::Slot(i), _)) = self.ready.pop_front() {
+        if let Some((Dest::Slot(i), ..)) = self.ready.pop_front() {
             self.free.push(i);
         }
     }
@@ -537,7 +568,7 @@ mod tests {
     }
 
     /// Pumps until `n` chunks are waiting (the socket is non-blocking on this side).
-    fn wait_ready(r: &mut TcpRecv, post: Option<(*mut u8, usize)>, n: usize) {
+    fn wait_ready(r: &mut TcpRecv, post: Option<Post>, n: usize) {
         let t = std::time::Instant::now();
         while r.ready.len() < n {
             // SAFETY: the tests' posted buffers outlive the pumping and nothing else writes them.
@@ -556,7 +587,7 @@ mod tests {
         frame(&mut tx, &b);
         frame(&mut tx, &[9, 8, 7]);
         let mut dst = vec![0u8; big];
-        let post = Some((dst.as_mut_ptr(), big));
+        let post = Some((dst.as_mut_ptr(), big, [0; 3]));
         assert!(r.accepts_post());
         wait_ready(&mut r, post, 1);
         // The first frame went to the posted memory; the chunk points there.
@@ -584,7 +615,7 @@ mod tests {
         let a = vec![5u8; big];
         frame(&mut tx, &a);
         let mut dst = vec![0u8; big - 8];
-        wait_ready(&mut r, Some((dst.as_mut_ptr(), big - 8)), 1);
+        wait_ready(&mut r, Some((dst.as_mut_ptr(), big - 8, [0; 3])), 1);
         assert_ne!(r.chunk().0, dst.as_ptr());
         assert!(dst.iter().all(|&x| x == 0));
     }
@@ -600,9 +631,9 @@ mod tests {
         tx.write_all(&vec![1u8; big / 2]).unwrap();
         let mut dst = vec![0u8; big];
         let t = std::time::Instant::now();
-        while r.direct.is_none_or(|(_, _, got)| got < big / 2) {
+        while r.direct.is_none_or(|(_, _, got, _)| got < big / 2) {
             // SAFETY: dst outlives the pumping.
-            unsafe { r.pump_posted(Some((dst.as_mut_ptr(), big))).unwrap() };
+            unsafe { r.pump_posted(Some((dst.as_mut_ptr(), big, [0; 3]))).unwrap() };
             assert!(t.elapsed().as_secs() < 10);
         }
         r.abandon_posted();
@@ -648,7 +679,7 @@ mod tests {
         let err = loop {
             if s.ready() {
                 let (_, cap) = s.slot();
-                if let Err(e) = s.commit(cap) {
+                if let Err(e) = s.commit(cap, &[0; 3]) {
                     break e;
                 }
             } else if let Err(e) = s.pump() {

@@ -2,8 +2,9 @@
 //! depths, run in memory and checked element by element.
 
 use super::*;
+use crate::contract::{CallKind, Seqs, Sig};
 use crate::dtype::{DataType, ReduceOp};
-use crate::plan::{plan_group, BufId, Geometry, Loc, OpSpec};
+use crate::plan::{plan_group, plan_group_signed, BufId, Geometry, Loc, OpSpec};
 
 const SEND: Loc = Loc::start(BufId(0));
 const RECV: Loc = Loc::start(BufId(1));
@@ -52,7 +53,8 @@ fn run_case(
     let mut bufs = Vec::new();
     for r in 0..c.p {
         let g = Geometry::simple(rank(r), c.p, c.channels, c.chunk);
-        jobs.push(plan_group(&g, &make(r)).unwrap());
+        // Signed as the engine signs them: every chunk's signature must match its receiver's.
+        jobs.push(plan_group_signed(&g, &make(r), &mut Seqs::new(c.p), true).unwrap());
         bufs.push(vec![bytes(&send(r)), bytes(&vec![0xdead_beef; recv_len(r)])]);
     }
     run(jobs, &mut bufs, c.cap)
@@ -412,6 +414,108 @@ fn mismatched_counts_are_detected() {
         bufs.push(vec![vec![0u8; 16], vec![0u8; 20]]);
     }
     assert!(matches!(run(jobs, &mut bufs, 4), Err(SimError::LengthMismatch { .. })));
+}
+
+/// Ranks whose calls differ fail on the first chunk with both signatures, whatever differs;
+/// the same calls under other call numbers differ too (calls made in another order).
+#[test]
+fn differing_calls_fail_with_both_signatures() {
+    let ar = |count, op| OpSpec::AllReduce { count, dtype: DataType::U32, op, src: SEND, dst: RECV };
+    let bc = |count, root| OpSpec::Broadcast {
+        count,
+        dtype: DataType::U32,
+        root: rank(root),
+        src: SEND,
+        dst: RECV,
+    };
+    let cases: Vec<(OpSpec, OpSpec, u64)> = vec![
+        (ar(64, ReduceOp::Sum), ar(64, ReduceOp::Max), 0),
+        (ar(64, ReduceOp::Sum), bc(64, 0), 0),
+        (bc(64, 0), bc(64, 1), 0),
+        (ar(64, ReduceOp::Sum), ar(64, ReduceOp::Sum), 1),
+        (
+            OpSpec::AllGather { count: 16, dtype: DataType::U32, src: SEND, dst: RECV },
+            OpSpec::AllGather { count: 16, dtype: DataType::F32, src: SEND, dst: RECV },
+            0,
+        ),
+    ];
+    for (a, b, skew) in cases {
+        let mut jobs = Vec::new();
+        let mut bufs = Vec::new();
+        for r in 0..3 {
+            let g = Geometry::simple(rank(r), 3, 1, 64);
+            let mut seqs = Seqs::new(3);
+            // Rank 1's call differs (or is its second call where the others make their first).
+            seqs.coll = if r == 1 { skew } else { 0 };
+            let op = if r == 1 { b.clone() } else { a.clone() };
+            jobs.push(plan_group_signed(&g, &[op], &mut seqs, true).unwrap());
+            bufs.push(vec![vec![0u8; 256], vec![0u8; 256]]);
+        }
+        match run(jobs, &mut bufs, 4) {
+            Err(SimError::SigMismatch { rank: r, from, got, want }) => {
+                assert!(r == 1 || from == 1, "{a:?} vs {b:?}: rank {r} from {from}");
+                assert_ne!(got, want);
+                let (a_sig, b_sig) = (Sig::of(&a, 0), Sig::of(&b, skew));
+                let pair = if from == 1 { (got, want) } else { (want, got) };
+                assert_eq!(pair, (b_sig, a_sig), "{a:?} vs {b:?}");
+                assert_ne!(got.kind, CallKind::None);
+            }
+            other => panic!("{a:?} vs {b:?}: {other:?}"),
+        }
+    }
+    // Unsigned plans (the check off) are not compared.
+    let mut jobs = Vec::new();
+    let mut bufs = Vec::new();
+    for r in 0..2 {
+        let g = Geometry::simple(rank(r), 2, 1, 64);
+        let op = if r == 0 { ar(16, ReduceOp::Sum) } else { ar(16, ReduceOp::Max) };
+        jobs.push(plan_group_signed(&g, &[op], &mut Seqs::new(2), false).unwrap());
+        bufs.push(vec![vec![0u8; 64], vec![0u8; 64]]);
+    }
+    run(jobs, &mut bufs, 4).unwrap();
+}
+
+/// A send and its receive must agree on type and count (and on their place among the pair's
+/// messages); each message of a group carries its own signature.
+#[test]
+fn send_and_receive_signatures_are_checked_per_message() {
+    let send = |count, dtype| OpSpec::Send { count, dtype, peer: rank(1), src: SEND };
+    let recv = |count, dtype| OpSpec::Recv { count, dtype, peer: rank(0), dst: RECV };
+    let run2 = |s: Vec<OpSpec>, r: Vec<OpSpec>| {
+        let mut jobs = Vec::new();
+        let mut bufs = Vec::new();
+        for (i, ops) in [s, r].into_iter().enumerate() {
+            let g = Geometry::simple(rank(i), 2, 1, 64);
+            jobs.push(plan_group_signed(&g, &ops, &mut Seqs::new(2), true).unwrap());
+            bufs.push(vec![vec![0u8; 512], vec![0u8; 512]]);
+        }
+        run(jobs, &mut bufs, 4)
+    };
+    // Same bytes, other type.
+    let e = run2(vec![send(8, DataType::U32)], vec![recv(4, DataType::U64)]).unwrap_err();
+    assert!(matches!(e, SimError::SigMismatch { rank: 1, from: 0, .. }), "{e}");
+    assert_eq!(
+        e.to_string(),
+        "rank 1: received a chunk of send/recv message #0 (uint32 × 8) from rank 0 where the step expects send/recv message #0 (uint64 × 4)"
+    );
+    // Two messages, the second differs.
+    let e = run2(
+        vec![send(4, DataType::U32), send(4, DataType::U32)],
+        vec![recv(4, DataType::U32), recv(5, DataType::U32)],
+    )
+    .unwrap_err();
+    match e {
+        SimError::SigMismatch { got, want, .. } => {
+            assert_eq!((got.seq, got.count, want.seq, want.count), (1, 4, 1, 5));
+        }
+        other => panic!("{other}"),
+    }
+    // Matching messages, several per group (over 64-byte chunks: several chunks each).
+    run2(
+        vec![send(40, DataType::U32), send(3, DataType::F64), send(0, DataType::U8)],
+        vec![recv(40, DataType::U32), recv(3, DataType::F64), recv(0, DataType::U8)],
+    )
+    .unwrap();
 }
 
 #[test]
