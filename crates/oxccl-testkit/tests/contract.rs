@@ -147,3 +147,55 @@ fn without_the_check_a_divergent_operator_goes_unnoticed() {
         assert!(line.contains("NOERROR"), "rank {r}: {line}");
     }
 }
+
+/// Rank 2 stops calling after call #0: the others' call #1 times out naming the collective,
+/// its number, who arrived, and where rank 2 stands (its last finished call and its host).
+fn laggard(ctx: oxccl_testkit::ChildCtx) {
+    let comm = Communicator::from_env().unwrap();
+    let me = comm.rank().idx();
+    let mut v = vec![1.0f32; 1000];
+    comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+    if me == 2 {
+        std::thread::sleep(Duration::from_millis(2500));
+        return;
+    }
+    let t = Instant::now();
+    let e = comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap_err();
+    println!("TIMEOUT rank {me} after {} ms ({}): {e}", t.elapsed().as_millis(), ctx.args);
+}
+
+#[test]
+fn a_timeout_names_who_arrived_and_where_the_others_stand() {
+    if let Some(ctx) = child("laggard") {
+        return laggard(ctx);
+    }
+    for (path, shm_off) in [("shm", "0"), ("tcp", "1")] {
+        let id = oxccl::new_unique_id(&oxccl::Config::default()).unwrap();
+        let outs = Launch::new("a_timeout_names_who_arrived_and_where_the_others_stand", "laggard", 3)
+            .args(path)
+            .env("OXCCL_UNIQUE_ID", &id.to_string())
+            .env("OXCCL_TIMEOUT", "1")
+            .env("NCCL_SHM_DISABLE", shm_off)
+            .timeout(Duration::from_secs(60))
+            .run()
+            .unwrap();
+        for o in &outs[..2] {
+            let line = o.stdout.lines().find(|l| l.contains("TIMEOUT")).unwrap_or_default();
+            // Rank 0's or rank 1's own timeout, or the other's, which it was told (both
+            // name the rank that arrived: the one that timed out).
+            let arrived = if line.contains(" failed: ") { o.rank } else { 1 - o.rank };
+            for want in [
+                "all_reduce",
+                "timed out after 1",
+                "still waiting for rank(s)",
+                "this rank is in all_reduce call #1 (float × 1000, sum)",
+                &format!("arrived: ranks [{arrived}]"),
+                "rank 2 (host ",
+                "last finished call #0, idle",
+            ] {
+                assert!(line.contains(want), "{path}, rank {}: {want:?} missing from {line:?}", o.rank);
+            }
+            oxccl_testkit::report!("{path}: {line}");
+        }
+    }
+}
