@@ -8,7 +8,7 @@ pub mod spawn;
 pub mod verify;
 
 pub use cases::{matrix, run_case, Case, Coll, MatrixSpec};
-pub use spawn::{child, ChildCtx, Finished, Launch};
+pub use spawn::{child, epoch_ms, ChildCtx, Finished, Launch};
 
 /// Prints a line to the process's stderr even under libtest's output capture (which only
 /// catches the `print!` family), so test logs — CI's too — show what ran and how long it took.

@@ -58,6 +58,8 @@ pub struct Launch {
     /// Whether ranks get oxccl's own launcher variables (`OXCCL_RANK`, ...). Off for tests
     /// that play another launcher through [`Launch::rank_env`].
     pub oxccl_env: bool,
+    /// SIGKILL this rank this long after the launch starts (fault injection).
+    pub kill: Option<(usize, Duration)>,
 }
 
 /// One rank's end.
@@ -68,6 +70,13 @@ pub struct Finished {
     pub stdout: String,
     pub stderr: String,
     pub elapsed: Duration,
+    /// When this rank was sent SIGKILL, in milliseconds since the Unix epoch ([`Launch::kill`]).
+    pub killed_at_ms: Option<u128>,
+}
+
+/// Milliseconds since the Unix epoch (what ranks and the launcher stamp events with).
+pub fn epoch_ms() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis())
 }
 
 impl Finished {
@@ -108,7 +117,14 @@ impl Launch {
             wrap: Vec::new(),
             timeout: Duration::from_secs(300),
             oxccl_env: true,
+            kill: None,
         }
+    }
+
+    /// Sends rank `rank` SIGKILL `after` the launch starts.
+    pub fn kill_after(mut self, rank: usize, after: Duration) -> Self {
+        self.kill = Some((rank, after));
+        self
     }
 
     pub fn env(mut self, k: &str, v: &str) -> Self {
@@ -178,7 +194,16 @@ impl Launch {
         let mut statuses: Vec<Option<ExitStatus>> = vec![None; self.size];
         let mut ended_at: Vec<Duration> = vec![Duration::ZERO; self.size];
         let mut timed_out = false;
+        let mut killed_at: Option<u128> = None;
         loop {
+            if let (Some((r, after)), None) = (self.kill, killed_at) {
+                if started.elapsed() >= after {
+                    if let Some((c, ..)) = children.get_mut(r) {
+                        let _ = c.kill();
+                    }
+                    killed_at = Some(epoch_ms());
+                }
+            }
             for (r, (c, ..)) in children.iter_mut().enumerate() {
                 if statuses[r].is_none() {
                     if let Ok(Some(s)) = c.try_wait() {
@@ -198,7 +223,13 @@ impl Launch {
                 }
                 break;
             }
-            std::thread::sleep(Duration::from_millis(10));
+            let tick = match (self.kill, killed_at) {
+                (Some((_, after)), None) => {
+                    after.saturating_sub(started.elapsed()).min(Duration::from_millis(10))
+                }
+                _ => Duration::from_millis(10),
+            };
+            std::thread::sleep(tick);
         }
         let results: Vec<Finished> = children
             .into_iter()
@@ -209,6 +240,7 @@ impl Launch {
                 stdout: std::fs::read_to_string(&out).unwrap_or_default(),
                 stderr: std::fs::read_to_string(&err).unwrap_or_default(),
                 elapsed: ended_at[r],
+                killed_at_ms: killed_at.filter(|_| self.kill.is_some_and(|(k, _)| k == r)),
             })
             .collect();
         let _ = std::fs::remove_dir_all(&dir);

@@ -156,12 +156,14 @@ fn laggard(ctx: oxccl_testkit::ChildCtx) {
     let mut v = vec![1.0f32; 1000];
     comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
     if me == 2 {
-        std::thread::sleep(Duration::from_millis(2500));
+        std::thread::sleep(Duration::from_millis(4000));
         return;
     }
     let t = Instant::now();
     let e = comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap_err();
     println!("TIMEOUT rank {me} after {} ms ({}): {e}", t.elapsed().as_millis(), ctx.args);
+    // Stay a while, as a real rank would: the other one's report may still ask this one.
+    std::thread::sleep(Duration::from_millis(1500));
 }
 
 #[test]

@@ -53,6 +53,9 @@ pub(crate) mod kind {
     pub const PROBE: u8 = 14;
     /// The answer, back on the same connection: the nonce and a [`service::PeerState`].
     pub const STATE: u8 = 15;
+    /// "Rank r is gone" (payload: r as u32): the sender saw r's connection end, so the
+    /// receiver need not find out by itself.
+    pub const GONE: u8 = 16;
 }
 
 /// A wait stuck this long asks the peers it waits for where their calls stand.
@@ -61,6 +64,9 @@ pub const PROBE_AFTER_MS: u64 = 200;
 pub const PROBE_EVERY_MS: u64 = 1000;
 /// How long a probe waits for its answer.
 pub const PROBE_ANSWER_MS: u64 = 200;
+/// How long a timeout's report waits for each peer's answer, and for all of them.
+pub const REPORT_ANSWER_MS: u64 = 1000;
+pub const REPORT_BUDGET_MS: u64 = 2500;
 
 /// The most bytes of a failure's reason sent to peers.
 pub const MAX_FAIL_REASON_BYTES: usize = 2048;
@@ -208,12 +214,17 @@ impl Probe {
         let n = self.boot.peers.len();
         let mut arrived = Vec::new();
         let mut missing = Vec::new();
+        let until = Instant::now() + Duration::from_millis(REPORT_BUDGET_MS);
         for r in (0..n).map(Rank::new).filter(|r| *r != me).take(64) {
             let host = mailbox.map(|m| m.host_of(r)).unwrap_or_else(|| "?".into());
-            match self.boot.probe(r, Duration::from_millis(PROBE_ANSWER_MS)) {
-                Some(st) => {
+            let left = until.saturating_duration_since(Instant::now());
+            // A timeout is rare and worth a clear message: each peer gets longer to answer
+            // than a stuck wait's probe gives it (a loaded host may be slow to schedule it).
+            match self.boot.probe(r, left.min(Duration::from_millis(REPORT_ANSWER_MS))) {
+                Probed::Answer(st) => {
+                    // In this call, or was (and left it failing), or finished it.
                     let here = self.mine.kind != CallKind::P2p
-                        && ((st.busy && st.sig.seq == self.mine.seq && st.sig.kind == self.mine.kind)
+                        && ((st.sig.seq == self.mine.seq && st.sig.kind == self.mine.kind)
                             || st.done > self.mine.seq);
                     if here {
                         arrived.push(r.0);
@@ -221,7 +232,8 @@ impl Probe {
                         missing.push(format!("rank {r} (host {host}): {st}"));
                     }
                 }
-                None => missing.push(format!("rank {r} (host {host}): no answer")),
+                Probed::NoAnswer => missing.push(format!("rank {r} (host {host}): no answer")),
+                Probed::Gone => missing.push(format!("rank {r} (host {host}): its process has ended")),
             }
         }
         let mut out = String::new();
@@ -301,10 +313,21 @@ impl Waiter {
             if now >= next && !waiting_for.is_empty() {
                 p.next.set(Some(now + Duration::from_millis(PROBE_EVERY_MS)));
                 for &peer in waiting_for.iter().take(16) {
-                    if let Some(st) = p.boot.probe(peer, Duration::from_millis(PROBE_ANSWER_MS)) {
-                        if let Some(e) = p.breach(self.rank, what, peer, &st) {
-                            return Err(e);
+                    match p.boot.probe(peer, Duration::from_millis(PROBE_ANSWER_MS)) {
+                        Probed::Answer(st) => {
+                            if let Some(e) = p.breach(self.rank, what, peer, &st) {
+                                return Err(e);
+                            }
                         }
+                        // Its end of the connection is closed: the process has ended (it may
+                        // have died before its own lifeline to this rank existed).
+                        Probed::Gone => {
+                            if let Some(m) = &self.mailbox {
+                                m.await_word(peer, Duration::from_millis(PROBE_ANSWER_MS));
+                                return Err(m.gone_error(self.rank, what, peer));
+                            }
+                        }
+                        Probed::NoAnswer => {}
                     }
                 }
             }
@@ -636,6 +659,16 @@ impl Hello {
     }
 }
 
+/// What a probe learned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probed {
+    Answer(PeerState),
+    /// No answer in time (or no connection to ask on).
+    NoAnswer,
+    /// The peer's end of the connection is closed.
+    Gone,
+}
+
 /// Control messages between the ranks of one communicator.
 pub struct Bootstrap {
     pub me: Rank,
@@ -677,7 +710,30 @@ impl Bootstrap {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
                 let peer = &self.peers[to.idx()];
-                let mut s = connect_retry(peer.addr, w, "bootstrap: connecting to a peer", &[to])?;
+                // The peer's service listened before the peer joined (its address is in the
+                // table): a refusal now means its process has ended.
+                let mut s = match TcpStream::connect_timeout(&peer.addr, Duration::from_secs(2)) {
+                    Ok(s) => s,
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                        let op = "bootstrap: connecting to a peer (connection refused: its process or its communicator has ended)";
+                        // It may have ended because of another rank; word of that comes on its
+                        // own connections, possibly still in flight: wait for it before
+                        // recording the peer as simply gone.
+                        let cause = self.mailbox.root_cause(to, Duration::from_millis(200));
+                        self.mailbox.mark_gone(to);
+                        return Err(match cause {
+                            Some(c) => self.mailbox.culprit_error(self.me, op, c),
+                            None => Error::PeerClosed {
+                                rank: self.me,
+                                op: op.into(),
+                                peer: to,
+                                host: peer.hostname.clone(),
+                            },
+                        });
+                    }
+                    Err(_) => connect_retry(peer.addr, w, "bootstrap: connecting to a peer", &[to])?,
+                };
+                let _ = s.set_nodelay(true);
                 let hello = Hello { secret: self.secret, from: self.me, to, data: None };
                 write_frame(&mut s, kind::HELLO, &hello.encode())
                     .map_err(|e| Error::io(self.me, "bootstrap send", Some(to), e))?;
@@ -751,6 +807,7 @@ impl Bootstrap {
             end -= 1;
         }
         let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        self.connect_rest(&mut out);
         let mut broken = Vec::new();
         for (r, s) in out.iter_mut() {
             let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
@@ -764,17 +821,69 @@ impl Bootstrap {
         }
     }
 
+    /// Opens the control connections not yet open (a failure during setup reaches peers this
+    /// rank had not connected to yet), giving each little time: peers that cannot be reached
+    /// quickly are not told.
+    fn connect_rest(&self, out: &mut HashMap<u32, TcpStream>) {
+        let gone: Vec<Rank> = (0..self.peers.len())
+            .map(Rank::new)
+            .filter(|r| self.mailbox.gone_among(&[*r]).is_some())
+            .collect();
+        for r in (0..self.peers.len()).map(Rank::new) {
+            if r == self.me || out.contains_key(&r.0) || gone.contains(&r) {
+                continue;
+            }
+            let peer = &self.peers[r.idx()];
+            let Ok(mut s) = TcpStream::connect_timeout(&peer.addr, Duration::from_millis(200)) else {
+                continue;
+            };
+            let _ = s.set_nodelay(true);
+            let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
+            let hello = Hello { secret: self.secret, from: self.me, to: r, data: None };
+            if write_frame(&mut s, kind::HELLO, &hello.encode()).is_ok() {
+                let _ = s.set_write_timeout(None);
+                out.insert(r.0, s);
+            }
+        }
+    }
+
+    /// Tells every other peer that `gone` is gone (best effort, bounded like
+    /// [`tell_failure`](Self::tell_failure)).
+    pub fn tell_gone(&self, gone: Rank) {
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        self.connect_rest(&mut out);
+        let mut broken = Vec::new();
+        for (r, s) in out.iter_mut().filter(|(r, _)| **r != gone.0) {
+            let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
+            if write_frame(s, kind::GONE, &gone.0.to_le_bytes()).is_err() {
+                broken.push(*r);
+            }
+            let _ = s.set_write_timeout(None);
+        }
+        for r in broken {
+            out.remove(&r);
+        }
+    }
+
     /// Asks `peer` where its calls stand, over the control connection (answered by its
     /// service thread, whatever its engine is doing); `None` if no answer came within `wait`
     /// or there is no connection.
-    pub fn probe(&self, peer: Rank, wait: Duration) -> Option<PeerState> {
+    pub fn probe(&self, peer: Rank, wait: Duration) -> Probed {
         let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
-        let s = out.get_mut(&peer.0)?;
+        let Some(s) = out.get_mut(&peer.0) else {
+            return Probed::NoAnswer;
+        };
         let nonce = self.nonce.fetch_add(1, Ordering::Relaxed);
         let _ = s.set_write_timeout(Some(wait));
         let sent = write_frame(s, kind::PROBE, &nonce.to_le_bytes());
         let _ = s.set_write_timeout(None);
-        sent.ok()?;
+        match sent {
+            Ok(()) => {}
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                return Probed::NoAnswer
+            }
+            Err(_) => return Probed::Gone,
+        }
         let deadline = Instant::now() + wait;
         let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
         let buf = answers.entry(peer.0).or_default();
@@ -785,7 +894,7 @@ impl Bootstrap {
                 let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
                 if len > 256 || buf[4] != kind::STATE {
                     buf.clear();
-                    return None;
+                    return Probed::NoAnswer;
                 }
                 if buf.len() < 8 + len {
                     break;
@@ -793,17 +902,23 @@ impl Bootstrap {
                 let frame: Vec<u8> = buf.drain(..8 + len).skip(8).collect();
                 if let Ok((n, st)) = PeerState::decode(&frame) {
                     if n == nonce {
-                        return Some(st);
+                        return Probed::Answer(st);
                     }
                 }
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return None;
+                return Probed::NoAnswer;
             }
             let _ = s.set_read_timeout(Some(left));
             match s.read(&mut tmp) {
-                Ok(0) | Err(_) => return None,
+                // The peer's end closed: its process ended (a live peer never closes a
+                // control connection it accepted while this rank keeps its own end open).
+                Ok(0) => return Probed::Gone,
+                Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe) => {
+                    return Probed::Gone
+                }
+                Err(_) => return Probed::NoAnswer,
                 Ok(n) => buf.extend_from_slice(&tmp[..n]),
             }
         }

@@ -266,7 +266,13 @@ impl std::fmt::Display for PeerState {
             0 => f.write_str("no call finished")?,
             n => write!(f, "last finished call #{}", n - 1)?,
         }
-        if !self.busy {
+        if !self.busy
+            && self.sig.checked()
+            && self.sig.kind != oxccl_core::contract::CallKind::P2p
+            && self.sig.seq + 1 > self.done
+        {
+            write!(f, ", idle after {} ended in failure", self.sig)
+        } else if !self.busy {
             f.write_str(", idle")
         } else if self.sig.kind == oxccl_core::contract::CallKind::P2p {
             f.write_str(", in a send/recv group")
@@ -278,18 +284,32 @@ impl std::fmt::Display for PeerState {
     }
 }
 
-/// Peers known to be gone: their control connection to this rank ended without a goodbye
-/// (the process died, or aborted), or they said their communicator failed (with the reason).
-/// Read on every wait that is stuck, so the common case is one relaxed load.
+/// Why a peer is known to be gone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Why {
+    /// Its control connection to this rank ended without a goodbye (the process died, or
+    /// aborted), or it refused a connection, or a peer said so.
+    Closed,
+    /// It said its communicator failed, and why.
+    Failed(String),
+    /// It said another rank is gone (so its own communicator failed because of that one).
+    Because(Rank),
+}
+
+/// Peers known to be gone, in the order this rank learned it. Read on every wait that is
+/// stuck, so the common case is one relaxed load.
 #[derive(Default)]
 struct Gone {
     any: std::sync::atomic::AtomicBool,
-    ranks: Mutex<Vec<(Rank, Option<String>)>>,
+    ranks: Mutex<Vec<(Rank, Why)>>,
     /// Rung when a peer goes, so a sleeping engine wakes and sees it.
     doorbell: std::sync::OnceLock<Arc<EventFd>>,
     /// Peers' host names, for messages.
     hosts: std::sync::OnceLock<Vec<String>>,
 }
+
+/// The rank to blame for a departure and what it said (`None`: it said nothing, it closed).
+pub type Culprit = (Rank, Option<String>);
 
 impl Mailbox {
     fn lock(&self) -> std::sync::MutexGuard<'_, MailState> {
@@ -308,30 +328,40 @@ impl Mailbox {
 
     /// Records that `r` is gone and wakes everyone waiting on this rank.
     pub(crate) fn mark_gone(&self, r: Rank) {
-        self.mark(r, None);
+        self.mark(r, Why::Closed);
     }
 
     /// Records that `r`'s communicator failed for `reason` (it told this rank).
     pub(crate) fn mark_failed(&self, r: Rank, reason: String) {
-        self.mark(r, Some(reason));
+        self.mark(r, Why::Failed(reason));
     }
 
-    fn mark(&self, r: Rank, reason: Option<String>) {
+    /// Records that `r` gave up because `gone` is gone (it told this rank).
+    pub(crate) fn mark_because(&self, r: Rank, gone: Rank) {
+        self.mark(gone, Why::Closed);
+        self.mark(r, Why::Because(gone));
+    }
+
+    fn mark(&self, r: Rank, why: Why) {
         {
             let mut g = self.gone.ranks.lock().unwrap_or_else(|e| e.into_inner());
             match g.iter_mut().find(|(x, _)| *x == r) {
-                Some((_, why)) => {
-                    if why.is_none() {
-                        *why = reason;
+                // What a rank said outranks a connection that ended.
+                Some((_, w)) => {
+                    if *w == Why::Closed {
+                        *w = why;
                     }
                 }
-                None => g.push((r, reason)),
+                None => g.push((r, why)),
             }
         }
         self.gone.any.store(true, std::sync::atomic::Ordering::Release);
         if let Some(d) = self.gone.doorbell.get() {
             d.notify();
         }
+        // Through the lock, so a waiter between its look at the list and its sleep cannot
+        // miss the news.
+        drop(self.lock());
         self.cv.notify_all();
     }
 
@@ -347,8 +377,9 @@ impl Mailbox {
         if !self.gone.any.load(std::sync::atomic::Ordering::Acquire) {
             return None;
         }
+        // The earliest known to be gone first: the others may have left because of it.
         let g = self.gone.ranks.lock().unwrap_or_else(|e| e.into_inner());
-        ranks.iter().copied().find(|r| g.iter().any(|(x, _)| x == r))
+        g.iter().map(|(r, _)| *r).find(|r| ranks.contains(r))
     }
 
     /// The first peer known to be gone.
@@ -359,26 +390,41 @@ impl Mailbox {
         self.gone.ranks.lock().unwrap_or_else(|e| e.into_inner()).first().map(|(r, _)| *r)
     }
 
-    /// Why `peer` closed its connection, if a failure explains it: the reason `peer` gave, or
-    /// else the first reason any peer gave (the failure that made `peer` give up), waiting up
-    /// to `wait` for one to arrive (a peer that fails tells everyone, then may exit at once:
-    /// its data connections can end before its reason is filed).
-    pub fn root_cause(&self, peer: Rank, wait: Duration) -> Option<(Rank, String)> {
+    /// Whom to blame for `peer`'s departure, from what is known now: `peer` itself if it
+    /// failed or closed, the rank it said it left because of, or `None` if nothing is known.
+    fn blame(g: &[(Rank, Why)], peer: Rank) -> Option<Culprit> {
+        let why = |r: Rank| g.iter().find(|(x, _)| *x == r).map(|(_, w)| w);
+        match why(peer)? {
+            Why::Closed => Some((peer, None)),
+            Why::Failed(reason) => Some((peer, Some(reason.clone()))),
+            Why::Because(r) => match why(*r) {
+                Some(Why::Failed(reason)) => Some((*r, Some(reason.clone()))),
+                _ => Some((*r, None)),
+            },
+        }
+    }
+
+    /// Why `peer` closed its connection, if a failure explains it: what `peer` said, or else
+    /// the first failure any peer reported (the one that made `peer` give up), waiting up to
+    /// `wait` for word to arrive (a peer that fails tells everyone, then may exit at once: its
+    /// data connections can end before its word is filed).
+    pub fn root_cause(&self, peer: Rank, wait: Duration) -> Option<Culprit> {
         let until = Instant::now() + wait;
         let mut st = self.lock();
         loop {
             {
                 let g = self.gone.ranks.lock().unwrap_or_else(|e| e.into_inner());
-                let mine = g.iter().find(|(x, _)| *x == peer);
-                if let Some((_, Some(why))) = mine {
-                    return Some((peer, why.clone()));
+                match Self::blame(&g, peer) {
+                    Some((r, Some(why))) => return Some((r, Some(why))),
+                    Some((r, None)) if r != peer => return Some((r, None)),
+                    _ => {}
                 }
-                if let Some((r, Some(why))) = g.iter().find(|(_, why)| why.is_some()) {
-                    return Some((*r, why.clone()));
+                if let Some((r, Why::Failed(why))) = g.iter().find(|(_, w)| matches!(w, Why::Failed(_))) {
+                    return Some((*r, Some(why.clone())));
                 }
-                // A reason travels before the end of its control connection, on it: a peer
-                // known gone without one gave none.
-                if mine.is_some() {
+                // Word travels before the end of its control connection, on it: a peer known
+                // gone without any said nothing.
+                if Self::blame(&g, peer).is_some() {
                     return None;
                 }
             }
@@ -390,18 +436,74 @@ impl Mailbox {
         }
     }
 
-    /// The error of a wait (`op`, on rank `me`) that ends because `peer` is gone: the reason it
-    /// gave if it said its communicator failed, else that its connection closed.
-    pub fn gone_error(&self, me: Rank, op: &str, peer: Rank) -> Error {
-        let reason = {
-            let g = self.gone.ranks.lock().unwrap_or_else(|e| e.into_inner());
-            g.iter().find(|(x, _)| *x == peer).and_then(|(_, why)| why.clone())
+    /// Waits up to `wait` for word of `peer` (its failure, or the end of its own control
+    /// connection to this rank), then records it gone if none came: a probe that found its
+    /// end closed may beat its last words, which travel on the other connection.
+    pub fn await_word(&self, peer: Rank, wait: Duration) {
+        let until = Instant::now() + wait;
+        let mut st = self.lock();
+        loop {
+            {
+                let g = self.gone.ranks.lock().unwrap_or_else(|e| e.into_inner());
+                if Self::blame(&g, peer).is_some() {
+                    return;
+                }
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            st = self.cv.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        drop(st);
+        self.mark_gone(peer);
+    }
+
+    /// `e` with the departure behind it named: an error on a connection to a peer that went
+    /// away (its end closed, reset or refused) becomes the failure that explains it — what
+    /// the peer said, or the rank it left because of — else that the peer is gone.
+    pub fn explain(&self, e: Error, wait: Duration) -> Error {
+        use std::io::ErrorKind as K;
+        let (rank, op, peer) = match &e {
+            Error::PeerClosed { rank, op, peer, .. } => (*rank, op.clone(), *peer),
+            Error::Io { rank, op, peer: Some(peer), source }
+                if matches!(
+                    source.kind(),
+                    K::ConnectionReset
+                        | K::ConnectionRefused
+                        | K::BrokenPipe
+                        | K::ConnectionAborted
+                        | K::UnexpectedEof
+                ) =>
+            {
+                (*rank, format!("{op} ({source})"), *peer)
+            }
+            _ => return e,
         };
+        let cause = self.root_cause(peer, wait);
+        self.mark_gone(peer);
+        self.culprit_error(rank, &op, cause.unwrap_or((peer, None)))
+    }
+
+    /// The error for rank `me`'s `op` that `culprit` explains.
+    pub fn culprit_error(&self, me: Rank, op: &str, culprit: Culprit) -> Error {
+        let (peer, reason) = culprit;
         let host = self.host_of(peer);
         match reason {
             Some(reason) => Error::PeerFailed { rank: me, op: op.to_string(), peer, host, reason },
             None => Error::PeerClosed { rank: me, op: op.to_string(), peer, host },
         }
+    }
+
+    /// The error of a wait (`op`, on rank `me`) that ends because `peer` is gone: what it
+    /// said if it said its communicator failed, the rank it left because of, or that its
+    /// connection closed.
+    pub fn gone_error(&self, me: Rank, op: &str, peer: Rank) -> Error {
+        let culprit = {
+            let g = self.gone.ranks.lock().unwrap_or_else(|e| e.into_inner());
+            Self::blame(&g, peer).unwrap_or((peer, None))
+        };
+        self.culprit_error(me, op, culprit)
     }
 
     /// The host name of peer `r` (for messages).
@@ -435,7 +537,14 @@ impl Mailbox {
             if st.closed {
                 return Err(Error::InvalidUsage(format!("{what}: the communicator was destroyed")));
             }
+            // The check may probe peers and wait for their word, which the service files
+            // under this lock: let go of it meanwhile.
+            drop(st);
             w.check(what, &[from])?;
+            st = self.lock();
+            if let Some(v) = take(&mut st) {
+                return Ok(v);
+            }
             let (g, _) = self
                 .cv
                 .wait_timeout(st, w.slice().max(Duration::from_millis(1)))
@@ -747,6 +856,15 @@ fn tcp_step(ctx: &Ctx, c: &mut TcpConn, now: Instant, deadline: Duration) -> Ste
                 let answer = ctx.mailbox.progress.snapshot().encode(nonce);
                 if let Err(e) = super::write_frame(&mut c.s, kind::STATE, &answer) {
                     ctx.log.info(format_args!("service: probe from rank {from} unanswered: {e}"));
+                }
+            }
+            (ConnState::Msgs { from, .. }, (kind::GONE, payload)) => {
+                let r =
+                    u32::from_le_bytes(payload.get(..4).and_then(|b| b.try_into().ok()).unwrap_or([0xff; 4]));
+                if (r as usize) < ctx.size && Rank(r) != ctx.me {
+                    ctx.log.warn(format_args!("service: rank {from} says rank {r} is gone"));
+                    // Only a failed communicator sends it: its sender failed because of r.
+                    ctx.mailbox.mark_because(*from, Rank(r));
                 }
             }
             (ConnState::Msgs { from, .. }, (kind::FAIL, payload)) => {

@@ -12,7 +12,7 @@ mod api;
 pub mod group;
 pub mod scope;
 
-use crate::bootstrap::{self, root, Bootstrap, PeerInfo, Service, Waiter};
+use crate::bootstrap::{self, root, Bootstrap, Mailbox, PeerInfo, Service, Waiter};
 use crate::engine::{direct, Engine, EngineCtx, RawBuf};
 use crate::env;
 use crate::error::{Error, Result};
@@ -280,10 +280,19 @@ impl Communicator {
         ));
         let mailbox = p.service.mailbox.clone();
         mailbox.watch(p.doorbell.clone(), peers.iter().map(|q| q.hostname.clone()).collect());
+        // Control connections to every peer first: they are the lifelines that tell a peer
+        // this rank is gone, from the moment the communicator exists; every later wait of the
+        // setup watches them and probes the peers it waits for.
+        let boot = Arc::new(Bootstrap::new(p.rank, p.secret, peers.clone(), mailbox.clone()));
+        let w = Waiter::new(p.rank, p.config.timeout, p.abort.clone()).watching(&mailbox).probing(
+            &boot,
+            oxccl_core::contract::Sig::NONE,
+            false,
+        );
+        boot.connect_all(&w).map_err(|e| told(&boot, &mailbox, e))?;
         let single_host = peers.iter().all(|q| q.host_id == peers[p.rank.idx()].host_id);
         let direct =
             if single_host && !p.config.shm_disable && p.config.direct && p.size > 1 && p.size <= 4096 {
-                let w = Waiter::new(p.rank, p.config.timeout, p.abort.clone()).watching(&mailbox);
                 let d = direct::Direct::setup(
                     direct::Identity { me: p.rank, peers: &peers, secret: p.secret },
                     p.ctl.clone(),
@@ -291,7 +300,8 @@ impl Communicator {
                     &mailbox,
                     p.abort.clone(),
                     &w,
-                )?;
+                )
+                .map_err(|e| told(&boot, &mailbox, e))?;
                 p.log.info(format_args!(
                     "direct path: {} ranks on this host read and write each other's memory",
                     p.size
@@ -300,7 +310,6 @@ impl Communicator {
             } else {
                 None
             };
-        let boot = Arc::new(Bootstrap::new(p.rank, p.secret, peers.clone(), mailbox.clone()));
         let mut engine = Engine::new(EngineCtx {
             boot: boot.clone(),
             me: p.rank,
@@ -344,11 +353,6 @@ impl Communicator {
             config: p.config,
         });
         let comm = Communicator { inner };
-        // Control connections to every peer first: they are the lifelines that tell a peer
-        // this rank is gone, from the moment the communicator exists.
-        let w = Waiter::new(comm.inner.rank, comm.inner.config.timeout, comm.inner.abort.clone())
-            .watching(&comm.inner.mailbox);
-        comm.inner.boot.connect_all(&w)?;
         comm.connect_rings()?;
         Ok(comm)
     }
@@ -370,7 +374,11 @@ impl Communicator {
             needed.push((ConnKey { peer: next, class }, true));
             needed.push((ConnKey { peer: prev, class }, false));
         }
-        let w = Waiter::new(i.rank, i.config.timeout, i.abort.clone());
+        let w = Waiter::new(i.rank, i.config.timeout, i.abort.clone()).watching(&i.mailbox).probing(
+            &i.boot,
+            oxccl_core::contract::Sig::NONE,
+            false,
+        );
         let r = lock(&i.engine).connect(&needed, &w);
         if let Err(e) = &r {
             i.fail(e);
@@ -578,6 +586,18 @@ impl Drop for Communicator {
     }
 }
 
+/// Tells the peers about a failure of this rank's setup (its communicator never existed, so
+/// `Inner::fail` cannot): who is gone, or why it failed. Returns the error.
+fn told(boot: &Bootstrap, mailbox: &Mailbox, e: Error) -> Error {
+    let e = mailbox.explain(e, Duration::from_millis(REASON_WAIT_MS));
+    match &e {
+        Error::PeerClosed { peer, .. } => boot.tell_gone(*peer),
+        Error::PeerFailed { .. } | Error::Aborted { .. } => {}
+        other => boot.tell_failure(&other.to_string()),
+    }
+    e
+}
+
 /// How long a call that lost a peer's connection waits for that peer's failure reason.
 const REASON_WAIT_MS: u64 = 200;
 
@@ -691,13 +711,8 @@ impl Inner {
             r = Err(Error::Aborted { rank: self.rank });
         }
         // A connection a peer closed because its communicator failed: report why it failed.
-        if let Err(Error::PeerClosed { rank, op, peer, .. }) = &r {
-            if let Some((culprit, reason)) =
-                self.mailbox.root_cause(*peer, Duration::from_millis(REASON_WAIT_MS))
-            {
-                let host = self.mailbox.host_of(culprit);
-                r = Err(Error::PeerFailed { rank: *rank, op: op.clone(), peer: culprit, host, reason });
-            }
+        if let Err(e) = r {
+            r = Err(self.mailbox.explain(e, Duration::from_millis(REASON_WAIT_MS)));
         }
         if let Err(e) = &r {
             if e.is_fatal() {
@@ -749,6 +764,11 @@ impl Inner {
         );
         if first && own {
             self.boot.tell_failure(&e.to_string());
+        }
+        // A peer seen gone is news to the others too (it may not have had its own lifeline
+        // to each of them yet, or they may be waiting on someone who waits on it).
+        if let (true, Error::PeerClosed { peer, .. }) = (first, e) {
+            self.boot.tell_gone(*peer);
         }
     }
 

@@ -141,6 +141,8 @@ pub(crate) struct Engine {
     pub seqs: Seqs,
     /// The call being run (its first collective, for a group), for probes.
     cur: Sig,
+    /// Collective calls finished successfully.
+    completed: u64,
 }
 
 /// The vectors a job works in; empty between jobs (connections are back in the maps), with
@@ -205,6 +207,7 @@ impl Engine {
             spin,
             seqs: Seqs::new(ctx.peers.len()),
             cur: Sig::NONE,
+            completed: 0,
             ctx,
             direct: None,
             sends: KeyMap::default(),
@@ -328,7 +331,10 @@ impl Engine {
         };
         self.ctx.mailbox.progress.begin(&self.cur);
         let r = self.run_ops_inner(g, ops, bufs, what);
-        self.ctx.mailbox.progress.end(self.seqs.coll);
+        if r.is_ok() {
+            self.completed = self.seqs.coll;
+        }
+        self.ctx.mailbox.progress.end(self.completed);
         r
     }
 
@@ -346,9 +352,13 @@ impl Engine {
                 let w = self.waiter();
                 let sig = if self.ctx.check_calls { Sig::of(op, self.seqs.coll) } else { Sig::NONE };
                 let d = self.direct.as_mut().ok_or_else(|| Error::Internal("direct path vanished".into()))?;
-                if d.run(op, bufs, &w, what, sig)? == direct::Outcome::Done {
-                    self.seqs.coll += 1;
-                    return Ok(());
+                match d.run(op, bufs, &w, what, sig) {
+                    Ok(direct::Outcome::Fallback) => {}
+                    // The call took its number, done or failed.
+                    r => {
+                        self.seqs.coll += 1;
+                        return r.map(|_| ());
+                    }
                 }
             }
         }

@@ -1,0 +1,225 @@
+//! Fault injection: a random rank of a random world size (2–8) is SIGKILLed at a random moment
+//! — during bootstrap, connection setup, a collective, or between calls — and every survivor
+//! must fail, naming it, within 2 s of the kill (its pending call, and its next call too),
+//! never hang. Over shared memory and over TCP.
+
+use oxccl::{Communicator, Error, Rank, ReduceOp};
+use oxccl_testkit::{child, epoch_ms, Launch};
+use std::time::{Duration, Instant};
+
+/// How long a survivor stays alive after its errors.
+const LINGER_MS: u64 = 500;
+
+/// A small deterministic generator (xorshift64*), so a failing trial can be replayed from its
+/// seed (`OXCCL_FAULT_SEED`).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The culprit an error names, and how: `(kind, rank)`.
+fn culprit(e: &Error) -> (&'static str, Vec<usize>) {
+    match e {
+        Error::PeerClosed { peer, .. } => ("closed", vec![peer.idx()]),
+        Error::PeerFailed { peer, .. } => ("failed", vec![peer.idx()]),
+        Error::Timeout { waiting_for, .. } => ("timeout", waiting_for.iter().map(|r| r.idx()).collect()),
+        Error::Broken { .. } => ("broken", vec![]),
+        _ => ("other", vec![]),
+    }
+}
+
+/// Every rank: init, then collectives of several kinds and sizes (and pauses between them)
+/// for up to 3 s. On the first error it prints it, tries one more call, prints that, and ends.
+fn fault_rank(ctx: oxccl_testkit::ChildCtx) {
+    let seed: u64 = ctx.args.parse().unwrap_or(1);
+    let say = |what: &str, e: &Error| {
+        let (kind, ranks) = culprit(e);
+        println!("{what} {} {kind} {ranks:?} | {e}", epoch_ms());
+    };
+    let comm = match Communicator::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            say("ERR init", &e);
+            std::thread::sleep(Duration::from_millis(LINGER_MS));
+            return;
+        }
+    };
+    println!("READY {}", epoch_ms());
+    let (me, p) = (comm.rank().idx(), comm.size());
+    let mut rng = Rng(seed ^ (me as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut small = vec![1u32; 64];
+    let mut big = vec![1.0f32; 64 << 10];
+    let t = Instant::now();
+    let mut i = 0u64;
+    while t.elapsed() < Duration::from_secs(3) {
+        // Every rank draws the same call from the shared sequence (the calls must match).
+        let mut shared = Rng(seed.wrapping_add(i * 7919) | 1);
+        let r = match shared.below(5) {
+            0 => comm.all_reduce_in_place(&mut small, ReduceOp::Sum),
+            1 => comm.all_reduce_in_place(&mut big, ReduceOp::Max),
+            2 => comm.broadcast_in_place(&mut big[..4096], Rank::new(shared.below(p as u64) as usize)),
+            3 => {
+                let mut out = vec![0u32; 64 * p];
+                comm.all_gather(&small, &mut out)
+            }
+            _ => {
+                // A ring of sends and receives (the ring engine's point-to-point lanes).
+                let next = Rank::new((me + 1) % p);
+                let prev = Rank::new((me + p - 1) % p);
+                let src = vec![me as u32; 1000];
+                let mut dst = vec![0u32; 1000];
+                let mut g = comm.group();
+                g.send(&src, next).and_then(|g| g.recv(&mut dst, prev)).map(|_| ()).and_then(|_| g.end())
+            }
+        };
+        if let Err(e) = r {
+            say("ERR call", &e);
+            let e2 = comm.all_reduce_in_place(&mut small, ReduceOp::Sum).unwrap_err();
+            say("NEXT", &e2);
+            // A survivor stays alive a while, as a real one would (to shrink, or to report):
+            // one that exited at once would itself look gone to the others.
+            std::thread::sleep(Duration::from_millis(LINGER_MS));
+            return;
+        }
+        // Pauses between calls, so kills also land while every rank is idle.
+        if rng.below(4) == 0 {
+            std::thread::sleep(Duration::from_millis(rng.below(30)));
+        }
+        i += 1;
+    }
+    println!("DONE {}", epoch_ms());
+}
+
+/// One event a rank printed: (tag, epoch ms, kind, named ranks, text).
+fn events(stdout: &str) -> Vec<(String, u128, String, String, String)> {
+    let tags = ["READY ", "ERR init ", "ERR call ", "NEXT ", "DONE "];
+    stdout
+        .lines()
+        .filter_map(|l| {
+            let (at, tag) = tags.iter().filter_map(|t| l.find(t).map(|i| (i, *t))).min()?;
+            let rest = &l[at + tag.len()..];
+            let (head, text) = rest.split_once(" | ").unwrap_or((rest, ""));
+            let mut w = head.splitn(3, ' ');
+            let ms: u128 = w.next()?.trim().parse().ok()?;
+            let kind = w.next().unwrap_or("").to_string();
+            let ranks = w.next().unwrap_or("").to_string();
+            Some((tag.trim().to_string(), ms, kind, ranks, text.to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn a_killed_rank_is_named_by_every_survivor_at_any_point() {
+    if let Some(ctx) = child("fault") {
+        return fault_rank(ctx);
+    }
+    let seed0: u64 =
+        std::env::var("OXCCL_FAULT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+        });
+    let trials: u64 = std::env::var("OXCCL_FAULT_TRIALS").ok().and_then(|s| s.parse().ok()).unwrap_or(50);
+    oxccl_testkit::report!("fault injection: seed {seed0}, {trials} trials per transport");
+    // The deadline is only the net under rank deaths that nothing else can see (a rank killed
+    // before it joined is a rank that never started).
+    let timeout_s = 3;
+    for (transport, shm_off) in [("shm", "0"), ("tcp", "1")] {
+        let mut rng = Rng(seed0 ^ (shm_off.parse::<u64>().unwrap_or(0) + 1).wrapping_mul(0x9e37_79b9));
+        let mut worst = 0u128;
+        let mut by_point = std::collections::BTreeMap::<&str, usize>::new();
+        for trial in 0..trials {
+            let p = 2 + rng.below(7) as usize;
+            let victim = rng.below(p as u64) as usize;
+            // A third of kills in the first 20 ms (bootstrap and connection setup), the rest
+            // while the ranks make calls or pause between them.
+            let at = match rng.below(3) {
+                0 => rng.below(20),
+                1 => 20 + rng.below(280),
+                _ => 300 + rng.below(700),
+            };
+            let seed = rng.next() | 1;
+            let what = format!(
+                "{transport} trial {trial}: {p} ranks, rank {victim} killed at {at} ms (seed {seed})"
+            );
+            let id = oxccl::new_unique_id(&oxccl::Config::default()).unwrap();
+            let outs = match Launch::new("a_killed_rank_is_named_by_every_survivor_at_any_point", "fault", p)
+                .args(&seed.to_string())
+                .env("OXCCL_UNIQUE_ID", &id.to_string())
+                .env("NCCL_SHM_DISABLE", shm_off)
+                .env("OXCCL_TIMEOUT", &timeout_s.to_string())
+                .env("NCCL_DEBUG", &std::env::var("OXCCL_FAULT_DEBUG").unwrap_or_default())
+                .kill_after(victim, Duration::from_millis(at))
+                .timeout(Duration::from_secs(30))
+                .run_keep()
+            {
+                Ok(o) | Err((o, _)) => o,
+            };
+            let dump = || {
+                outs.iter()
+                    .map(|o| {
+                        format!(
+                            "--- rank {} ({:?}):\n{}\n{}\n",
+                            o.rank,
+                            o.status,
+                            o.stdout,
+                            o.stderr_tail(20)
+                        )
+                    })
+                    .collect::<String>()
+            };
+            let killed = outs[victim].killed_at_ms.unwrap_or_else(|| panic!("{what}: no kill\n{}", dump()));
+            let victim_ev = events(&outs[victim].stdout);
+            if victim_ev.iter().any(|e| e.0 == "DONE" || e.0.starts_with("ERR")) {
+                // The victim finished (or failed) before the kill came: nothing to detect.
+                *by_point.entry("after the end").or_default() += 1;
+                continue;
+            }
+            let victim_ready = victim_ev.iter().any(|e| e.0 == "READY");
+            let point = if victim_ready { "after init" } else { "during init" };
+            *by_point.entry(point).or_default() += 1;
+            for o in outs.iter().filter(|o| o.rank != victim) {
+                let who = format!("{what}, survivor rank {}", o.rank);
+                assert!(o.status.is_some_and(|s| s.success()), "{who}: did not end cleanly\n{}", dump());
+                let ev = events(&o.stdout);
+                let first = ev.iter().find(|e| e.0.starts_with("ERR"));
+                let Some((tag, ms, kind, ranks, text)) = first else {
+                    panic!("{who}: no error after the kill\n{}", dump());
+                };
+                let named = ranks.contains(&victim.to_string()) || text.contains(&format!("rank {victim}"));
+                assert!(named, "{who}: {tag} does not name rank {victim}: {text}\n{}", dump());
+                let after = ms.saturating_sub(killed);
+                if kind == "timeout" {
+                    // Only a rank that died before it joined may go unseen until the deadline.
+                    assert!(!victim_ready, "{who}: a timeout after the victim was ready: {text}");
+                    assert!(after < (timeout_s as u128 + 2) * 1000, "{who}: {after} ms: {text}");
+                } else {
+                    assert!(after < 2000, "{who}: detected after {after} ms: {text}");
+                    worst = worst.max(after);
+                }
+                if tag == "ERR call" {
+                    let next =
+                        ev.iter().find(|e| e.0 == "NEXT").unwrap_or_else(|| panic!("{who}: no next call"));
+                    assert!(
+                        next.1.saturating_sub(killed) < 2000 + (kind == "timeout") as u128 * 4000,
+                        "{who}: next call"
+                    );
+                    let named =
+                        next.3.contains(&victim.to_string()) || next.4.contains(&format!("rank {victim}"));
+                    assert!(named, "{who}: the next call does not name rank {victim}: {}", next.4);
+                }
+            }
+        }
+        oxccl_testkit::report!(
+            "{transport}: {trials} trials, kills by victim state {by_point:?}, largest detection {worst} ms"
+        );
+    }
+}
