@@ -7,6 +7,9 @@ use std::process::Command;
 pub struct TwoHosts {
     pub a: String,
     pub b: String,
+    /// The veth ends in `a` and `b`.
+    pub dev_a: String,
+    pub dev_b: String,
     pub addr_a: String,
     pub addr_b: String,
 }
@@ -23,13 +26,18 @@ fn ip(args: &[&str]) -> Result<(), String> {
 impl TwoHosts {
     /// Creates the namespaces; `Err` says why they cannot be made here.
     pub fn create() -> Result<TwoHosts, String> {
-        let id = std::process::id() % 100_000;
+        // Unique per process and per call (tests of one binary may run side by side).
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = (std::process::id() * 7 + n) % 100_000;
         let (a, b) = (format!("oxA{id}"), format!("oxB{id}"));
         let (va, vb) = (format!("oxa{id}"), format!("oxb{id}"));
         let net = 10 + (id % 200);
         let hosts = TwoHosts {
             a: a.clone(),
             b: b.clone(),
+            dev_a: va.clone(),
+            dev_b: vb.clone(),
             addr_a: format!("10.{net}.7.1"),
             addr_b: format!("10.{net}.7.2"),
         };

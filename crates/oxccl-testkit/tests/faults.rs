@@ -161,7 +161,9 @@ fn a_killed_rank_is_named_by_every_survivor_at_any_point() {
                 .timeout(Duration::from_secs(30))
                 .run_keep()
             {
-                Ok(o) | Err((o, _)) => o,
+                Ok(o) => o,
+                Err((o, e)) if o.is_empty() => panic!("{what}: could not launch: {e}"),
+                Err((o, _)) => o,
             };
             let dump = || {
                 outs.iter()
@@ -222,4 +224,147 @@ fn a_killed_rank_is_named_by_every_survivor_at_any_point() {
             "{transport}: {trials} trials, kills by victim state {by_point:?}, largest detection {worst} ms"
         );
     }
+}
+
+// ---------------------------------------------------------------- the network between hosts
+
+/// Ranks on two hosts (network namespaces) run all-reduces until the call fails; each prints
+/// how many calls it made and the failure.
+fn cut_rank(ctx: oxccl_testkit::ChildCtx) {
+    let comm = Communicator::from_env().unwrap();
+    let (me, p) = (comm.rank().idx(), comm.size());
+    let limit: usize = ctx.args.parse().unwrap_or(usize::MAX);
+    let mut calls = 0;
+    let mut last = Instant::now();
+    while calls < limit {
+        let n = [3, 5000, 300_000][calls % 3];
+        let mut v: Vec<u32> = (0..n).map(|i| (i % 11) as u32 + me as u32).collect();
+        match comm.all_reduce_in_place(&mut v, ReduceOp::Sum) {
+            Ok(()) => {
+                let want = |i: usize| (i % 11) as u32 * p as u32 + (p * (p - 1) / 2) as u32;
+                assert!(v.iter().enumerate().all(|(i, x)| *x == want(i)), "rank {me}: call {calls} wrong");
+                calls += 1;
+                last = Instant::now();
+            }
+            Err(e) => {
+                println!("CUT {} ms after the last call, {calls} calls | {e}", last.elapsed().as_millis());
+                std::thread::sleep(Duration::from_millis(LINGER_MS));
+                return;
+            }
+        }
+    }
+    println!("EXACT {calls} calls");
+}
+
+fn tc(ns: &str, args: &[&str]) -> Result<(), String> {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "tc"])
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run tc: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+/// With the link between the hosts cut (no FIN, no RST: `ip link set down`), every rank's
+/// call fails within the timeout, naming ranks on the other side.
+#[test]
+fn a_cut_link_fails_calls_within_the_timeout_naming_the_unreachable_ranks() {
+    if let Some(ctx) = child("cut") {
+        return cut_rank(ctx);
+    }
+    let hosts = match oxccl_testkit::netns::TwoHosts::create() {
+        Ok(h) => h,
+        Err(why) => {
+            oxccl_testkit::report!("SKIPPED: cannot create network namespaces here: {why}");
+            return;
+        }
+    };
+    let timeout_s = 3;
+    let id_dir = Launch::scratch();
+    let idfile = id_dir.join("unique-id");
+    let mut l =
+        Launch::new("a_cut_link_fails_calls_within_the_timeout_naming_the_unreachable_ranks", "cut", 4)
+            .env("OXCCL_UNIQUE_ID_FILE", idfile.to_str().unwrap())
+            .env("OXCCL_TIMEOUT", &timeout_s.to_string())
+            .timeout(Duration::from_secs(90));
+    let (a, b, dev) = (hosts.a.clone(), hosts.b.clone(), hosts.dev_a.clone());
+    l.wrap = vec![
+        oxccl_testkit::netns::TwoHosts::exec_in(&a),
+        oxccl_testkit::netns::TwoHosts::exec_in(&a),
+        oxccl_testkit::netns::TwoHosts::exec_in(&b),
+        oxccl_testkit::netns::TwoHosts::exec_in(&b),
+    ];
+    // Cut the link while the ranks are in their loop of calls.
+    let cutter = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(2500));
+        let out = std::process::Command::new("ip").args(["-n", &a, "link", "set", &dev, "down"]).output();
+        out.map(|o| o.status.success()).unwrap_or(false)
+    });
+    let outs = l.run().unwrap_or_else(|e| panic!("{e}"));
+    assert!(cutter.join().unwrap(), "could not take the link down");
+    for o in &outs {
+        let line = o
+            .stdout
+            .lines()
+            .find(|l| l.contains("CUT "))
+            .unwrap_or_else(|| panic!("rank {}: no failure: {}", o.rank, o.stdout));
+        let other: Vec<usize> = if o.rank < 2 { vec![2, 3] } else { vec![0, 1] };
+        let named =
+            other.iter().any(|r| line.contains(&format!("rank {r}")) || line.contains(&format!("[{r}")));
+        assert!(named, "rank {}: the unreachable ranks {other:?} are not named: {line}", o.rank);
+        let ms: u128 = line.split("CUT ").nth(1).and_then(|s| s.split(' ').next()).unwrap().parse().unwrap();
+        assert!(
+            ms < (timeout_s as u128 + 4) * 1000,
+            "rank {}: failed {ms} ms after its last call: {line}",
+            o.rank
+        );
+        oxccl_testkit::report!("cut link, rank {}: {line}", o.rank);
+    }
+}
+
+/// Over a lossy, slow link (netem: 5% loss, 20 ms delay each way) every result is exact.
+#[test]
+fn a_lossy_slow_link_keeps_every_result_exact() {
+    if let Some(ctx) = child("cut") {
+        return cut_rank(ctx);
+    }
+    let hosts = match oxccl_testkit::netns::TwoHosts::create() {
+        Ok(h) => h,
+        Err(why) => {
+            oxccl_testkit::report!("SKIPPED: cannot create network namespaces here: {why}");
+            return;
+        }
+    };
+    for (ns, dev) in [(&hosts.a, &hosts.dev_a), (&hosts.b, &hosts.dev_b)] {
+        if let Err(why) =
+            tc(ns, &["qdisc", "add", "dev", dev, "root", "netem", "delay", "20ms", "loss", "5%"])
+        {
+            // This kernel has no netem (sch_netem): say so, loudly; nothing here can stand in.
+            oxccl_testkit::report!(
+                "SKIPPED a_lossy_slow_link_keeps_every_result_exact: tc netem unavailable: {why}"
+            );
+            return;
+        }
+    }
+    let idfile = Launch::scratch().join("unique-id");
+    let mut l = Launch::new("a_lossy_slow_link_keeps_every_result_exact", "cut", 4)
+        .args("30")
+        .env("OXCCL_UNIQUE_ID_FILE", idfile.to_str().unwrap())
+        .env("OXCCL_TIMEOUT", "120")
+        .timeout(Duration::from_secs(300));
+    l.wrap = vec![
+        oxccl_testkit::netns::TwoHosts::exec_in(&hosts.a),
+        oxccl_testkit::netns::TwoHosts::exec_in(&hosts.a),
+        oxccl_testkit::netns::TwoHosts::exec_in(&hosts.b),
+        oxccl_testkit::netns::TwoHosts::exec_in(&hosts.b),
+    ];
+    let outs = l.run().unwrap_or_else(|e| panic!("{e}"));
+    for o in &outs {
+        assert!(o.stdout.contains("EXACT 30 calls"), "rank {}: {}", o.rank, o.stdout);
+    }
+    oxccl_testkit::report!("lossy link: 30 all-reduces on 4 ranks over 2 hosts, all exact");
 }

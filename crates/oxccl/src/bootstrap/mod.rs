@@ -64,9 +64,8 @@ pub const PROBE_AFTER_MS: u64 = 200;
 pub const PROBE_EVERY_MS: u64 = 1000;
 /// How long a probe waits for its answer.
 pub const PROBE_ANSWER_MS: u64 = 200;
-/// How long a timeout's report waits for each peer's answer, and for all of them.
+/// The most a timeout's report waits for the peers' answers (all asked at once).
 pub const REPORT_ANSWER_MS: u64 = 1000;
-pub const REPORT_BUDGET_MS: u64 = 2500;
 
 /// The most bytes of a failure's reason sent to peers.
 pub const MAX_FAIL_REASON_BYTES: usize = 2048;
@@ -185,6 +184,8 @@ pub struct Probe {
     /// Whether calls are checked against the answers (the contract check is on).
     pub check: bool,
     next: std::cell::Cell<Option<Instant>>,
+    /// The peers' answers gathered just before the deadline, for the timeout's message.
+    report: std::cell::RefCell<Option<String>>,
 }
 
 impl std::fmt::Debug for Probe {
@@ -210,17 +211,15 @@ impl Probe {
 
     /// Every peer's state, as the timeout's message gives it: who arrived at this call,
     /// who did not, and where those stand.
-    fn report(&self, me: Rank, mailbox: Option<&Mailbox>) -> String {
+    fn report(&self, me: Rank, mailbox: Option<&Mailbox>, until: Instant) -> String {
         let n = self.boot.peers.len();
         let mut arrived = Vec::new();
         let mut missing = Vec::new();
-        let until = Instant::now() + Duration::from_millis(REPORT_BUDGET_MS);
-        for r in (0..n).map(Rank::new).filter(|r| *r != me).take(64) {
+        let peers: Vec<Rank> = (0..n).map(Rank::new).filter(|r| *r != me).take(64).collect();
+        for (r, answer) in peers.iter().zip(self.boot.probe_all(&peers, until)) {
+            let r = *r;
             let host = mailbox.map(|m| m.host_of(r)).unwrap_or_else(|| "?".into());
-            let left = until.saturating_duration_since(Instant::now());
-            // A timeout is rare and worth a clear message: each peer gets longer to answer
-            // than a stuck wait's probe gives it (a loaded host may be slow to schedule it).
-            match self.boot.probe(r, left.min(Duration::from_millis(REPORT_ANSWER_MS))) {
+            match answer {
                 Probed::Answer(st) => {
                     // In this call, or was (and left it failing), or finished it.
                     let here = self.mine.kind != CallKind::P2p
@@ -269,7 +268,13 @@ impl Waiter {
     /// with this call's number is a mismatch (with `check`), and a timeout says who arrived
     /// and where the others are.
     pub fn probing(mut self, boot: &Arc<Bootstrap>, mine: Sig, check: bool) -> Waiter {
-        self.probe = Some(Probe { boot: boot.clone(), mine, check, next: std::cell::Cell::new(None) });
+        self.probe = Some(Probe {
+            boot: boot.clone(),
+            mine,
+            check,
+            next: std::cell::Cell::new(None),
+            report: std::cell::RefCell::new(None),
+        });
         self
     }
 
@@ -333,15 +338,23 @@ impl Waiter {
             }
         }
         if let (Some(d), Some(s)) = (self.deadline, self.started) {
+            let now = Instant::now();
+            // The peers are asked just before the deadline (a slice of the timeout, at most
+            // a second), so the call fails at its deadline with their answers in hand.
+            if let Some(p) = &self.probe {
+                let budget = (d - s).div_f64(4.0).min(Duration::from_millis(REPORT_ANSWER_MS));
+                if now + budget >= d && p.report.borrow().is_none() {
+                    let r = p.report(self.rank, self.mailbox.as_deref(), d);
+                    *p.report.borrow_mut() = Some(r);
+                }
+            }
             if Instant::now() >= d {
-                let detail = match &self.probe {
-                    Some(p) => p.report(self.rank, self.mailbox.as_deref()),
-                    None => String::new(),
-                };
+                let after = s.elapsed();
+                let detail = self.probe.as_ref().and_then(|p| p.report.borrow().clone()).unwrap_or_default();
                 return Err(Error::Timeout {
                     rank: self.rank,
                     op: what.to_string(),
-                    after: s.elapsed(),
+                    after,
                     waiting_for: waiting_for.to_vec(),
                     detail,
                 });
@@ -869,25 +882,57 @@ impl Bootstrap {
     /// service thread, whatever its engine is doing); `None` if no answer came within `wait`
     /// or there is no connection.
     pub fn probe(&self, peer: Rank, wait: Duration) -> Probed {
+        let until = Instant::now() + wait;
+        match self.ask(peer, wait) {
+            Ok(nonce) => self.answer(peer, nonce, until),
+            Err(p) => p,
+        }
+    }
+
+    /// Asks several peers at once and waits for their answers until `until` (one wait for
+    /// all, not one each).
+    pub fn probe_all(&self, peers: &[Rank], until: Instant) -> Vec<Probed> {
+        let wait = until.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        let asked: Vec<Result<u64, Probed>> = peers.iter().map(|r| self.ask(*r, wait)).collect();
+        peers
+            .iter()
+            .zip(asked)
+            .map(|(r, a)| match a {
+                Ok(nonce) => self.answer(*r, nonce, until),
+                Err(p) => p,
+            })
+            .collect()
+    }
+
+    /// Sends `peer` a probe; its nonce, or what the failure to send says.
+    fn ask(&self, peer: Rank, wait: Duration) -> Result<u64, Probed> {
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(s) = out.get_mut(&peer.0) else {
+            return Err(Probed::NoAnswer);
+        };
+        let nonce = self.nonce.fetch_add(1, Ordering::Relaxed);
+        let _ = s.set_write_timeout(Some(wait.max(Duration::from_millis(1))));
+        let sent = write_frame(s, kind::PROBE, &nonce.to_le_bytes());
+        let _ = s.set_write_timeout(None);
+        match sent {
+            Ok(()) => Ok(nonce),
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                Err(Probed::NoAnswer)
+            }
+            Err(_) => Err(Probed::Gone),
+        }
+    }
+
+    /// Waits until `until` for the answer to probe `nonce` of `peer`.
+    fn answer(&self, peer: Rank, nonce: u64, until: Instant) -> Probed {
         let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
         let Some(s) = out.get_mut(&peer.0) else {
             return Probed::NoAnswer;
         };
-        let nonce = self.nonce.fetch_add(1, Ordering::Relaxed);
-        let _ = s.set_write_timeout(Some(wait));
-        let sent = write_frame(s, kind::PROBE, &nonce.to_le_bytes());
-        let _ = s.set_write_timeout(None);
-        match sent {
-            Ok(()) => {}
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-                return Probed::NoAnswer
-            }
-            Err(_) => return Probed::Gone,
-        }
-        let deadline = Instant::now() + wait;
         let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
         let buf = answers.entry(peer.0).or_default();
         let mut tmp = [0u8; 256];
+        let mut last_look = false;
         loop {
             // Whole frames first; only STATE frames are expected, older answers are skipped.
             while buf.len() >= 8 {
@@ -906,9 +951,15 @@ impl Bootstrap {
                     }
                 }
             }
-            let left = deadline.saturating_duration_since(Instant::now());
+            let mut left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Probed::NoAnswer;
+                // Past the deadline (another peer's answer took the time): what has already
+                // arrived still counts.
+                if last_look {
+                    return Probed::NoAnswer;
+                }
+                last_look = true;
+                left = Duration::from_millis(1);
             }
             let _ = s.set_read_timeout(Some(left));
             match s.read(&mut tmp) {

@@ -379,7 +379,9 @@ impl Communicator {
             oxccl_core::contract::Sig::NONE,
             false,
         );
-        let r = lock(&i.engine).connect(&needed, &w);
+        let r = lock(&i.engine)
+            .connect(&needed, &w)
+            .map_err(|e| i.mailbox.explain(e, Duration::from_millis(REASON_WAIT_MS)));
         if let Err(e) = &r {
             i.fail(e);
         }
