@@ -16,6 +16,8 @@
 //! | `OXCCL_TIMEOUT` | seconds a call may wait for peers; `0` = forever | forever |
 //! | `OXCCL_HOST_ID` | overrides the host identity (ranks with equal ids share memory) | derived |
 //! | `OXCCL_DIRECT` | `0`: single-host communicators use the ring engine, not direct memory access | `1` |
+//! | `OXCCL_FLIGHT_RECORDER` | calls each communicator's flight recorder keeps (0: off) | `2000` |
+//! | `OXCCL_FLIGHT_DIR` | where flight recorder dumps are written | the temporary directory |
 //! | `OXCCL_CHECK_CALLS` | `0`: chunks carry no call signatures and none are compared (the contract check is off; for measuring its cost) | `1` |
 
 use crate::error::CoreError;
@@ -51,6 +53,10 @@ pub struct Config {
     /// Every chunk carries its call's signature and receivers compare it with their own call's
     /// (`OXCCL_CHECK_CALLS`, on by default); every rank of a communicator must agree.
     pub check_calls: bool,
+    /// Calls the flight recorder keeps (`OXCCL_FLIGHT_RECORDER`; 0: off).
+    pub flight_entries: usize,
+    /// Where flight recorder dumps go (`OXCCL_FLIGHT_DIR`; unset: the temporary directory).
+    pub flight_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -67,6 +73,8 @@ impl Default for Config {
             host_id: None,
             direct: true,
             check_calls: true,
+            flight_entries: 2000,
+            flight_dir: None,
         }
     }
 }
@@ -127,6 +135,17 @@ impl Config {
                 return Err(bad("OXCCL_TIMEOUT", &v, "expected a non-negative number of seconds"));
             }
             c.timeout = (secs > 0.0).then(|| Duration::from_secs_f64(secs));
+        }
+        if let Some(v) = get("OXCCL_FLIGHT_RECORDER") {
+            c.flight_entries = v
+                .trim()
+                .parse()
+                .map_err(|_| bad("OXCCL_FLIGHT_RECORDER", &v, "expected a number of calls"))?;
+        }
+        if let Some(v) = get("OXCCL_FLIGHT_DIR") {
+            if !v.trim().is_empty() {
+                c.flight_dir = Some(std::path::PathBuf::from(v.trim()));
+            }
         }
         if let Some(v) = get("OXCCL_CHECK_CALLS") {
             c.check_calls = parse_bool("OXCCL_CHECK_CALLS", &v)?;

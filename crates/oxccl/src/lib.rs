@@ -25,6 +25,7 @@ pub mod comm;
 pub mod engine;
 pub mod env;
 pub mod error;
+pub mod flight;
 mod log;
 pub mod mem;
 pub mod sys;

@@ -70,6 +70,7 @@ pub(crate) struct Inner {
     doorbell: Arc<EventFd>,
     service: Mutex<Service>,
     boot: Arc<Bootstrap>,
+    flight: Arc<crate::flight::Recorder>,
     /// The service's mailbox (it also knows which peers are gone).
     mailbox: Arc<crate::bootstrap::Mailbox>,
     engine: Mutex<Engine>,
@@ -310,8 +311,19 @@ impl Communicator {
             } else {
                 None
             };
+        let flight = crate::flight::Recorder::new(
+            p.config.flight_entries,
+            crate::flight::Member {
+                rank: p.rank.idx(),
+                size: p.size,
+                comm: format!("{:016x}", oxccl_core::uniqueid::comm_hash(&p.secret).0),
+                peers: peers.iter().map(|q| (q.hostname.clone(), q.pid)).collect(),
+            },
+            p.config.flight_dir.clone(),
+        );
         let mut engine = Engine::new(EngineCtx {
             boot: boot.clone(),
+            flight: flight.clone(),
             me: p.rank,
             secret: p.secret,
             host_id: peers[p.rank.idx()].host_id,
@@ -332,6 +344,7 @@ impl Communicator {
             size: p.size,
             hash: oxccl_core::uniqueid::comm_hash(&p.secret),
             boot,
+            flight,
             mailbox,
             secret: p.secret,
             peers,
@@ -767,6 +780,9 @@ impl Inner {
         if first && own {
             self.boot.tell_failure(&e.to_string());
         }
+        if first {
+            self.dump_flight(&format!("failure: {e}"));
+        }
         // A peer seen gone is news to the others too (it may not have had its own lifeline
         // to each of them yet, or they may be waiting on someone who waits on it).
         if let (true, Error::PeerClosed { peer, .. }) = (first, e) {
@@ -774,7 +790,21 @@ impl Inner {
         }
     }
 
+    /// Writes the flight recorder's dump, saying where in the log.
+    fn dump_flight(&self, why: &str) {
+        if self.config.flight_entries == 0 {
+            return;
+        }
+        match self.flight.dump(why) {
+            Ok(p) => self.log.warn(format_args!("flight recorder dump: {}", p.display())),
+            Err(e) => self
+                .log
+                .warn(format_args!("flight recorder dump to {} failed: {e}", self.flight.path().display())),
+        }
+    }
+
     fn abort(&self) {
+        self.dump_flight("abort");
         self.abort.store(true, Ordering::SeqCst);
         self.doorbell.notify();
         lock(&self.service).mailbox.wake();

@@ -103,6 +103,8 @@ impl RawBuf {
 pub(crate) struct EngineCtx {
     /// Control connections to the peers (stuck waits probe them).
     pub boot: Arc<Bootstrap>,
+    /// The communicator's flight recorder.
+    pub flight: Arc<crate::flight::Recorder>,
     pub me: Rank,
     pub secret: [u8; 32],
     pub host_id: u64,
@@ -321,7 +323,13 @@ impl Engine {
 
     /// Runs a group: a single collective on the direct path when this communicator has one
     /// (and the call does not fall back), otherwise planned onto the ring engine.
-    pub fn run_ops(&mut self, g: &Geometry, ops: &[OpSpec], bufs: &[RawBuf], what: &str) -> Result<()> {
+    pub fn run_ops(
+        &mut self,
+        g: &Geometry,
+        ops: &[OpSpec],
+        bufs: &[RawBuf],
+        what: &'static str,
+    ) -> Result<()> {
         // Where this call stands, for peers' probes: its first collective (or its first
         // message, for a group of sends and receives only).
         self.cur = match ops.iter().find(|o| !o.is_p2p()).or(ops.first()) {
@@ -330,7 +338,9 @@ impl Engine {
             None => Sig::NONE,
         };
         self.ctx.mailbox.progress.begin(&self.cur);
+        let id = self.ctx.flight.begin(self.cur, what);
         let r = self.run_ops_inner(g, ops, bufs, what);
+        self.ctx.flight.end(id, r.as_ref().err());
         if r.is_ok() {
             self.completed = self.seqs.coll;
         }

@@ -1,0 +1,671 @@
+//! The flight recorder: each communicator keeps its last N calls (signature, state, start and
+//! end times, error), and writes them as one self-describing JSON file per rank when it fails
+//! (error, timeout), when it is aborted, or when the process gets SIGUSR1. [`analyze`] merges
+//! the ranks' files and says which rank stopped first, at which call, and who waited for whom
+//! (`oxccl analyze DUMP...`).
+//!
+//! Settings: `OXCCL_FLIGHT_RECORDER` (calls kept, default 2000, 0 off), `OXCCL_FLIGHT_DIR`
+//! (where dumps go, default the temporary directory). File: `oxccl-flight-<comm>-r<rank>.json`.
+
+use crate::error::Error;
+use oxccl_core::contract::{CallKind, Sig};
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Calls kept by default.
+pub const DEFAULT_ENTRIES: usize = 2000;
+
+/// Microseconds since the Unix epoch.
+fn now_us() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    id: u64,
+    sig: Sig,
+    what: &'static str,
+    start_us: u64,
+    end_us: Option<u64>,
+    error: Option<String>,
+}
+
+/// Who a recorder belongs to (written into every dump).
+#[derive(Clone, Debug)]
+pub struct Member {
+    pub rank: usize,
+    pub size: usize,
+    pub comm: String,
+    /// Every rank's (host, pid).
+    pub peers: Vec<(String, u32)>,
+}
+
+/// One communicator's recent calls.
+pub struct Recorder {
+    cap: usize,
+    ring: Mutex<VecDeque<Entry>>,
+    next: AtomicU64,
+    member: Member,
+    dir: PathBuf,
+}
+
+impl Recorder {
+    /// A recorder keeping `cap` calls (0: records nothing, dumps only the membership).
+    pub fn new(cap: usize, member: Member, dir: Option<PathBuf>) -> Arc<Recorder> {
+        let r = Arc::new(Recorder {
+            cap,
+            ring: Mutex::new(VecDeque::with_capacity(cap.min(4096))),
+            next: AtomicU64::new(1),
+            member,
+            dir: dir.unwrap_or_else(std::env::temp_dir),
+        });
+        signal::register(&r);
+        r
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Entry>> {
+        self.ring.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A call begins; returns its id for [`end`](Self::end).
+    #[inline]
+    pub fn begin(&self, sig: Sig, what: &'static str) -> u64 {
+        if self.cap == 0 {
+            return 0;
+        }
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut ring = self.lock();
+        if ring.len() == self.cap {
+            ring.pop_front();
+        }
+        ring.push_back(Entry { id, sig, what, start_us: now_us(), end_us: None, error: None });
+        id
+    }
+
+    /// Call `id` ended, with `error` if it failed.
+    #[inline]
+    pub fn end(&self, id: u64, error: Option<&Error>) {
+        if id == 0 {
+            return;
+        }
+        let mut ring = self.lock();
+        if let Some(e) = ring.iter_mut().rev().find(|e| e.id == id) {
+            e.end_us = Some(now_us());
+            e.error = error.map(|e| e.to_string());
+        }
+    }
+
+    /// Where this rank's dump goes.
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(format!("oxccl-flight-{}-r{}.json", self.member.comm, self.member.rank))
+    }
+
+    /// Writes the dump (replacing an earlier one), saying `why`.
+    pub fn dump(&self, why: &str) -> std::io::Result<PathBuf> {
+        let text = self.to_json(why);
+        let path = self.path();
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, &path)?;
+        Ok(path)
+    }
+
+    fn to_json(&self, why: &str) -> String {
+        let m = &self.member;
+        let mut s = String::new();
+        let _ = write!(
+            s,
+            "{{\"oxccl_flight_recorder\":1,\"version\":{},\"reason\":{},\"time_us\":{},\"host\":{},\"pid\":{},\"rank\":{},\"size\":{},\"comm\":{},\"peers\":[",
+            json_str(env!("CARGO_PKG_VERSION")),
+            json_str(why),
+            now_us(),
+            json_str(&crate::sys::host::hostname()),
+            std::process::id(),
+            m.rank,
+            m.size,
+            json_str(&m.comm)
+        );
+        for (i, (h, pid)) in m.peers.iter().enumerate() {
+            let _ = write!(
+                s,
+                "{}{{\"rank\":{i},\"host\":{},\"pid\":{pid}}}",
+                if i > 0 { "," } else { "" },
+                json_str(h)
+            );
+        }
+        s.push_str("],\"calls\":[");
+        for (i, e) in self.lock().iter().enumerate() {
+            let state = match (&e.end_us, &e.error) {
+                (None, _) => "running",
+                (Some(_), None) => "done",
+                (Some(_), Some(_)) => "failed",
+            };
+            let (seq, call) = if e.sig.kind == CallKind::P2p || !e.sig.checked() {
+                ("null".to_string(), e.what.to_string())
+            } else {
+                (e.sig.seq.to_string(), e.sig.to_string())
+            };
+            let _ = write!(
+                s,
+                "{}{{\"id\":{},\"seq\":{seq},\"op\":{},\"call\":{},\"state\":\"{state}\",\"start_us\":{},\"end_us\":{},\"error\":{}}}",
+                if i > 0 { "," } else { "" },
+                e.id,
+                json_str(e.what),
+                json_str(&call),
+                e.start_us,
+                e.end_us.map_or("null".into(), |t| t.to_string()),
+                e.error.as_deref().map_or("null".into(), json_str),
+            );
+        }
+        s.push_str("]}\n");
+        s
+    }
+}
+
+fn json_str(v: &str) -> String {
+    let mut s = String::with_capacity(v.len() + 2);
+    s.push('"');
+    for c in v.chars() {
+        match c {
+            '"' => s.push_str("\\\""),
+            '\\' => s.push_str("\\\\"),
+            '\n' => s.push_str("\\n"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(s, "\\u{:04x}", c as u32);
+            }
+            c => s.push(c),
+        }
+    }
+    s.push('"');
+    s
+}
+
+/// SIGUSR1: every live recorder of the process dumps. The handler only writes a byte to a
+/// pipe; a thread reads it and dumps. Installed once, and only where the program has not set
+/// a handler of its own.
+mod signal {
+    use super::Recorder;
+    use std::sync::{Arc, Mutex, Once, Weak};
+
+    static LIVE: Mutex<Vec<Weak<Recorder>>> = Mutex::new(Vec::new());
+    static INSTALL: Once = Once::new();
+    static PIPE_W: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+    extern "C" fn on_usr1(_: libc::c_int) {
+        let fd = PIPE_W.load(std::sync::atomic::Ordering::Relaxed);
+        if fd >= 0 {
+            let b = 1u8;
+            // SAFETY: write(2) is async-signal-safe; one byte from a live local.
+            unsafe { libc::write(fd, (&b as *const u8).cast(), 1) };
+        }
+    }
+
+    pub(super) fn register(r: &Arc<Recorder>) {
+        {
+            let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+            live.retain(|w| w.strong_count() > 0);
+            live.push(Arc::downgrade(r));
+        }
+        INSTALL.call_once(install);
+    }
+
+    fn install() {
+        let mut fds = [0i32; 2];
+        // SAFETY: pipe2 fills two descriptors; sigaction reads a zeroed, filled-in struct.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGUSR1, std::ptr::null(), &mut old) != 0
+                || old.sa_sigaction != libc::SIG_DFL
+            {
+                return;
+            }
+            if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+                return;
+            }
+            PIPE_W.store(fds[1], std::sync::atomic::Ordering::Relaxed);
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_usr1 as *const () as usize;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut());
+        }
+        let rd = fds[0];
+        let _ = std::thread::Builder::new().name("oxccl-flight".into()).spawn(move || loop {
+            let mut b = [0u8; 64];
+            // SAFETY: reads into a live local buffer from the pipe this thread owns.
+            let n = unsafe { libc::read(rd, b.as_mut_ptr().cast(), b.len()) };
+            if n == 0 || (n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted)
+            {
+                return;
+            }
+            let live: Vec<Arc<Recorder>> =
+                LIVE.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(|w| w.upgrade()).collect();
+            for r in live {
+                let _ = r.dump("SIGUSR1");
+            }
+        });
+    }
+}
+
+// ---------------------------------------------------------------- analysis
+
+/// One call as a dump records it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Call {
+    pub id: u64,
+    pub seq: Option<u64>,
+    pub call: String,
+    pub state: String,
+    pub start_us: u64,
+    pub end_us: Option<u64>,
+    pub error: Option<String>,
+}
+
+/// One rank's dump.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dump {
+    pub reason: String,
+    pub host: String,
+    pub pid: u64,
+    pub rank: usize,
+    pub size: usize,
+    pub comm: String,
+    pub peers: Vec<(String, u64)>,
+    pub calls: Vec<Call>,
+}
+
+impl Dump {
+    /// Reads a dump written by [`Recorder::dump`].
+    pub fn parse(text: &str) -> Result<Dump, String> {
+        let v = json::parse(text)?;
+        let o = v.obj().ok_or("not a JSON object")?;
+        if o.get("oxccl_flight_recorder").and_then(|v| v.num()) != Some(1.0) {
+            return Err("not an oxccl flight recorder dump (version 1)".into());
+        }
+        let s =
+            |k: &str| o.get(k).and_then(|v| v.str()).map(str::to_string).ok_or(format!("field {k} missing"));
+        let n =
+            |k: &str| o.get(k).and_then(|v| v.num()).map(|x| x as u64).ok_or(format!("field {k} missing"));
+        let peers = o
+            .get("peers")
+            .and_then(|v| v.arr())
+            .ok_or("field peers missing")?
+            .iter()
+            .filter_map(|p| {
+                let p = p.obj()?;
+                Some((p.get("host")?.str()?.to_string(), p.get("pid")?.num()? as u64))
+            })
+            .collect();
+        let mut calls = Vec::new();
+        for c in o.get("calls").and_then(|v| v.arr()).ok_or("field calls missing")? {
+            let c = c.obj().ok_or("a call is not an object")?;
+            calls.push(Call {
+                id: c.get("id").and_then(|v| v.num()).ok_or("call without id")? as u64,
+                seq: c.get("seq").and_then(|v| v.num()).map(|x| x as u64),
+                call: c.get("call").and_then(|v| v.str()).unwrap_or("?").to_string(),
+                state: c.get("state").and_then(|v| v.str()).unwrap_or("?").to_string(),
+                start_us: c.get("start_us").and_then(|v| v.num()).unwrap_or(0.0) as u64,
+                end_us: c.get("end_us").and_then(|v| v.num()).map(|x| x as u64),
+                error: c.get("error").and_then(|v| v.str()).map(str::to_string),
+            });
+        }
+        Ok(Dump {
+            reason: s("reason")?,
+            host: s("host")?,
+            pid: n("pid")?,
+            rank: n("rank")? as usize,
+            size: n("size")? as usize,
+            comm: s("comm")?,
+            peers,
+            calls,
+        })
+    }
+
+    /// The last collective this rank started: (number, description, state).
+    fn last_collective(&self) -> Option<&Call> {
+        self.calls.iter().rev().find(|c| c.seq.is_some())
+    }
+}
+
+/// The verdict over the ranks' dumps of one communicator: who stopped first, at which call,
+/// who waited for whom, and the first error.
+pub fn analyze(dumps: &[Dump]) -> Result<String, String> {
+    let first = dumps.first().ok_or("no dumps")?;
+    if let Some(d) = dumps.iter().find(|d| d.comm != first.comm) {
+        return Err(format!("dumps of different communicators: {} and {}", first.comm, d.comm));
+    }
+    let size = first.size;
+    let mut out = String::new();
+    let _ = writeln!(out, "communicator {} of {size} ranks, {} dump(s)", first.comm, dumps.len());
+    let have: Vec<usize> = dumps.iter().map(|d| d.rank).collect();
+    for r in (0..size).filter(|r| !have.contains(r)) {
+        let (h, pid) = first.peers.get(r).cloned().unwrap_or_default();
+        let _ = writeln!(out, "rank {r} (host {h}, pid {pid}): no dump (did its process die?)");
+    }
+    // Where each rank is: the last collective it entered (a rank in none yet: before #0).
+    let mut at: Vec<(usize, Option<u64>)> = Vec::new();
+    for d in dumps {
+        let (seq, what) = match d.last_collective() {
+            Some(c) => (c.seq, format!("{} ({})", c.call, c.state)),
+            None => (None, "no collective yet".into()),
+        };
+        let _ = writeln!(
+            out,
+            "rank {} (host {}, pid {}): {what}; dumped because: {}",
+            d.rank, d.host, d.pid, d.reason
+        );
+        at.push((d.rank, seq));
+    }
+    // The rank furthest behind stopped first; the others, in later calls, waited for it.
+    let pos = |s: Option<u64>| s.map_or(0, |x| x + 1);
+    if let Some(min) = at.iter().map(|a| pos(a.1)).min() {
+        let behind: Vec<usize> = at.iter().filter(|a| pos(a.1) == min).map(|a| a.0).collect();
+        let ahead: Vec<usize> = at.iter().filter(|a| pos(a.1) > min).map(|a| a.0).collect();
+        let missing: Vec<usize> = (0..size).filter(|r| !have.contains(r)).collect();
+        let d = dumps.iter().find(|d| d.rank == behind[0]).ok_or("internal: no dump")?;
+        let last = d.last_collective();
+        if !ahead.is_empty() {
+            let next = at.iter().filter(|a| pos(a.1) > min).map(|a| pos(a.1) - 1).min().unwrap_or(min);
+            let verdict = match last {
+                Some(c) if c.state == "done" => format!(
+                    "rank(s) {behind:?} stopped first, after {} (done): it never reached call #{next}, which rank(s) {ahead:?} waited in",
+                    c.call
+                ),
+                Some(c) => format!(
+                    "rank(s) {behind:?} stopped first, in {} ({}), while rank(s) {ahead:?} went on to call #{next}",
+                    c.call, c.state
+                ),
+                None => format!("rank(s) {behind:?} stopped first, before any collective; rank(s) {ahead:?} waited in call #{next}"),
+            };
+            let _ = writeln!(out, "verdict: {verdict}");
+        } else if !missing.is_empty() {
+            let _ = writeln!(
+                out,
+                "verdict: every dumped rank is at the same call; rank(s) {missing:?} left no dump: they stopped first (waited for by all the others)"
+            );
+        } else {
+            let _ =
+                writeln!(out, "verdict: every rank reached the same call; none stopped before the others");
+        }
+    }
+    // The first error anyone saw.
+    if let Some((d, c)) = dumps
+        .iter()
+        .flat_map(|d| d.calls.iter().filter(|c| c.error.is_some()).map(move |c| (d, c)))
+        .min_by_key(|(_, c)| c.end_us.unwrap_or(u64::MAX))
+    {
+        let _ =
+            writeln!(out, "first error: rank {} in {}: {}", d.rank, c.call, c.error.as_deref().unwrap_or(""));
+    }
+    Ok(out)
+}
+
+/// A minimal JSON reader for dumps (objects, arrays, strings, numbers, true/false/null).
+mod json {
+    use std::collections::HashMap;
+
+    #[derive(Debug, Clone)]
+    #[allow(dead_code)] // every JSON value is read, not every one is used
+    pub enum V {
+        Null,
+        Bool(bool),
+        Num(f64),
+        Str(String),
+        Arr(Vec<V>),
+        Obj(HashMap<String, V>),
+    }
+
+    impl V {
+        pub fn obj(&self) -> Option<&HashMap<String, V>> {
+            if let V::Obj(o) = self {
+                Some(o)
+            } else {
+                None
+            }
+        }
+        pub fn arr(&self) -> Option<&[V]> {
+            if let V::Arr(a) = self {
+                Some(a)
+            } else {
+                None
+            }
+        }
+        pub fn str(&self) -> Option<&str> {
+            if let V::Str(s) = self {
+                Some(s)
+            } else {
+                None
+            }
+        }
+        pub fn num(&self) -> Option<f64> {
+            if let V::Num(n) = self {
+                Some(*n)
+            } else {
+                None
+            }
+        }
+    }
+
+    pub fn parse(t: &str) -> Result<V, String> {
+        let mut p = P { b: t.as_bytes(), i: 0, depth: 0 };
+        let v = p.value()?;
+        p.ws();
+        if p.i != p.b.len() {
+            return Err(format!("trailing bytes at offset {}", p.i));
+        }
+        Ok(v)
+    }
+
+    struct P<'a> {
+        b: &'a [u8],
+        i: usize,
+        depth: usize,
+    }
+
+    impl P<'_> {
+        fn ws(&mut self) {
+            while self.i < self.b.len() && self.b[self.i].is_ascii_whitespace() {
+                self.i += 1;
+            }
+        }
+        fn err<T>(&self, what: &str) -> Result<T, String> {
+            Err(format!("{what} at offset {}", self.i))
+        }
+        fn eat(&mut self, c: u8) -> Result<(), String> {
+            self.ws();
+            if self.b.get(self.i) == Some(&c) {
+                self.i += 1;
+                Ok(())
+            } else {
+                self.err(&format!("expected '{}'", c as char))
+            }
+        }
+        fn value(&mut self) -> Result<V, String> {
+            self.ws();
+            self.depth += 1;
+            if self.depth > 64 {
+                return self.err("nested too deep");
+            }
+            let v = match self.b.get(self.i) {
+                Some(b'{') => {
+                    self.i += 1;
+                    let mut o = HashMap::new();
+                    self.ws();
+                    if self.b.get(self.i) == Some(&b'}') {
+                        self.i += 1;
+                    } else {
+                        loop {
+                            self.ws();
+                            let k = self.string()?;
+                            self.eat(b':')?;
+                            let v = self.value()?;
+                            o.insert(k, v);
+                            self.ws();
+                            match self.b.get(self.i) {
+                                Some(b',') => self.i += 1,
+                                Some(b'}') => {
+                                    self.i += 1;
+                                    break;
+                                }
+                                _ => return self.err("expected ',' or '}'"),
+                            }
+                        }
+                    }
+                    V::Obj(o)
+                }
+                Some(b'[') => {
+                    self.i += 1;
+                    let mut a = Vec::new();
+                    self.ws();
+                    if self.b.get(self.i) == Some(&b']') {
+                        self.i += 1;
+                    } else {
+                        loop {
+                            a.push(self.value()?);
+                            self.ws();
+                            match self.b.get(self.i) {
+                                Some(b',') => self.i += 1,
+                                Some(b']') => {
+                                    self.i += 1;
+                                    break;
+                                }
+                                _ => return self.err("expected ',' or ']'"),
+                            }
+                        }
+                    }
+                    V::Arr(a)
+                }
+                Some(b'"') => V::Str(self.string()?),
+                Some(b't') if self.b[self.i..].starts_with(b"true") => {
+                    self.i += 4;
+                    V::Bool(true)
+                }
+                Some(b'f') if self.b[self.i..].starts_with(b"false") => {
+                    self.i += 5;
+                    V::Bool(false)
+                }
+                Some(b'n') if self.b[self.i..].starts_with(b"null") => {
+                    self.i += 4;
+                    V::Null
+                }
+                Some(c) if *c == b'-' || c.is_ascii_digit() => {
+                    let s = self.i;
+                    while self.i < self.b.len()
+                        && matches!(self.b[self.i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                    {
+                        self.i += 1;
+                    }
+                    let t = std::str::from_utf8(&self.b[s..self.i]).unwrap_or("");
+                    V::Num(t.parse().map_err(|_| format!("bad number {t:?} at offset {s}"))?)
+                }
+                _ => return self.err("expected a value"),
+            };
+            self.depth -= 1;
+            Ok(v)
+        }
+        fn string(&mut self) -> Result<String, String> {
+            if self.b.get(self.i) != Some(&b'"') {
+                return self.err("expected a string");
+            }
+            self.i += 1;
+            let mut out = Vec::new();
+            while let Some(&c) = self.b.get(self.i) {
+                self.i += 1;
+                match c {
+                    b'"' => return String::from_utf8(out).map_err(|_| "string is not UTF-8".to_string()),
+                    b'\\' => {
+                        let e = *self.b.get(self.i).ok_or("unfinished escape")?;
+                        self.i += 1;
+                        match e {
+                            b'n' => out.push(b'\n'),
+                            b't' => out.push(b'\t'),
+                            b'r' => out.push(b'\r'),
+                            b'u' => {
+                                let h = self.b.get(self.i..self.i + 4).ok_or("short \\u escape")?;
+                                let code = u32::from_str_radix(std::str::from_utf8(h).unwrap_or(""), 16)
+                                    .map_err(|_| "bad \\u escape".to_string())?;
+                                self.i += 4;
+                                let ch = char::from_u32(code).unwrap_or('\u{fffd}');
+                                out.extend_from_slice(ch.to_string().as_bytes());
+                            }
+                            other => out.push(other),
+                        }
+                    }
+                    c => out.push(c),
+                }
+            }
+            self.err("unterminated string")
+        }
+    }
+}
+
+/// Reads and analyzes dump files (`oxccl analyze`).
+pub fn analyze_files(paths: &[impl AsRef<Path>]) -> Result<String, String> {
+    let mut dumps = Vec::new();
+    for p in paths {
+        let p = p.as_ref();
+        let t = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        dumps.push(Dump::parse(&t).map_err(|e| format!("{}: {e}", p.display()))?);
+    }
+    dumps.sort_by_key(|d| d.rank);
+    analyze(&dumps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oxccl_core::plan::{BufId, Loc, OpSpec};
+    use oxccl_core::{DataType, ReduceOp};
+
+    fn member(rank: usize) -> Member {
+        Member {
+            rank,
+            size: 3,
+            comm: "c0ffee".into(),
+            peers: vec![("h0".into(), 10), ("h1".into(), 11), ("h2".into(), 12)],
+        }
+    }
+
+    #[test]
+    fn dumps_round_trip_and_the_verdict_names_the_rank_that_stopped() {
+        let dir = std::env::temp_dir().join(format!("oxccl-flight-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let l = Loc::start(BufId(0));
+        let ar = OpSpec::AllReduce { count: 8, dtype: DataType::F32, op: ReduceOp::Sum, src: l, dst: l };
+        let mut paths = Vec::new();
+        for r in 0..3 {
+            let rec = Recorder::new(4, member(r), Some(dir.clone()));
+            // Every rank makes calls #0..#5 (only the last 4 are kept); rank 2 stops after #4.
+            let last = if r == 2 { 4 } else { 5 };
+            for s in 0..=last {
+                let id = rec.begin(Sig::of(&ar, s), "all_reduce");
+                if s < 5 {
+                    rec.end(id, None);
+                } else if r == 0 {
+                    let e = Error::Internal("a \"quoted\"\nmessage".into());
+                    rec.end(id, Some(&e));
+                }
+            }
+            paths.push(rec.dump(if r == 2 { "SIGUSR1" } else { "timeout" }).unwrap());
+        }
+        let d0 = Dump::parse(&std::fs::read_to_string(&paths[0]).unwrap()).unwrap();
+        assert_eq!((d0.rank, d0.size, d0.calls.len()), (0, 3, 4));
+        assert_eq!(d0.calls[3].error.as_deref(), Some("internal error: a \"quoted\"\nmessage"));
+        assert_eq!(d0.calls[3].state, "failed");
+        assert_eq!(d0.peers[2], ("h2".to_string(), 12));
+        let v = analyze_files(&paths).unwrap();
+        assert!(v.contains("verdict: rank(s) [2] stopped first, after all_reduce call #4 (float × 8, sum) (done): it never reached call #5, which rank(s) [0, 1] waited in"), "{v}");
+        assert!(v.contains("first error: rank 0 in all_reduce call #5"), "{v}");
+        // A missing dump is named.
+        let v = analyze_files(&paths[..2]).unwrap();
+        assert!(v.contains("rank 2 (host h2, pid 12): no dump"), "{v}");
+        assert!(v.contains("left no dump: they stopped first"), "{v}");
+        // Garbage is refused with a reason.
+        assert!(Dump::parse("{\"x\":1}").is_err());
+        assert!(Dump::parse("[1,2").is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
