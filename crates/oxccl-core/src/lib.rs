@@ -17,9 +17,11 @@ pub mod dtype;
 pub mod error;
 pub mod fp8;
 pub mod ifname;
+pub mod json;
 pub mod launch;
 pub mod plan;
 pub mod reduce;
+
 pub mod tuning;
 pub mod types;
 pub mod uniqueid;

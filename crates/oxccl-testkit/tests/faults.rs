@@ -4,28 +4,12 @@
 //! never hang. Over shared memory and over TCP.
 
 use oxccl::{Communicator, Error, Rank, ReduceOp};
+use oxccl_testkit::Rng;
 use oxccl_testkit::{child, epoch_ms, Launch};
 use std::time::{Duration, Instant};
 
 /// How long a survivor stays alive after its errors.
 const LINGER_MS: u64 = 500;
-
-/// A small deterministic generator (xorshift64*), so a failing trial can be replayed from its
-/// seed (`OXCCL_FAULT_SEED`).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// The culprit an error names, and how: `(kind, rank)`.
 fn culprit(e: &Error) -> (&'static str, Vec<usize>) {
@@ -56,14 +40,14 @@ fn fault_rank(ctx: oxccl_testkit::ChildCtx) {
     };
     println!("READY {}", epoch_ms());
     let (me, p) = (comm.rank().idx(), comm.size());
-    let mut rng = Rng(seed ^ (me as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut rng = Rng::new(seed ^ (me as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let mut small = vec![1u32; 64];
     let mut big = vec![1.0f32; 64 << 10];
     let t = Instant::now();
     let mut i = 0u64;
     while t.elapsed() < Duration::from_secs(3) {
         // Every rank draws the same call from the shared sequence (the calls must match).
-        let mut shared = Rng(seed.wrapping_add(i * 7919) | 1);
+        let mut shared = Rng::new(seed.wrapping_add(i * 7919) | 1);
         let r = match shared.below(5) {
             0 => comm.all_reduce_in_place(&mut small, ReduceOp::Sum),
             1 => comm.all_reduce_in_place(&mut big, ReduceOp::Max),
@@ -133,7 +117,7 @@ fn a_killed_rank_is_named_by_every_survivor_at_any_point() {
     // before it joined is a rank that never started).
     let timeout_s = 3;
     for (transport, shm_off) in [("shm", "0"), ("tcp", "1")] {
-        let mut rng = Rng(seed0 ^ (shm_off.parse::<u64>().unwrap_or(0) + 1).wrapping_mul(0x9e37_79b9));
+        let mut rng = Rng::new(seed0 ^ (shm_off.parse::<u64>().unwrap_or(0) + 1).wrapping_mul(0x9e37_79b9));
         let mut worst = 0u128;
         let mut by_point = std::collections::BTreeMap::<&str, usize>::new();
         for trial in 0..trials {
@@ -146,7 +130,7 @@ fn a_killed_rank_is_named_by_every_survivor_at_any_point() {
                 1 => 20 + rng.below(280),
                 _ => 300 + rng.below(700),
             };
-            let seed = rng.next() | 1;
+            let seed = rng.next_u64() | 1;
             let what = format!(
                 "{transport} trial {trial}: {p} ranks, rank {victim} killed at {at} ms (seed {seed})"
             );

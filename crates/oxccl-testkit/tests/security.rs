@@ -4,26 +4,11 @@
 //! Nothing may crash, hang or leak, the job's results stay exact, and strangers are logged.
 
 use oxccl::{Communicator, ReduceOp};
+use oxccl_testkit::Rng;
 use oxccl_testkit::{child, Launch};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
-
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
 
 /// A frame header as the bootstrap writes them: `[len u32][kind u8][0; 3]`.
 fn header(len: u32, kind: u8) -> Vec<u8> {
@@ -38,11 +23,11 @@ fn attack(addr: SocketAddr, rng: &mut Rng, held: &mut Vec<TcpStream>) -> bool {
         return false;
     };
     let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
-    let what = rng.next() % 8;
+    let what = rng.next_u64() % 8;
     let _ = match what {
         // Random bytes.
         0 => {
-            let n = 1 + (rng.next() % 4096) as usize;
+            let n = 1 + (rng.next_u64() % 4096) as usize;
             s.write_all(&rng.bytes(n))
         }
         // A header announcing a huge frame, then some of it.
@@ -67,7 +52,7 @@ fn attack(addr: SocketAddr, rng: &mut Rng, held: &mut Vec<TcpStream>) -> bool {
         }
         // Frame kinds nobody uses, and probes/goodbyes from a stranger.
         5 => {
-            let k = [0u8, 13, 14, 15, 16, 12, 99, 255][(rng.next() % 8) as usize];
+            let k = [0u8, 13, 14, 15, 16, 12, 99, 255][(rng.next_u64() % 8) as usize];
             s.write_all(&header(8, k)).and_then(|_| s.write_all(&rng.bytes(8)))
         }
         // Connect and close at once.
@@ -97,7 +82,7 @@ fn attack_unix(name: &[u8; 16], rng: &mut Rng) -> bool {
         let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + 1 + name.len();
         let ok = libc::connect(fd, (&a as *const libc::sockaddr_un).cast(), len as libc::socklen_t) == 0;
         if ok {
-            let n = 1 + (rng.next() % 600) as usize;
+            let n = 1 + (rng.next_u64() % 600) as usize;
             let b = rng.bytes(n);
             libc::send(fd, b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT);
         }
@@ -114,7 +99,7 @@ fn under_attack(ctx: oxccl_testkit::ChildCtx) {
     let attacker = (me == 0).then(|| {
         let peers: Vec<(SocketAddr, [u8; 16])> = comm.peers().iter().map(|q| (q.addr, q.unix_name)).collect();
         std::thread::spawn(move || {
-            let mut rng = Rng(0x5eed_0000 + attacks as u64);
+            let mut rng = Rng::new(0x5eed_0000 + attacks as u64);
             let mut held = Vec::new();
             let (mut tcp, mut unix) = (0, 0);
             for i in 0..attacks {
@@ -174,7 +159,7 @@ fn strangers_and_garbage_do_not_disturb_the_job() {
         // those connections stay open, stalled, while they join.
         let root: SocketAddr =
             id.to_string().split('@').nth(1).unwrap().split('/').next().unwrap().parse().unwrap();
-        let mut rng = Rng(42);
+        let mut rng = Rng::new(42);
         let mut held_at_root = Vec::new();
         let root_attacks: usize = (0..1500).map(|_| attack(root, &mut rng, &mut held_at_root) as usize).sum();
         let outs = Launch::new("strangers_and_garbage_do_not_disturb_the_job", "attack", 3)

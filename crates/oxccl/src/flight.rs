@@ -9,6 +9,7 @@
 
 use crate::error::Error;
 use oxccl_core::contract::{CallKind, Sig};
+use oxccl_core::json::Json;
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -166,21 +167,7 @@ impl Recorder {
 }
 
 fn json_str(v: &str) -> String {
-    let mut s = String::with_capacity(v.len() + 2);
-    s.push('"');
-    for c in v.chars() {
-        match c {
-            '"' => s.push_str("\\\""),
-            '\\' => s.push_str("\\\\"),
-            '\n' => s.push_str("\\n"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(s, "\\u{:04x}", c as u32);
-            }
-            c => s.push(c),
-        }
-    }
-    s.push('"');
-    s
+    Json::Str(v.to_string()).to_text()
 }
 
 /// SIGUSR1: every live recorder of the process dumps. The handler only writes a byte to a
@@ -280,8 +267,10 @@ pub struct Dump {
 impl Dump {
     /// Reads a dump written by [`Recorder::dump`].
     pub fn parse(text: &str) -> Result<Dump, String> {
-        let v = json::parse(text)?;
-        let o = v.obj().ok_or("not a JSON object")?;
+        let o = Json::parse(text)?;
+        if !matches!(o, Json::Obj(_)) {
+            return Err("not a JSON object".into());
+        }
         if o.get("oxccl_flight_recorder").and_then(|v| v.num()) != Some(1.0) {
             return Err("not an oxccl flight recorder dump (version 1)".into());
         }
@@ -291,17 +280,16 @@ impl Dump {
             |k: &str| o.get(k).and_then(|v| v.num()).map(|x| x as u64).ok_or(format!("field {k} missing"));
         let peers = o
             .get("peers")
-            .and_then(|v| v.arr())
+            .map(|v| v.arr())
             .ok_or("field peers missing")?
             .iter()
-            .filter_map(|p| {
-                let p = p.obj()?;
-                Some((p.get("host")?.str()?.to_string(), p.get("pid")?.num()? as u64))
-            })
+            .filter_map(|p| Some((p.get("host")?.str()?.to_string(), p.get("pid")?.num()? as u64)))
             .collect();
         let mut calls = Vec::new();
-        for c in o.get("calls").and_then(|v| v.arr()).ok_or("field calls missing")? {
-            let c = c.obj().ok_or("a call is not an object")?;
+        for c in o.get("calls").map(|v| v.arr()).ok_or("field calls missing")? {
+            if !matches!(c, Json::Obj(_)) {
+                return Err("a call is not an object".into());
+            }
             calls.push(Call {
                 id: c.get("id").and_then(|v| v.num()).ok_or("call without id")? as u64,
                 seq: c.get("seq").and_then(|v| v.num()).map(|x| x as u64),
@@ -401,205 +389,6 @@ pub fn analyze(dumps: &[Dump]) -> Result<String, String> {
             writeln!(out, "first error: rank {} in {}: {}", d.rank, c.call, c.error.as_deref().unwrap_or(""));
     }
     Ok(out)
-}
-
-/// A minimal JSON reader for dumps (objects, arrays, strings, numbers, true/false/null).
-mod json {
-    use std::collections::HashMap;
-
-    #[derive(Debug, Clone)]
-    #[allow(dead_code)] // every JSON value is read, not every one is used
-    pub enum V {
-        Null,
-        Bool(bool),
-        Num(f64),
-        Str(String),
-        Arr(Vec<V>),
-        Obj(HashMap<String, V>),
-    }
-
-    impl V {
-        pub fn obj(&self) -> Option<&HashMap<String, V>> {
-            if let V::Obj(o) = self {
-                Some(o)
-            } else {
-                None
-            }
-        }
-        pub fn arr(&self) -> Option<&[V]> {
-            if let V::Arr(a) = self {
-                Some(a)
-            } else {
-                None
-            }
-        }
-        pub fn str(&self) -> Option<&str> {
-            if let V::Str(s) = self {
-                Some(s)
-            } else {
-                None
-            }
-        }
-        pub fn num(&self) -> Option<f64> {
-            if let V::Num(n) = self {
-                Some(*n)
-            } else {
-                None
-            }
-        }
-    }
-
-    pub fn parse(t: &str) -> Result<V, String> {
-        let mut p = P { b: t.as_bytes(), i: 0, depth: 0 };
-        let v = p.value()?;
-        p.ws();
-        if p.i != p.b.len() {
-            return Err(format!("trailing bytes at offset {}", p.i));
-        }
-        Ok(v)
-    }
-
-    struct P<'a> {
-        b: &'a [u8],
-        i: usize,
-        depth: usize,
-    }
-
-    impl P<'_> {
-        fn ws(&mut self) {
-            while self.i < self.b.len() && self.b[self.i].is_ascii_whitespace() {
-                self.i += 1;
-            }
-        }
-        fn err<T>(&self, what: &str) -> Result<T, String> {
-            Err(format!("{what} at offset {}", self.i))
-        }
-        fn eat(&mut self, c: u8) -> Result<(), String> {
-            self.ws();
-            if self.b.get(self.i) == Some(&c) {
-                self.i += 1;
-                Ok(())
-            } else {
-                self.err(&format!("expected '{}'", c as char))
-            }
-        }
-        fn value(&mut self) -> Result<V, String> {
-            self.ws();
-            self.depth += 1;
-            if self.depth > 64 {
-                return self.err("nested too deep");
-            }
-            let v = match self.b.get(self.i) {
-                Some(b'{') => {
-                    self.i += 1;
-                    let mut o = HashMap::new();
-                    self.ws();
-                    if self.b.get(self.i) == Some(&b'}') {
-                        self.i += 1;
-                    } else {
-                        loop {
-                            self.ws();
-                            let k = self.string()?;
-                            self.eat(b':')?;
-                            let v = self.value()?;
-                            o.insert(k, v);
-                            self.ws();
-                            match self.b.get(self.i) {
-                                Some(b',') => self.i += 1,
-                                Some(b'}') => {
-                                    self.i += 1;
-                                    break;
-                                }
-                                _ => return self.err("expected ',' or '}'"),
-                            }
-                        }
-                    }
-                    V::Obj(o)
-                }
-                Some(b'[') => {
-                    self.i += 1;
-                    let mut a = Vec::new();
-                    self.ws();
-                    if self.b.get(self.i) == Some(&b']') {
-                        self.i += 1;
-                    } else {
-                        loop {
-                            a.push(self.value()?);
-                            self.ws();
-                            match self.b.get(self.i) {
-                                Some(b',') => self.i += 1,
-                                Some(b']') => {
-                                    self.i += 1;
-                                    break;
-                                }
-                                _ => return self.err("expected ',' or ']'"),
-                            }
-                        }
-                    }
-                    V::Arr(a)
-                }
-                Some(b'"') => V::Str(self.string()?),
-                Some(b't') if self.b[self.i..].starts_with(b"true") => {
-                    self.i += 4;
-                    V::Bool(true)
-                }
-                Some(b'f') if self.b[self.i..].starts_with(b"false") => {
-                    self.i += 5;
-                    V::Bool(false)
-                }
-                Some(b'n') if self.b[self.i..].starts_with(b"null") => {
-                    self.i += 4;
-                    V::Null
-                }
-                Some(c) if *c == b'-' || c.is_ascii_digit() => {
-                    let s = self.i;
-                    while self.i < self.b.len()
-                        && matches!(self.b[self.i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
-                    {
-                        self.i += 1;
-                    }
-                    let t = std::str::from_utf8(&self.b[s..self.i]).unwrap_or("");
-                    V::Num(t.parse().map_err(|_| format!("bad number {t:?} at offset {s}"))?)
-                }
-                _ => return self.err("expected a value"),
-            };
-            self.depth -= 1;
-            Ok(v)
-        }
-        fn string(&mut self) -> Result<String, String> {
-            if self.b.get(self.i) != Some(&b'"') {
-                return self.err("expected a string");
-            }
-            self.i += 1;
-            let mut out = Vec::new();
-            while let Some(&c) = self.b.get(self.i) {
-                self.i += 1;
-                match c {
-                    b'"' => return String::from_utf8(out).map_err(|_| "string is not UTF-8".to_string()),
-                    b'\\' => {
-                        let e = *self.b.get(self.i).ok_or("unfinished escape")?;
-                        self.i += 1;
-                        match e {
-                            b'n' => out.push(b'\n'),
-                            b't' => out.push(b'\t'),
-                            b'r' => out.push(b'\r'),
-                            b'u' => {
-                                let h = self.b.get(self.i..self.i + 4).ok_or("short \\u escape")?;
-                                let code = u32::from_str_radix(std::str::from_utf8(h).unwrap_or(""), 16)
-                                    .map_err(|_| "bad \\u escape".to_string())?;
-                                self.i += 4;
-                                let ch = char::from_u32(code).unwrap_or('\u{fffd}');
-                                out.extend_from_slice(ch.to_string().as_bytes());
-                            }
-                            other => out.push(other),
-                        }
-                    }
-                    c => out.push(c),
-                }
-            }
-            self.err("unterminated string")
-        }
-    }
 }
 
 /// Reads and analyzes dump files (`oxccl analyze`).
