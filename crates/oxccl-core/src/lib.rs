@@ -21,6 +21,8 @@ pub mod json;
 pub mod launch;
 pub mod plan;
 pub mod reduce;
+pub mod topo;
+pub mod tuner;
 
 pub mod tuning;
 pub mod types;

@@ -1,10 +1,121 @@
-//! `oxccl`: tools around the library. `oxccl analyze DUMP...` merges the ranks' flight
-//! recorder dumps and prints the verdict: which rank stopped first, at which call, who waited
-//! for whom, and the first error.
+//! `oxccl`: tools around the library.
+//!
+//! - `oxccl analyze DUMP...` merges the ranks' flight recorder dumps and prints the verdict:
+//!   which rank stopped first, at which call, who waited for whom, and the first error.
+//! - `oxccl topo [--topo FILE] [--channels N] [--svg FILE] [--dump FILE]` prints this host's
+//!   topology (or a topology file's) as `nvidia-smi topo -m` does, then the rings and trees
+//!   built over it; `--svg` draws it, `--dump` writes the topology file.
+//! - `oxccl explain COLLECTIVE --ranks N --topo FILE` prints, for sizes 8 B .. 4 GiB, the
+//!   predicted time of every algorithm × protocol and the choice (`NCCL_ALGO`, `NCCL_PROTO`,
+//!   `NCCL_MIN/MAX_NCHANNELS` apply).
+
+use oxccl_core::topo::{graphs, Topo};
+use oxccl_core::tuner::{explain_sizes, Coll, Enabled, Model};
 
 fn usage() -> ! {
-    eprintln!("usage: oxccl analyze DUMP.json...   (flight recorder dumps, one per rank)");
+    eprintln!(
+        "usage: oxccl analyze DUMP.json...                      flight recorder dumps, one per rank\n\
+         \x20      oxccl topo [--topo FILE] [--channels N] [--svg FILE] [--dump FILE]\n\
+         \x20      oxccl explain COLLECTIVE --ranks N --topo FILE  (allreduce, allgather, reducescatter, broadcast, reduce)"
+    );
     std::process::exit(2);
+}
+
+fn fail(cmd: &str, e: impl std::fmt::Display) -> ! {
+    eprintln!("oxccl {cmd}: {e}");
+    std::process::exit(1);
+}
+
+/// `--name value` options; anything else is positional.
+fn options(args: &[String]) -> (Vec<String>, std::collections::BTreeMap<String, String>) {
+    let mut pos = Vec::new();
+    let mut opts = std::collections::BTreeMap::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if let Some(k) = a.strip_prefix("--") {
+            match it.next() {
+                Some(v) => {
+                    opts.insert(k.to_string(), v.clone());
+                }
+                None => fail("", format!("--{k} needs a value")),
+            }
+        } else {
+            pos.push(a.clone());
+        }
+    }
+    (pos, opts)
+}
+
+fn load(cmd: &str, opts: &std::collections::BTreeMap<String, String>) -> Topo {
+    match opts.get("topo") {
+        Some(f) => {
+            let text = std::fs::read_to_string(f).unwrap_or_else(|e| fail(cmd, format!("{f}: {e}")));
+            Topo::parse(&text).unwrap_or_else(|e| fail(cmd, format!("{f}: {e}")))
+        }
+        None => oxccl::topo::system(|k| std::env::var(k).ok()).unwrap_or_else(|e| fail(cmd, e)),
+    }
+}
+
+fn number(cmd: &str, opts: &std::collections::BTreeMap<String, String>, k: &str, default: usize) -> usize {
+    match opts.get(k) {
+        None => default,
+        Some(v) => v.parse().unwrap_or_else(|_| fail(cmd, format!("--{k} {v}: not a number"))),
+    }
+}
+
+fn topo(args: &[String]) {
+    let (pos, opts) = options(args);
+    if !pos.is_empty() {
+        usage();
+    }
+    let t = load("topo", &opts);
+    // Hosts that are copies of one another are printed once.
+    let mut shown: Vec<usize> = Vec::new();
+    for (i, h) in t.hosts.iter().enumerate() {
+        if shown.iter().any(|&j| t.hosts[j].nodes == h.nodes && t.hosts[j].links == h.links) {
+            continue;
+        }
+        let same = t.hosts.iter().filter(|o| o.nodes == h.nodes && o.links == h.links).count();
+        println!("# host {} ({same} host(s) like it)", h.name);
+        print!("{}", t.matrix(i));
+        println!();
+        shown.push(i);
+    }
+    print!("{}", graphs::describe(&t, number("topo", &opts, "channels", 2)));
+    if let Some(f) = opts.get("svg") {
+        std::fs::write(f, graphs::svg(&t.hosts[0])).unwrap_or_else(|e| fail("topo", format!("{f}: {e}")));
+        println!("drawing of host {} written to {f}", t.hosts[0].name);
+    }
+    if let Some(f) = opts.get("dump") {
+        std::fs::write(f, t.to_json()).unwrap_or_else(|e| fail("topo", format!("{f}: {e}")));
+        println!("topology written to {f}");
+    }
+}
+
+fn explain(args: &[String]) {
+    let (pos, opts) = options(args);
+    let [coll] = pos.as_slice() else { usage() };
+    let c = Coll::parse(coll).unwrap_or_else(|| fail("explain", format!("unknown collective {coll:?}")));
+    if !opts.contains_key("topo") {
+        fail(
+            "explain",
+            "--topo FILE is needed: the model of this host's CPU ranks is measured by the communicator at init \
+             (see NCCL_DEBUG_SUBSYS=TUNING); fixtures are in fixtures/topo/",
+        );
+    }
+    let t = load("explain", &opts);
+    let ranks = number("explain", &opts, "ranks", t.gpus().len());
+    let mut m = Model::from_topo(&t, ranks).unwrap_or_else(|e| fail("explain", e));
+    let env = |k: &str| std::env::var(k).ok();
+    if let Some(v) = env("NCCL_MIN_NCHANNELS").and_then(|v| v.parse().ok()) {
+        m.min_channels = v;
+    }
+    if let Some(v) = env("NCCL_MAX_NCHANNELS").and_then(|v| v.parse().ok()) {
+        m.max_channels = v;
+    }
+    let en = Enabled::parse(env("NCCL_ALGO").as_deref(), env("NCCL_PROTO").as_deref())
+        .unwrap_or_else(|e| fail("explain", e));
+    print!("{}", m.explain_text(c, &explain_sizes(), &en));
 }
 
 fn main() {
@@ -13,12 +124,11 @@ fn main() {
         Some((cmd, files)) if cmd == "analyze" && !files.is_empty() => {
             match oxccl::flight::analyze_files(files) {
                 Ok(v) => print!("{v}"),
-                Err(e) => {
-                    eprintln!("oxccl analyze: {e}");
-                    std::process::exit(1);
-                }
+                Err(e) => fail("analyze", e),
             }
         }
+        Some((cmd, rest)) if cmd == "topo" => topo(rest),
+        Some((cmd, rest)) if cmd == "explain" => explain(rest),
         _ => usage(),
     }
 }

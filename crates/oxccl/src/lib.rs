@@ -29,6 +29,7 @@ pub mod flight;
 mod log;
 pub mod mem;
 pub mod sys;
+pub mod topo;
 pub mod transport;
 
 pub use comm::{new_unique_id, Communicator, Group, Scope, Work};

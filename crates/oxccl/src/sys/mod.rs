@@ -5,6 +5,7 @@
 pub mod fd;
 pub mod host;
 pub mod ifaces;
+pub mod nvml;
 pub mod shm;
 pub mod unix;
 

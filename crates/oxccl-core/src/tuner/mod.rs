@@ -1,0 +1,543 @@
+//! The cost model that picks algorithm × protocol × channels for each call, and explains it.
+//!
+//! For a call of `n` bytes on `P` ranks over `N` hosts (`L = P / N` ranks per host), every
+//! candidate is priced as
+//!
+//! ```text
+//! time(µs) = base[algo][proto] + Σ hops · hop_latency[class][algo][proto]
+//!          + n / (1000 · algbw(GB/s))
+//! algbw    = busbw · ratio,   busbw = min(channels · per_channel, path limit) · efficiencies
+//! ```
+//!
+//! - Ring: AllReduce takes `2(P−1)` steps (`2(N−1)` of them between hosts), ReduceScatter and
+//!   AllGather `P−1` (`N−1`), Broadcast and Reduce a pipelined chain of `P−1` hops; `ratio` is
+//!   `P / steps` for the first three and 1 for the chains.
+//! - Tree (AllReduce only): a double binary tree over hosts with a chain inside each host:
+//!   `2((L−1) intra hops + ⌈log2 N⌉ network hops)`; each tree carries half the data (`ratio`
+//!   ½) at `tree_efficiency` of the ring's bus bandwidth (0.92 where the chain runs over NVLink,
+//!   ⅔ on PCIe-only hosts, where the chain shares the PCIe links with the NIC).
+//! - Direct (AllReduce, at most [`DIRECT_MAX_RANKS`] ranks): one exchange step; every rank
+//!   moves `(P−1) · n`.
+//! - Protocols: Simple moves bulk chunks (full bandwidth, the highest latency); LL carries 4
+//!   bytes of data per 8-byte store (¼ of the bandwidth once flag checks are counted, the lowest
+//!   latency); LL128 carries 120 of every 128 bytes (0.92), only on paths that keep 128-byte
+//!   stores in order ([`Model::ll128`]).
+//! - Channels: 1, 2, 4, … up to the communicator's maximum, each carrying at least one
+//!   [`MIN_CHANNEL_BYTES`] chunk; the fewest channels among equal times.
+//!
+//! The per-path constants ([`PathCost`]) for NVLink, PCIe and the network are NCCL's
+//! published tuning latencies; the CPU classes (shared memory, TCP) are measured at init by the
+//! runtime (a bounded probe, cached per host). `NCCL_ALGO` / `NCCL_PROTO` ([`Enabled`]) and
+//! `NCCL_MIN/MAX_NCHANNELS` restrict the candidates; a collective left with none is an error
+//! that says why.
+
+use crate::topo::graphs::{ring_bottleneck, ring_order};
+use crate::topo::{PathType, Topo};
+use std::fmt;
+
+/// The algorithms, in NCCL's order where NCCL has them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Algo {
+    Tree,
+    Ring,
+    /// One exchange step (oxccl's direct / one-shot paths).
+    Direct,
+}
+
+/// The protocols, in NCCL's order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Proto {
+    LL,
+    LL128,
+    Simple,
+}
+
+/// The collectives the tuner prices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Coll {
+    Broadcast,
+    Reduce,
+    AllGather,
+    ReduceScatter,
+    AllReduce,
+}
+
+pub const ALGOS: [Algo; 3] = [Algo::Tree, Algo::Ring, Algo::Direct];
+pub const PROTOS: [Proto; 3] = [Proto::LL, Proto::LL128, Proto::Simple];
+pub const COLLS: [Coll; 5] =
+    [Coll::Broadcast, Coll::Reduce, Coll::AllGather, Coll::ReduceScatter, Coll::AllReduce];
+
+/// The most ranks a direct (one-step) call serves.
+pub const DIRECT_MAX_RANKS: usize = 8;
+/// The least data a channel is given (one chunk).
+pub const MIN_CHANNEL_BYTES: usize = 64 << 10;
+
+impl Algo {
+    pub fn name(self) -> &'static str {
+        match self {
+            Algo::Tree => "Tree",
+            Algo::Ring => "Ring",
+            Algo::Direct => "Direct",
+        }
+    }
+
+    /// Whether the algorithm exists for a collective.
+    pub fn runs(self, c: Coll) -> bool {
+        match self {
+            Algo::Ring => true,
+            Algo::Tree | Algo::Direct => c == Coll::AllReduce,
+        }
+    }
+}
+
+impl Proto {
+    pub fn name(self) -> &'static str {
+        match self {
+            Proto::LL => "LL",
+            Proto::LL128 => "LL128",
+            Proto::Simple => "Simple",
+        }
+    }
+}
+
+impl Coll {
+    pub fn name(self) -> &'static str {
+        match self {
+            Coll::Broadcast => "broadcast",
+            Coll::Reduce => "reduce",
+            Coll::AllGather => "allgather",
+            Coll::ReduceScatter => "reducescatter",
+            Coll::AllReduce => "allreduce",
+        }
+    }
+
+    /// Parses `allreduce`, `all_reduce`, `AllReduce`, `all_reduce_perf`, …
+    pub fn parse(s: &str) -> Option<Coll> {
+        let k: String =
+            s.trim_end_matches("_perf").chars().filter(|c| *c != '_').collect::<String>().to_lowercase();
+        COLLS.into_iter().find(|c| c.name() == k)
+    }
+}
+
+impl fmt::Display for Algo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+impl fmt::Display for Proto {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+impl fmt::Display for Coll {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// NCCL's algorithm names that exist in NCCL but not here (accepted, never enabled).
+const FOREIGN_ALGOS: [&str; 6] = ["collnetdirect", "collnetchain", "collnet", "nvls", "nvlstree", "pat"];
+
+/// Which algorithms and protocols each collective may use: `NCCL_ALGO` and `NCCL_PROTO`, with
+/// NCCL's syntax — a comma list, `^` for "all but", and `coll:list` parts separated by `;`
+/// (`"ring;allreduce:tree,ring"`, `"^LL128"`, `"LL,Simple;allreduce:^LL"`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Enabled {
+    pub algo: [[bool; 3]; 5],
+    pub proto: [[bool; 3]; 5],
+    /// The settings as given, for messages.
+    pub algo_env: Option<String>,
+    pub proto_env: Option<String>,
+}
+
+impl Default for Enabled {
+    fn default() -> Self {
+        Enabled { algo: [[true; 3]; 5], proto: [[true; 3]; 5], algo_env: None, proto_env: None }
+    }
+}
+
+fn parse_list<const K: usize>(
+    var: &str,
+    text: &str,
+    names: &[&str; K],
+    foreign: &[&str],
+) -> Result<[[bool; K]; 5], String> {
+    let mut out = [[true; K]; 5];
+    for (i, part) in text.split(';').map(str::trim).filter(|p| !p.is_empty()).enumerate() {
+        let (colls, list) = match part.split_once(':') {
+            Some((c, l)) => {
+                let c = Coll::parse(c.trim()).ok_or(format!(
+                    "{var}={text}: unknown collective {:?} (broadcast, reduce, allgather, reducescatter, allreduce)",
+                    c.trim()
+                ))?;
+                (vec![c], l)
+            }
+            None if i == 0 => (COLLS.to_vec(), part),
+            None => {
+                return Err(format!("{var}={text}: only the first part may omit \"collective:\" ({part:?})"))
+            }
+        };
+        let (negate, list) = match list.trim().strip_prefix('^') {
+            Some(l) => (true, l),
+            None => (false, list),
+        };
+        let mut set = [negate; K];
+        for tok in list.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            match names.iter().position(|n| n.eq_ignore_ascii_case(tok)) {
+                Some(k) => set[k] = !negate,
+                None if foreign.iter().any(|f| f.eq_ignore_ascii_case(tok)) => {}
+                None => {
+                    return Err(format!("{var}={text}: unknown name {tok:?} (known: {})", names.join(", ")))
+                }
+            }
+        }
+        for c in colls {
+            out[c as usize] = set;
+        }
+    }
+    Ok(out)
+}
+
+impl Enabled {
+    /// Parses `NCCL_ALGO` and `NCCL_PROTO` (either may be unset).
+    pub fn parse(algo: Option<&str>, proto: Option<&str>) -> Result<Enabled, String> {
+        let mut e = Enabled::default();
+        if let Some(a) = algo {
+            e.algo = parse_list("NCCL_ALGO", a, &["tree", "ring", "direct"], &FOREIGN_ALGOS)?;
+            e.algo_env = Some(a.to_string());
+        }
+        if let Some(p) = proto {
+            e.proto = parse_list("NCCL_PROTO", p, &["ll", "ll128", "simple"], &[])?;
+            e.proto_env = Some(p.to_string());
+        }
+        Ok(e)
+    }
+
+    pub fn allows(&self, c: Coll, a: Algo, p: Proto) -> bool {
+        self.algo[c as usize][a as usize] && self.proto[c as usize][p as usize]
+    }
+}
+
+/// What one class of path costs: per-hop latency by algorithm (tree, ring/direct) and protocol,
+/// what one channel moves, and what the path moves at most.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PathCost {
+    /// µs per hop: `[tree, ring][LL, LL128, Simple]`.
+    pub hop_us: [[f64; 3]; 2],
+    /// GB/s one channel moves.
+    pub channel_gbs: f64,
+    /// GB/s the path moves with every channel (per rank, each direction).
+    pub limit_gbs: f64,
+}
+
+impl PathCost {
+    /// NVLink (NCCL's published per-hop latencies).
+    pub fn nvlink(limit_gbs: f64) -> PathCost {
+        PathCost { hop_us: [[0.52, 1.2, 28.0], [0.47, 1.9, 3.4]], channel_gbs: 25.0, limit_gbs }
+    }
+    /// PCIe between GPUs.
+    pub fn pci(limit_gbs: f64) -> PathCost {
+        PathCost { hop_us: [[1.0, 1.9, 28.0], [1.0, 2.5, 5.7]], channel_gbs: 12.0, limit_gbs }
+    }
+    /// The network between hosts (InfiniBand/RoCE class).
+    pub fn net(limit_gbs: f64) -> PathCost {
+        PathCost { hop_us: [[5.0, 8.5, 50.0], [2.7, 4.0, 9.6]], channel_gbs: 12.5, limit_gbs }
+    }
+
+    fn hop(&self, a: Algo, p: Proto) -> f64 {
+        self.hop_us[usize::from(a != Algo::Tree)][p as usize]
+    }
+}
+
+/// Base latency of a call, µs: `[tree, ring, direct][LL, LL128, Simple]`.
+pub const BASE_US: [[f64; 3]; 3] = [[4.4, 4.4, 0.0], [3.6, 10.0, 8.4], [3.6, 10.0, 8.4]];
+
+/// Everything the model knows about a communicator.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Model {
+    pub nranks: usize,
+    pub nhosts: usize,
+    /// Between ranks of one host (the ring's worst hop).
+    pub intra: PathCost,
+    /// What the intra-host class is called in explanations ("NVL", "PIX", "SHM", …).
+    pub intra_name: String,
+    /// Between hosts (per rank: the host's NIC bandwidth shared by its ranks).
+    pub net: PathCost,
+    pub base_us: [[f64; 3]; 3],
+    pub max_channels: usize,
+    pub min_channels: usize,
+    /// LL128 is safe on every path (ordered 128-byte stores).
+    pub ll128: bool,
+    /// Tree bus bandwidth relative to the ring's.
+    pub tree_efficiency: f64,
+    /// Algorithms and protocols the runtime can run at all (others are priced but never picked).
+    pub runnable_algos: Vec<Algo>,
+    pub runnable_protos: Vec<Proto>,
+}
+
+/// One priced candidate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Estimate {
+    pub algo: Algo,
+    pub proto: Proto,
+    pub channels: usize,
+    pub us: f64,
+}
+
+/// Why a call has no candidate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NoCandidate(pub String);
+
+impl fmt::Display for NoCandidate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn log2_ceil(n: usize) -> usize {
+    if n <= 1 {
+        0
+    } else {
+        (usize::BITS - (n - 1).leading_zeros()) as usize
+    }
+}
+
+impl Model {
+    fn local(&self) -> usize {
+        self.nranks.div_ceil(self.nhosts.max(1))
+    }
+
+    /// Why (algo, proto) cannot run `c` here, if it cannot.
+    pub fn unavailable(&self, c: Coll, a: Algo, p: Proto) -> Option<String> {
+        if !a.runs(c) {
+            return Some(format!("{a} runs only all-reduce"));
+        }
+        if a == Algo::Direct && self.nranks > DIRECT_MAX_RANKS {
+            return Some(format!("Direct serves at most {DIRECT_MAX_RANKS} ranks"));
+        }
+        if a == Algo::Tree && self.nranks < 3 {
+            return Some("Tree needs at least 3 ranks (on 2 it is the ring)".into());
+        }
+        if p == Proto::LL128 && !self.ll128 {
+            return Some("LL128 needs paths that keep 128-byte stores in order".into());
+        }
+        if !self.runnable_algos.contains(&a) {
+            return Some(format!("{a} is not implemented on this communicator's devices yet"));
+        }
+        if !self.runnable_protos.contains(&p) {
+            return Some(format!("{p} is not implemented on this communicator's devices yet"));
+        }
+        None
+    }
+
+    /// The predicted time of one candidate, µs (`None` where it cannot run).
+    pub fn estimate(&self, c: Coll, bytes: usize, a: Algo, p: Proto, channels: usize) -> Option<f64> {
+        if self.unavailable(c, a, p).is_some() || self.nranks < 2 {
+            return None;
+        }
+        let (pr, nh, l) = (self.nranks as f64, self.nhosts.max(1), self.local() as f64);
+        let multi = nh > 1;
+        let proto_eff = match p {
+            Proto::Simple => 1.0,
+            Proto::LL128 => 0.92,
+            Proto::LL => 0.25,
+        };
+        let ch = channels.max(1) as f64;
+        let intra_bw = (ch * self.intra.channel_gbs).min(self.intra.limit_gbs);
+        let bus =
+            if multi { intra_bw.min((ch * self.net.channel_gbs).min(self.net.limit_gbs)) } else { intra_bw };
+        let bus = bus * proto_eff;
+        // A hop inside a host pays more with LL when the ranks also drive the network.
+        let intra_hop = self.intra.hop(a, p) * if multi && p == Proto::LL { 1.8 } else { 1.0 };
+        let net_hop = self.net.hop(a, p);
+        let base = self.base_us[a as usize][p as usize];
+        let n = bytes as f64;
+        let (lat, algbw) = match a {
+            Algo::Ring => {
+                let (steps, inter, ratio) = match c {
+                    Coll::AllReduce => (2.0 * (pr - 1.0), 2.0 * (nh as f64 - 1.0), pr / (2.0 * (pr - 1.0))),
+                    Coll::AllGather | Coll::ReduceScatter => (pr - 1.0, nh as f64 - 1.0, pr / (pr - 1.0)),
+                    Coll::Broadcast | Coll::Reduce => (pr - 1.0, nh as f64 - 1.0, 1.0),
+                };
+                (base + (steps - inter) * intra_hop + inter * net_hop, bus * ratio)
+            }
+            Algo::Tree => {
+                let lat = base + 2.0 * ((l - 1.0) * intra_hop + log2_ceil(nh) as f64 * net_hop);
+                (lat, bus * self.tree_efficiency * 0.5)
+            }
+            Algo::Direct => {
+                let hop = if multi { net_hop } else { intra_hop };
+                (base + hop, bus / (pr - 1.0))
+            }
+        };
+        Some(lat + n / (1000.0 * algbw))
+    }
+
+    fn channel_options(&self, bytes: usize) -> impl Iterator<Item = usize> + '_ {
+        let lo = self.min_channels.max(1);
+        let hi = self.max_channels.max(lo);
+        let by_size = (bytes / MIN_CHANNEL_BYTES).max(1);
+        std::iter::successors(Some(lo), |&c| Some(c * 2))
+            .take_while(move |&c| c <= hi)
+            .filter(move |&c| c == lo || c <= by_size)
+    }
+
+    /// Every candidate for one call: the best channel count of each (algo, proto), runnable or
+    /// not (`us` infinite where it cannot run).
+    pub fn candidates(&self, c: Coll, bytes: usize) -> Vec<Estimate> {
+        let mut out = Vec::new();
+        for a in ALGOS {
+            if !a.runs(c) {
+                continue;
+            }
+            for p in PROTOS {
+                let best = self
+                    .channel_options(bytes)
+                    .filter_map(|ch| self.estimate(c, bytes, a, p, ch).map(|us| (ch, us)))
+                    .fold(None, |acc: Option<(usize, f64)>, (ch, us)| match acc {
+                        Some((_, b)) if b <= us * (1.0 + 1e-9) => acc,
+                        _ => Some((ch, us)),
+                    });
+                let (channels, us) = best.unwrap_or((0, f64::INFINITY));
+                out.push(Estimate { algo: a, proto: p, channels, us });
+            }
+        }
+        out
+    }
+
+    /// The cheapest candidate that `en` allows, or why there is none.
+    pub fn choose(&self, c: Coll, bytes: usize, en: &Enabled) -> Result<Estimate, NoCandidate> {
+        let cands = self.candidates(c, bytes);
+        let best = cands
+            .iter()
+            .filter(|e| e.us.is_finite() && en.allows(c, e.algo, e.proto))
+            .min_by(|x, y| x.us.partial_cmp(&y.us).unwrap_or(std::cmp::Ordering::Equal));
+        if let Some(b) = best {
+            return Ok(*b);
+        }
+        let mut why = Vec::new();
+        for a in ALGOS {
+            for p in PROTOS {
+                if en.allows(c, a, p) {
+                    let r = self.unavailable(c, a, p).unwrap_or_else(|| "cannot run".into());
+                    why.push(format!("{a}/{p}: {r}"));
+                }
+            }
+        }
+        let env = [
+            en.algo_env.as_ref().map(|a| format!("NCCL_ALGO={a}")),
+            en.proto_env.as_ref().map(|p| format!("NCCL_PROTO={p}")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join(" ");
+        Err(NoCandidate(if why.is_empty() {
+            format!("{env} enables no algorithm × protocol for {c}")
+        } else {
+            format!("{env} leaves {c} nothing that can run here: {}", why.join("; "))
+        }))
+    }
+
+    /// The explain table: for each size, every candidate and the choice.
+    pub fn explain(
+        &self,
+        c: Coll,
+        sizes: &[usize],
+        en: &Enabled,
+    ) -> Vec<(usize, Vec<Estimate>, Result<Estimate, NoCandidate>)> {
+        sizes.iter().map(|&b| (b, self.candidates(c, b), self.choose(c, b, en))).collect()
+    }
+
+    /// The table as text: one row per size, one column per (algo, proto), µs.
+    pub fn explain_text(&self, c: Coll, sizes: &[usize], en: &Enabled) -> String {
+        let rows = self.explain(c, sizes, en);
+        let mut out = format!(
+            "# {c} on {} ranks, {} host(s), {} per host; intra-host path {}; channels {}..{}\n",
+            self.nranks,
+            self.nhosts,
+            self.local(),
+            self.intra_name,
+            self.min_channels,
+            self.max_channels
+        );
+        out.push_str("# predicted µs per candidate (best channel count in brackets); '-' cannot run here\n");
+        let heads: Vec<String> = rows
+            .first()
+            .map(|r| r.1.iter().map(|e| format!("{}/{}", e.algo, e.proto)).collect())
+            .unwrap_or_default();
+        out.push_str(&format!("{:>12}", "bytes"));
+        for h in &heads {
+            out.push_str(&format!(" {h:>16}"));
+        }
+        out.push_str("   choice\n");
+        for (b, cands, choice) in rows {
+            out.push_str(&format!("{b:>12}"));
+            for e in &cands {
+                if e.us.is_finite() {
+                    out.push_str(&format!(" {:>11.1} [{:>2}]", e.us, e.channels));
+                } else {
+                    out.push_str(&format!(" {:>16}", "-"));
+                }
+            }
+            match choice {
+                Ok(e) => {
+                    out.push_str(&format!("   {}/{} × {} ch, {:.1} µs\n", e.algo, e.proto, e.channels, e.us))
+                }
+                Err(e) => out.push_str(&format!("   none: {e}\n")),
+            }
+        }
+        out
+    }
+}
+
+impl Model {
+    /// The model of `nranks` GPUs of a topology (one rank per GPU, hosts filled in order).
+    pub fn from_topo(t: &Topo, nranks: usize) -> Result<Model, String> {
+        let h0 = &t.hosts[0];
+        let per_host = h0.gpus().len();
+        if per_host == 0 {
+            return Err("the topology has no GPUs (CPU communicators are priced from measured costs)".into());
+        }
+        let total = t.gpus().len();
+        if nranks < 1 || nranks > total {
+            return Err(format!("--ranks {nranks}: the topology has {total} GPUs"));
+        }
+        let local = nranks.min(per_host);
+        let nhosts = nranks.div_ceil(local);
+        let mut order = ring_order(h0);
+        order.truncate(local);
+        let (kind, gbs) = if local > 1 { ring_bottleneck(h0, &order) } else { (PathType::Loc, 0.0) };
+        let nvl = kind <= PathType::Nvl && local > 1;
+        let intra = if nvl {
+            PathCost::nvlink(gbs)
+        } else {
+            PathCost::pci(if gbs.is_finite() && gbs > 0.0 { gbs } else { 24.0 })
+        };
+        let nic_paths_ok = order
+            .iter()
+            .all(|&g| h0.nearest_nic(g).and_then(|n| h0.path(g, n)).is_some_and(|p| p.kind <= PathType::Pxb));
+        Ok(Model {
+            nranks,
+            nhosts,
+            intra,
+            intra_name: if local > 1 { kind.name().to_string() } else { "none".into() },
+            net: PathCost::net(h0.net_gbs() / local as f64),
+            base_us: BASE_US,
+            max_channels: 32,
+            min_channels: 1,
+            ll128: (nvl || local == 1) && (nhosts == 1 || nic_paths_ok),
+            tree_efficiency: if nvl { 0.92 } else { 2.0 / 3.0 },
+            runnable_algos: ALGOS.to_vec(),
+            runnable_protos: PROTOS.to_vec(),
+        })
+    }
+}
+
+/// The sizes `oxccl explain` prices: 8 B to 4 GiB by factors of 2.
+pub fn explain_sizes() -> Vec<usize> {
+    (3..=32).map(|s| 1usize << s).collect()
+}
+
+#[cfg(test)]
+mod tests;

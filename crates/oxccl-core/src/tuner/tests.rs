@@ -1,0 +1,117 @@
+use super::*;
+use crate::topo::Topo;
+
+const DGX16: &str = include_str!("../../../../fixtures/topo/dgx-h100-x16.json");
+const PCIE16: &str = include_str!("../../../../fixtures/topo/pcie-4gpu-2nic-x16.json");
+const DGX: &str = include_str!("../../../../fixtures/topo/dgx-h100.json");
+
+fn model(text: &str, ranks: usize) -> Model {
+    Model::from_topo(&Topo::parse(text).unwrap(), ranks).unwrap()
+}
+
+/// The largest size (power of two) at which all-reduce picks Tree.
+fn last_tree(m: &Model) -> usize {
+    let en = Enabled::default();
+    explain_sizes()
+        .into_iter()
+        .filter(|&b| m.choose(Coll::AllReduce, b, &en).unwrap().algo == Algo::Tree)
+        .max()
+        .unwrap_or(0)
+}
+
+#[test]
+fn dgx_cluster_picks_tree_for_small_all_reduce_and_ring_from_256_mib() {
+    let m = model(DGX16, 128);
+    assert_eq!((m.nranks, m.nhosts, m.intra_name.as_str(), m.ll128), (128, 16, "NVL", true));
+    let en = Enabled::default();
+    for b in explain_sizes() {
+        let c = m.choose(Coll::AllReduce, b, &en).unwrap();
+        if b <= 1 << 20 {
+            assert_eq!(c.algo, Algo::Tree, "{b} B: {c:?}");
+        }
+        if b >= 256 << 20 {
+            assert_eq!(c.algo, Algo::Ring, "{b} B: {c:?}");
+        }
+    }
+    let last = last_tree(&m);
+    assert!((1 << 20..256 << 20).contains(&last), "DGX×16 last Tree size {last}");
+    // Small calls use one channel, large ones many.
+    assert_eq!(m.choose(Coll::AllReduce, 8, &en).unwrap().channels, 1);
+    assert!(m.choose(Coll::AllReduce, 1 << 30, &en).unwrap().channels >= 2);
+}
+
+#[test]
+fn the_pcie_cluster_switches_to_ring_earlier() {
+    let d = model(DGX16, 128);
+    let p = model(PCIE16, 64);
+    assert_eq!((p.nhosts, p.intra_name.as_str(), p.ll128), (16, "SYS", false));
+    let en = Enabled::default();
+    assert_eq!(p.choose(Coll::AllReduce, 8, &en).unwrap().algo, Algo::Tree);
+    assert!(last_tree(&p) * 8 <= last_tree(&d), "PCIe last tree {} vs DGX {}", last_tree(&p), last_tree(&d));
+    // LL128 is never chosen where the NIC sits on the host bridge.
+    for b in explain_sizes() {
+        assert_ne!(p.choose(Coll::AllReduce, b, &en).unwrap().proto, Proto::LL128, "{b}");
+    }
+}
+
+#[test]
+fn one_host_prefers_the_ring_for_bandwidth_and_protocols_follow_size() {
+    let m = model(DGX, 8);
+    let en = Enabled::default();
+    let small = m.choose(Coll::AllReduce, 8, &en).unwrap();
+    let large = m.choose(Coll::AllReduce, 1 << 30, &en).unwrap();
+    assert_eq!(small.proto, Proto::LL, "{small:?}");
+    assert_eq!((large.algo, large.proto), (Algo::Ring, Proto::Simple), "{large:?}");
+    // Only all-reduce has a tree.
+    for c in [Coll::AllGather, Coll::ReduceScatter, Coll::Broadcast, Coll::Reduce] {
+        assert!(m.candidates(c, 1 << 20).iter().all(|e| e.algo == Algo::Ring), "{c}");
+    }
+    let text = m.explain_text(Coll::AllReduce, &explain_sizes(), &en);
+    assert_eq!(text.lines().count(), 3 + 30, "{text}");
+    assert!(text.contains("Tree/LL") && text.contains("choice"), "{text}");
+}
+
+#[test]
+fn nccl_algo_and_proto_syntax() {
+    let e = Enabled::parse(Some("ring;allreduce:tree,ring"), Some("LL,Simple;allreduce:^LL")).unwrap();
+    assert!(e.allows(Coll::AllGather, Algo::Ring, Proto::LL));
+    assert!(!e.allows(Coll::AllGather, Algo::Tree, Proto::Simple));
+    assert!(e.allows(Coll::AllReduce, Algo::Tree, Proto::LL128));
+    assert!(!e.allows(Coll::AllReduce, Algo::Tree, Proto::LL));
+    assert!(!e.allows(Coll::Broadcast, Algo::Ring, Proto::LL128));
+    let e = Enabled::parse(Some("^tree"), Some("^LL128")).unwrap();
+    assert!(!e.allows(Coll::AllReduce, Algo::Tree, Proto::Simple));
+    assert!(e.allows(Coll::AllReduce, Algo::Ring, Proto::LL));
+    assert!(!e.allows(Coll::AllReduce, Algo::Ring, Proto::LL128));
+    // Case does not matter; NCCL's other algorithm names are accepted (and never run).
+    let e = Enabled::parse(Some("RING,NVLS,CollNetDirect,PAT"), Some("simple")).unwrap();
+    assert!(e.allows(Coll::AllReduce, Algo::Ring, Proto::Simple));
+    for (a, p, needle) in [
+        (Some("trie"), None, "unknown name \"trie\""),
+        (None, Some("LL256"), "unknown name \"LL256\""),
+        (Some("allreduse:ring"), None, "unknown collective \"allreduse\""),
+        (Some("ring;tree"), None, "only the first part"),
+    ] {
+        let err = Enabled::parse(a, p).unwrap_err();
+        assert!(err.contains(needle), "{a:?} {p:?}: {err}");
+    }
+}
+
+#[test]
+fn an_override_that_cannot_apply_says_why() {
+    let m = model(DGX, 8);
+    let tree = Enabled::parse(Some("tree"), None).unwrap();
+    let e = m.choose(Coll::AllGather, 1 << 20, &tree).unwrap_err().0;
+    assert!(e.contains("NCCL_ALGO=tree") && e.contains("Tree runs only all-reduce"), "{e}");
+    assert_eq!(m.choose(Coll::AllReduce, 1 << 20, &tree).unwrap().algo, Algo::Tree);
+    let p = model(PCIE16, 64);
+    let ll128 = Enabled::parse(None, Some("LL128")).unwrap();
+    let e = p.choose(Coll::AllReduce, 4096, &ll128).unwrap_err().0;
+    assert!(e.contains("128-byte stores in order"), "{e}");
+    let two = model(DGX, 2);
+    let e = two.choose(Coll::AllReduce, 8, &tree).unwrap_err().0;
+    assert!(e.contains("at least 3 ranks"), "{e}");
+    let nvls = Enabled::parse(Some("nvls"), None).unwrap();
+    let e = m.choose(Coll::AllReduce, 8, &nvls).unwrap_err().0;
+    assert!(e.contains("enables no algorithm"), "{e}");
+}

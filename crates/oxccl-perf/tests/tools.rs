@@ -1,0 +1,70 @@
+//! The `oxccl topo` and `oxccl explain` commands, run as a user runs them.
+
+use std::process::Command;
+
+fn fixture(name: &str) -> String {
+    format!("{}/../../fixtures/topo/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn oxccl(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_oxccl"));
+    c.args(args).env_remove("NCCL_ALGO").env_remove("NCCL_PROTO").env_remove("NCCL_TOPO_FILE");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let o = c.output().unwrap();
+    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).into(), String::from_utf8_lossy(&o.stderr).into())
+}
+
+#[test]
+fn topo_prints_the_matrix_rings_and_trees_and_draws_and_dumps() {
+    let dir = std::env::temp_dir().join(format!("oxccl-tools-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("dgx.svg");
+    let dump = dir.join("dgx.json");
+    let (rc, out, err) = oxccl(
+        &["topo", "--topo", &fixture("dgx-h100.json"), "--svg", svg.to_str().unwrap(), "--dump", dump.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("GPU0     X     NV18"), "{out}");
+    assert!(out.contains("channel 0 ring: 0 → 1 → 2 → 3 → 4 → 5 → 6 → 7"), "{out}");
+    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+    // The dump, loaded through NCCL_TOPO_FILE, prints the same matrix.
+    let (rc, again, err) = oxccl(&["topo"], &[("NCCL_TOPO_FILE", dump.to_str().unwrap())]);
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(again.lines().take(10).collect::<Vec<_>>(), out.lines().take(10).collect::<Vec<_>>());
+    // This machine's own topology prints too (no GPUs here is fine).
+    let (rc, _, err) = oxccl(&["topo"], &[]);
+    assert_eq!(rc, 0, "{err}");
+    let (rc, _, err) = oxccl(&["topo", "--topo", "/nonexistent.json"], &[]);
+    assert_eq!(rc, 1);
+    assert!(err.contains("/nonexistent.json"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn explain_prints_every_candidate_and_honours_overrides() {
+    let dgx16 = fixture("dgx-h100-x16.json");
+    let (rc, out, err) = oxccl(&["explain", "all_reduce", "--ranks", "128", "--topo", &dgx16], &[]);
+    assert_eq!(rc, 0, "{err}");
+    let choice = |bytes: &str| -> String {
+        let line = out.lines().find(|l| l.split_whitespace().next() == Some(bytes)).unwrap();
+        line.split("   ").last().unwrap().to_string()
+    };
+    assert!(choice("8").starts_with("Tree/"), "{out}");
+    assert!(choice("268435456").starts_with("Ring/"), "{out}");
+    assert_eq!(out.lines().filter(|l| l.trim_start().starts_with(char::is_numeric)).count(), 30);
+    let (rc, out, _) = oxccl(&["explain", "allgather", "--topo", &dgx16], &[("NCCL_ALGO", "tree")]);
+    assert_eq!(rc, 0);
+    assert!(out.contains("none: NCCL_ALGO=tree leaves allgather nothing that can run here: Tree/LL: Tree runs only all-reduce"), "{out}");
+    let (rc, out, _) = oxccl(&["explain", "allreduce", "--topo", &dgx16], &[("NCCL_PROTO", "Simple")]);
+    assert_eq!(rc, 0);
+    assert!(out.lines().skip(3).all(|l| l.contains("/Simple ×")), "{out}");
+    let (rc, _, err) = oxccl(&["explain", "allreduce", "--topo", &dgx16], &[("NCCL_ALGO", "rign")]);
+    assert_eq!(rc, 1);
+    assert!(err.contains("unknown name \"rign\""), "{err}");
+    let (rc, _, err) = oxccl(&["explain", "allreduce", "--ranks", "999", "--topo", &dgx16], &[]);
+    assert_eq!(rc, 1);
+    assert!(err.contains("the topology has 128 GPUs"), "{err}");
+}
