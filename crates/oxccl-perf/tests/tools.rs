@@ -13,7 +13,11 @@ fn oxccl(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
         c.env(k, v);
     }
     let o = c.output().unwrap();
-    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).into(), String::from_utf8_lossy(&o.stderr).into())
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into(),
+        String::from_utf8_lossy(&o.stderr).into(),
+    )
 }
 
 #[test]
@@ -23,7 +27,15 @@ fn topo_prints_the_matrix_rings_and_trees_and_draws_and_dumps() {
     let svg = dir.join("dgx.svg");
     let dump = dir.join("dgx.json");
     let (rc, out, err) = oxccl(
-        &["topo", "--topo", &fixture("dgx-h100.json"), "--svg", svg.to_str().unwrap(), "--dump", dump.to_str().unwrap()],
+        &[
+            "topo",
+            "--topo",
+            &fixture("dgx-h100.json"),
+            "--svg",
+            svg.to_str().unwrap(),
+            "--dump",
+            dump.to_str().unwrap(),
+        ],
         &[],
     );
     assert_eq!(rc, 0, "{err}");
