@@ -13,6 +13,7 @@
 //! | `NCCL_BUFFSIZE` | bytes of buffering per connection | 1 MiB; 4 MiB over TCP |
 //! | `NCCL_MIN_NCHANNELS`, `NCCL_MAX_NCHANNELS` | rings a collective is striped over | 1; 2 over TCP |
 //! | `NCCL_DEBUG` | `WARN`, `INFO`, `TRACE` | off |
+//! | `NCCL_ALGO`, `NCCL_PROTO` | algorithms / protocols calls may use, NCCL's syntax ([`crate::tuner::Enabled`]) | all |
 //! | `OXCCL_TIMEOUT` | seconds a call may wait for peers; `0` = forever | forever |
 //! | `OXCCL_HOST_ID` | overrides the host identity (ranks with equal ids share memory) | derived |
 //! | `OXCCL_DIRECT` | `0`: single-host communicators use the ring engine, not direct memory access | `1` |
@@ -57,6 +58,8 @@ pub struct Config {
     pub flight_entries: usize,
     /// Where flight recorder dumps go (`OXCCL_FLIGHT_DIR`; unset: the temporary directory).
     pub flight_dir: Option<std::path::PathBuf>,
+    /// `NCCL_ALGO` / `NCCL_PROTO`: the algorithms and protocols calls may use.
+    pub enabled: crate::tuner::Enabled,
 }
 
 impl Default for Config {
@@ -75,6 +78,7 @@ impl Default for Config {
             check_calls: true,
             flight_entries: 2000,
             flight_dir: None,
+            enabled: crate::tuner::Enabled::default(),
         }
     }
 }
@@ -152,6 +156,18 @@ impl Config {
         }
         if let Some(v) = get("OXCCL_DIRECT") {
             c.direct = parse_bool("OXCCL_DIRECT", &v)?;
+        }
+        let algo = get("NCCL_ALGO").filter(|v| !v.trim().is_empty());
+        let proto = get("NCCL_PROTO").filter(|v| !v.trim().is_empty());
+        if algo.is_some() || proto.is_some() {
+            c.enabled = crate::tuner::Enabled::parse(algo.as_deref(), proto.as_deref()).map_err(|e| {
+                let (var, val) = if e.starts_with("NCCL_ALGO") {
+                    ("NCCL_ALGO", algo.clone())
+                } else {
+                    ("NCCL_PROTO", proto.clone())
+                };
+                bad(var, &val.unwrap_or_default(), e.split_once(": ").map_or(e.as_str(), |x| x.1))
+            })?;
         }
         if let Some(v) = get("OXCCL_HOST_ID").filter(|v| !v.is_empty()) {
             c.host_id = Some(v);

@@ -226,7 +226,9 @@ impl<'c> Runner<'c> {
             "# Buffers: {}; transport: {transport}\n#\n# Using devices\n",
             if o.register { "oxccl shared memory (registered, -R 1)" } else { "process heap (-R 0)" }
         ));
-        // Every rank's line, gathered to all (fixed 256-byte records).
+        // Every rank's line, sent to all (fixed 256-byte records) by an all-to-all, which no
+        // NCCL_ALGO / NCCL_PROTO setting restricts (the benchmarked collective may be the only
+        // one the settings allow).
         let me = &self.comm.peers()[self.comm.rank().idx()];
         let line = format!(
             "#  Rank {:2} Group {:2} Pid {:6} on {:>10} device cpu [{}] {}",
@@ -241,7 +243,10 @@ impl<'c> Runner<'c> {
         let n = line.len().min(255);
         rec[..n].copy_from_slice(&line.as_bytes()[..n]);
         let mut all = vec![0u8; 256 * self.comm.size()];
-        self.comm.all_gather(&rec, &mut all)?;
+        let send: Vec<u8> = rec.iter().copied().cycle().take(256 * self.comm.size()).collect();
+        let mut g = self.comm.group();
+        g.all_to_all(&send, &mut all)?;
+        g.end()?;
         let mut devices = Vec::new();
         for (r, chunk) in all.chunks(256).enumerate() {
             let end = chunk.iter().position(|b| *b == 0).unwrap_or(256);

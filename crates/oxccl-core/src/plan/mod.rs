@@ -25,6 +25,7 @@ pub mod hostdirect;
 mod oneshot;
 mod ring;
 pub mod sim;
+pub mod tree;
 
 use crate::contract::{Seqs, Sig};
 use crate::dtype::{DataType, ReduceOp};
@@ -72,6 +73,8 @@ pub enum ConnClass {
     Ring(ChannelId),
     Direct,
     P2p,
+    /// One of the two trees of a tree all-reduce (child → parent: up, parent → child: down).
+    Tree(u8),
 }
 
 /// One end of a unidirectional connection, as seen from this rank.
@@ -173,6 +176,11 @@ pub struct Geometry {
     /// The least data (bytes of the call's count) a collective puts on each ring; smaller
     /// calls use fewer rings (0: always all `nchannels`).
     pub channel_min_bytes: usize,
+    /// Each rank's host, as a small index (ranks with equal values share a host).
+    pub hosts: Arc<[u32]>,
+    /// The algorithm each all-reduce takes, by size (`None`: the built-in rules — one-shot for
+    /// small calls, else the ring).
+    pub select: Option<Arc<crate::tuner::Selector>>,
 }
 
 impl Geometry {
@@ -185,7 +193,15 @@ impl Geometry {
             nchannels,
             chunk_bytes,
             channel_min_bytes: 0,
+            hosts: vec![0; size].into(),
+            select: None,
         }
+    }
+
+    /// This geometry with rank `r` on host `host_of(r)`.
+    pub fn with_hosts(mut self, host_of: impl Fn(usize) -> u32) -> Geometry {
+        self.hosts = (0..self.size).map(host_of).collect::<Vec<_>>().into();
+        self
     }
 
     fn ring_pos(&self, r: Rank) -> usize {
@@ -346,6 +362,40 @@ struct RingArgs {
     dst: Loc,
 }
 
+impl OpSpec {
+    /// The collective the tuner knows this op as (none for all-to-all, gather, scatter and
+    /// point-to-point, which have one algorithm).
+    pub fn tuned(&self) -> Option<crate::tuner::Coll> {
+        use crate::tuner::Coll;
+        Some(match self {
+            OpSpec::AllReduce { .. } => Coll::AllReduce,
+            OpSpec::Broadcast { .. } => Coll::Broadcast,
+            OpSpec::Reduce { .. } => Coll::Reduce,
+            OpSpec::AllGather { .. } => Coll::AllGather,
+            OpSpec::ReduceScatter { .. } => Coll::ReduceScatter,
+            _ => return None,
+        })
+    }
+}
+
+/// Whether the direct path may serve `op` under the communicator's selector.
+pub fn direct_allowed(g: &Geometry, op: &OpSpec) -> bool {
+    let Some(s) = &g.select else { return true };
+    match (op, op.tuned()) {
+        (OpSpec::AllReduce { count, dtype, .. }, _) => {
+            matches!(s.all_reduce_algo(count * dtype.size_bytes()), None | Some(crate::tuner::Algo::Direct))
+        }
+        (_, Some(c)) => s.direct[c as usize],
+        (_, None) => true,
+    }
+}
+
+/// Why the settings forbid `op`, if they do.
+pub fn refused<'a>(g: &'a Geometry, op: &OpSpec) -> Option<&'a str> {
+    let (s, c) = (g.select.as_ref()?, op.tuned()?);
+    s.refuse[c as usize].as_deref()
+}
+
 /// The lanes that carry `op` for rank `g.rank`.
 pub fn plan_op(g: &Geometry, op: &OpSpec) -> Result<Vec<Lane>, CoreError> {
     let ring = |kind, count, block, dtype, op, root, src, dst| {
@@ -353,7 +403,7 @@ pub fn plan_op(g: &Geometry, op: &OpSpec) -> Result<Vec<Lane>, CoreError> {
     };
     match *op {
         OpSpec::AllReduce { count, dtype, op, src, dst } => {
-            if oneshot::applies(g, count, dtype) {
+            if oneshot::applies(g, count, dtype) && g.select.is_none() {
                 return Err(CoreError::malformed("plan", "one-shot all-reduce is planned by plan_group"));
             }
             ring(RingKind::AllReduce, count, count, dtype, Some(op), None, src, dst)
@@ -433,7 +483,12 @@ pub fn plan_group_signed(
             lanes
         };
         if let OpSpec::AllReduce { count, dtype, op, src, dst } = *op {
-            if oneshot::applies(g, count, dtype) {
+            let algo = g.select.as_ref().and_then(|s| s.all_reduce_algo(count * dtype.size_bytes()));
+            if algo == Some(crate::tuner::Algo::Tree) && g.size > 2 && count > 0 {
+                job.phases.push(sign(tree::all_reduce(g, count, dtype, op, src, dst)?));
+                continue;
+            }
+            if algo != Some(crate::tuner::Algo::Ring) && oneshot::applies(g, count, dtype) {
                 let (phases, scratch) = oneshot::all_reduce(g, count, dtype, op, src, dst)?;
                 job.phases.extend(phases.into_iter().map(sign));
                 job.scratch_bytes = job.scratch_bytes.max(scratch);

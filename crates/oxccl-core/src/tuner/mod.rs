@@ -534,6 +534,114 @@ impl Model {
     }
 }
 
+/// What a communicator's calls may run, decided once at init, evaluated alike on every rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Selector {
+    /// All-reduce: (upper size bound in bytes, algorithm), ascending; the first bound ≥ the
+    /// call's size applies. Empty: the built-in rules (the direct path or one-shot for small
+    /// calls, else the ring).
+    pub all_reduce: Vec<(usize, Algo)>,
+    /// Per collective ([`Coll`] order): whether the direct path may serve it.
+    pub direct: [bool; 5],
+    /// Per collective: why it cannot run under the settings, if it cannot.
+    pub refuse: [Option<String>; 5],
+}
+
+impl Selector {
+    /// One algorithm for every all-reduce.
+    pub fn always(a: Algo) -> Selector {
+        Selector {
+            all_reduce: vec![(usize::MAX, a)],
+            direct: [a == Algo::Direct; 5],
+            refuse: Default::default(),
+        }
+    }
+
+    /// The all-reduce algorithm for a call of `bytes` (`None`: the built-in rules).
+    pub fn all_reduce_algo(&self, bytes: usize) -> Option<Algo> {
+        self.all_reduce.iter().find(|(b, _)| bytes <= *b).or(self.all_reduce.last()).map(|x| x.1)
+    }
+
+    /// The selector `NCCL_ALGO` / `NCCL_PROTO` impose on a CPU communicator of `nranks`
+    /// (`None` when neither is set). CPU connections carry the Simple protocol; Tree needs 3
+    /// ranks; Direct (one-shot) serves at most [`DIRECT_MAX_RANKS`].
+    pub fn forced(en: &Enabled, nranks: usize, small_bytes: usize) -> Option<Selector> {
+        if en.algo_env.is_none() && en.proto_env.is_none() {
+            return None;
+        }
+        let env = [
+            en.algo_env.as_ref().map(|a| format!("NCCL_ALGO={a}")),
+            en.proto_env.as_ref().map(|p| format!("NCCL_PROTO={p}")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join(" ");
+        let mut sel = Selector { all_reduce: Vec::new(), direct: [true; 5], refuse: Default::default() };
+        let mut ar = Vec::new();
+        for c in COLLS {
+            let ci = c as usize;
+            sel.direct[ci] = en.algo[ci][Algo::Direct as usize];
+            if !en.proto[ci][Proto::Simple as usize] {
+                sel.refuse[ci] = Some(format!(
+                    "{env}: {c} cannot run: CPU connections carry the Simple protocol only so far (LL and LL128 exist as wire formats, not yet in the shared-memory and TCP slots)"
+                ));
+                continue;
+            }
+            let mut why = Vec::new();
+            let mut ok = Vec::new();
+            for a in ALGOS {
+                if !en.algo[ci][a as usize] {
+                    continue;
+                }
+                let r = if !a.runs(c) && a != Algo::Direct {
+                    Some(format!("{a} runs only all-reduce"))
+                } else if a == Algo::Tree && nranks < 3 {
+                    Some("Tree needs at least 3 ranks".to_string())
+                } else if a == Algo::Direct && c == Coll::AllReduce && nranks > DIRECT_MAX_RANKS {
+                    Some(format!("Direct serves at most {DIRECT_MAX_RANKS} ranks"))
+                } else {
+                    None
+                };
+                match r {
+                    Some(r) => why.push(r),
+                    None => ok.push(a),
+                }
+            }
+            // Other collectives run on the ring or the direct path.
+            if c != Coll::AllReduce && ok.contains(&Algo::Ring) {
+                continue;
+            }
+            if c != Coll::AllReduce && ok == [Algo::Direct] {
+                sel.refuse[ci] =
+                    Some(format!("{env}: {c} needs Ring (Direct alone cannot serve every size of it)"));
+                continue;
+            }
+            if ok.is_empty() {
+                sel.refuse[ci] = Some(if why.is_empty() {
+                    format!("{env} enables no algorithm for {c}")
+                } else {
+                    format!("{env} leaves {c} nothing that can run: {}", why.join("; "))
+                });
+                continue;
+            }
+            if c == Coll::AllReduce {
+                ar = ok;
+            }
+        }
+        let has = |a| ar.contains(&a);
+        sel.all_reduce = match (has(Algo::Tree), has(Algo::Ring), has(Algo::Direct)) {
+            (_, true, true) => Vec::new(),
+            (true, false, true) => vec![(small_bytes, Algo::Direct), (usize::MAX, Algo::Tree)],
+            (true, false, false) => vec![(usize::MAX, Algo::Tree)],
+            (_, true, false) => vec![(usize::MAX, Algo::Ring)],
+            (false, false, true) => vec![(usize::MAX, Algo::Direct)],
+            (false, false, false) => Vec::new(),
+        };
+        Some(sel)
+    }
+}
+
 /// The sizes `oxccl explain` prices: 8 B to 4 GiB by factors of 2.
 pub fn explain_sizes() -> Vec<usize> {
     (3..=32).map(|s| 1usize << s).collect()

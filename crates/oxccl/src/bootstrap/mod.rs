@@ -144,6 +144,7 @@ pub(crate) fn encode_class(w: &mut Writer, c: ConnClass) {
         ConnClass::Ring(ChannelId(ch)) => w.u8(0).u16(ch),
         ConnClass::Direct => w.u8(1).u16(0),
         ConnClass::P2p => w.u8(2).u16(0),
+        ConnClass::Tree(t) => w.u8(3).u16(t as u16),
     };
 }
 
@@ -154,6 +155,7 @@ pub(crate) fn decode_class(r: &mut Reader<'_>) -> Result<ConnClass, CoreError> {
         0 => Ok(ConnClass::Ring(ChannelId(ch))),
         1 => Ok(ConnClass::Direct),
         2 => Ok(ConnClass::P2p),
+        3 if ch < 2 => Ok(ConnClass::Tree(ch as u8)),
         _ => Err(CoreError::Malformed { what: "connection class", reason: format!("kind {k}") }),
     }
 }

@@ -134,6 +134,21 @@ fn ring_order(peers: &[PeerInfo]) -> Vec<Rank> {
     order
 }
 
+/// Each rank's host as a small index (in order of first appearance).
+fn host_indices(peers: &[PeerInfo]) -> Vec<u32> {
+    let mut hosts: Vec<u64> = Vec::new();
+    peers
+        .iter()
+        .map(|p| match hosts.iter().position(|h| *h == p.host_id) {
+            Some(i) => i as u32,
+            None => {
+                hosts.push(p.host_id);
+                hosts.len() as u32 - 1
+            }
+        })
+        .collect()
+}
+
 struct Parts {
     ctl: Arc<Ctl>,
     rank: Rank,
@@ -272,7 +287,26 @@ impl Communicator {
             chunk_bytes: slot_bytes,
             // NCCL_MIN_NCHANNELS > 1 asks for that many rings on every call.
             channel_min_bytes: if p.config.min_channels > 1 { 0 } else { tuning::RING_MIN_BYTES_PER_CHANNEL },
+            hosts: host_indices(&peers).into(),
+            select: oxccl_core::tuner::Selector::forced(
+                &p.config.enabled,
+                p.size,
+                tuning::ONE_SHOT_MAX_BYTES,
+            )
+            .map(Arc::new),
         };
+        if let Some(s) = &geometry.select {
+            p.log.info(format_args!(
+                "NCCL_ALGO/NCCL_PROTO: all-reduce {}; direct path per collective {:?}; refused: {:?}",
+                if s.all_reduce.is_empty() {
+                    "by the built-in rules".to_string()
+                } else {
+                    format!("{:?}", s.all_reduce)
+                },
+                s.direct,
+                s.refuse.iter().flatten().collect::<Vec<_>>()
+            ));
+        }
         p.log.info(format_args!(
             "{} ring channel(s), {} KiB of buffering per connection ({}; NCCL_MAX_NCHANNELS, NCCL_BUFFSIZE)",
             geometry.nchannels,
@@ -714,6 +748,9 @@ impl Inner {
     }
 
     fn run_job(&self, ops: &[OpSpec], bufs: &[RawBuf], what: &'static str) -> Result<()> {
+        if let Some(why) = ops.iter().find_map(|o| oxccl_core::plan::refused(&self.geometry, o)) {
+            return Err(Error::InvalidUsage(format!("rank {}: {what}: {why}", self.rank)));
+        }
         let tracing = self.log.level >= oxccl_core::config::LogLevel::Trace;
         let started = tracing.then(Instant::now);
         let mut r = lock(&self.engine).run_ops(&self.geometry, ops, bufs, what);

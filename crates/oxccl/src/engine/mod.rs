@@ -358,7 +358,7 @@ impl Engine {
 
     fn run_ops_inner(&mut self, g: &Geometry, ops: &[OpSpec], bufs: &[RawBuf], what: &str) -> Result<()> {
         if let [op] = ops {
-            if self.direct.is_some() {
+            if self.direct.is_some() && oxccl_core::plan::direct_allowed(g, op) {
                 let w = self.waiter();
                 let sig = if self.ctx.check_calls { Sig::of(op, self.seqs.coll) } else { Sig::NONE };
                 let d = self.direct.as_mut().ok_or_else(|| Error::Internal("direct path vanished".into()))?;

@@ -567,3 +567,92 @@ fn one_shot_all_reduce_matches_for_every_rank_and_placement() {
         }
     }
 }
+
+#[test]
+fn tree_all_reduce_is_exact_for_every_host_layout() {
+    use crate::tuner::{Algo, Selector};
+    let sel = std::sync::Arc::new(Selector::always(Algo::Tree));
+    for p in 3..=P_MAX {
+        // One rank per host, two per host, three per host, and all on one host (a chain).
+        for per_host in [1usize, 2, 3, p] {
+            for chunk in [4usize, 12, 64] {
+                for cap in [1usize, 2, 8] {
+                    for n in COUNTS {
+                        for (op, in_place) in
+                            [(ReduceOp::Sum, false), (ReduceOp::Max, true), (ReduceOp::Avg, false)]
+                        {
+                            let mut jobs = Vec::new();
+                            let mut bufs = Vec::new();
+                            for r in 0..p {
+                                let mut g = Geometry::simple(rank(r), p, 1, chunk)
+                                    .with_hosts(|q| (q / per_host) as u32);
+                                g.select = Some(sel.clone());
+                                let dst = if in_place { SEND } else { RECV };
+                                let ops = [OpSpec::AllReduce {
+                                    count: n,
+                                    dtype: DataType::U32,
+                                    op,
+                                    src: SEND,
+                                    dst,
+                                }];
+                                let job = plan_group_signed(&g, &ops, &mut Seqs::new(p), true).unwrap();
+                                if n > 1 {
+                                    // Both trees carry data, on their own connections.
+                                    let classes: std::collections::BTreeSet<_> =
+                                        crate::plan::job_connections(&job)
+                                            .iter()
+                                            .map(|(k, _)| k.class)
+                                            .collect();
+                                    assert_eq!(classes.len(), 2, "p={p} per_host={per_host}: {classes:?}");
+                                }
+                                jobs.push(job);
+                                let inputs: Vec<u32> = (0..n).map(|i| input(r, i) % 1000).collect();
+                                bufs.push(vec![bytes(&inputs), bytes(&vec![0xdead_beef; n])]);
+                            }
+                            run(jobs, &mut bufs, cap).unwrap_or_else(|e| {
+                                panic!("p={p} per_host={per_host} chunk={chunk} cap={cap} n={n} {op:?}: {e}")
+                            });
+                            for (r, b) in bufs.iter().enumerate() {
+                                let got = u32s(&b[usize::from(!in_place)]);
+                                for (i, v) in got.iter().enumerate() {
+                                    let xs = (0..p).map(|q| input(q, i) % 1000);
+                                    let want = match op {
+                                        ReduceOp::Sum => xs.sum::<u32>(),
+                                        ReduceOp::Max => xs.max().unwrap(),
+                                        _ => xs.sum::<u32>() / p as u32,
+                                    };
+                                    assert_eq!(
+                                        *v, want,
+                                        "p={p} per_host={per_host} n={n} {op:?} rank {r} elem {i}"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn tree_places_follow_the_double_binary_tree_over_hosts() {
+    use crate::plan::tree::places;
+    // 8 ranks on 4 hosts of 2: heads are ranks 0, 2, 4, 6; each head's chain child is the
+    // next rank; every non-root has one parent and the trees differ.
+    let g = Geometry::simple(rank(0), 8, 1, 64).with_hosts(|q| (q / 2) as u32);
+    let [t0, t1] = places(&g);
+    for t in [&t0, &t1] {
+        assert_eq!(t.iter().filter(|p| p.parent.is_none()).count(), 1);
+        for h in [0usize, 2, 4, 6] {
+            assert!(t[h].children.contains(&rank(h + 1)), "{t:?}");
+            assert_eq!(t[h + 1].parent, Some(rank(h)));
+            assert!(t[h + 1].children.is_empty());
+        }
+    }
+    assert_ne!(t0, t1);
+    // Host-level interior vertices are disjoint between the trees (beyond the chain child).
+    for h in [0usize, 2, 4, 6] {
+        assert!(!(t0[h].children.len() > 1 && t1[h].children.len() > 1), "host head {h}");
+    }
+}
