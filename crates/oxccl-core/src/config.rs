@@ -12,7 +12,9 @@
 //! | `NCCL_SHM_DISABLE` | `1`: same-host peers use TCP, not shared memory | `0` |
 //! | `NCCL_BUFFSIZE` | bytes of buffering per connection | 1 MiB; 4 MiB over TCP |
 //! | `NCCL_MIN_NCHANNELS`, `NCCL_MAX_NCHANNELS` | rings a collective is striped over | 1; 2 over TCP |
-//! | `NCCL_DEBUG` | `WARN`, `INFO`, `TRACE` | off |
+//! | `NCCL_DEBUG` | `VERSION`, `WARN`, `INFO`, `TRACE` | off |
+//! | `NCCL_DEBUG_SUBSYS` | subsystems of INFO lines: `INIT,COLL,P2P,SHM,NET,GRAPH,TUNING,ENV,ALLOC,CALL,BOOTSTRAP,ALL`, `^` to exclude | `INIT,BOOTSTRAP,ENV` |
+//! | `NCCL_DEBUG_FILE` | log file (`%h` host, `%p` pid) | stderr |
 //! | `NCCL_ALGO`, `NCCL_PROTO` | algorithms / protocols calls may use, NCCL's syntax ([`crate::tuner::Enabled`]) | all |
 //! | `OXCCL_TIMEOUT` | seconds a call may wait for peers; `0` = forever | forever |
 //! | `OXCCL_HOST_ID` | overrides the host identity (ranks with equal ids share memory) | derived |
@@ -26,11 +28,70 @@ use crate::ifname::{Family, IfSpec};
 use crate::tuning;
 use std::time::Duration;
 
+/// NCCL's debug subsystems, as bits.
+pub mod subsys {
+    pub const INIT: u32 = 1;
+    pub const COLL: u32 = 2;
+    pub const P2P: u32 = 4;
+    pub const SHM: u32 = 8;
+    pub const NET: u32 = 16;
+    pub const GRAPH: u32 = 32;
+    pub const TUNING: u32 = 64;
+    pub const ENV: u32 = 128;
+    pub const ALLOC: u32 = 256;
+    pub const CALL: u32 = 512;
+    pub const PROXY: u32 = 1024;
+    pub const NVLS: u32 = 2048;
+    pub const BOOTSTRAP: u32 = 4096;
+    pub const REG: u32 = 8192;
+    pub const ALL: u32 = !0;
+    /// NCCL's default when `NCCL_DEBUG_SUBSYS` is unset.
+    pub const DEFAULT: u32 = INIT | BOOTSTRAP | ENV;
+
+    const NAMES: [(&str, u32); 15] = [
+        ("INIT", INIT),
+        ("COLL", COLL),
+        ("P2P", P2P),
+        ("SHM", SHM),
+        ("NET", NET),
+        ("GRAPH", GRAPH),
+        ("TUNING", TUNING),
+        ("ENV", ENV),
+        ("ALLOC", ALLOC),
+        ("CALL", CALL),
+        ("PROXY", PROXY),
+        ("NVLS", NVLS),
+        ("BOOTSTRAP", BOOTSTRAP),
+        ("REG", REG),
+        ("ALL", ALL),
+    ];
+
+    /// Parses a comma list of names; a leading `^` selects all but those.
+    pub fn parse(s: &str) -> Result<u32, String> {
+        let (neg, list) = match s.trim().strip_prefix('^') {
+            Some(l) => (true, l),
+            None => (false, s.trim()),
+        };
+        let mut m = 0u32;
+        for t in list.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            let bit = NAMES
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(t))
+                .map(|x| x.1)
+                .ok_or(format!("unknown subsystem {t:?}"))?;
+            m |= bit;
+        }
+        Ok(if neg { !m } else { m })
+    }
+}
+
 /// How much the library logs to stderr.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub enum LogLevel {
     #[default]
     Off,
+    /// Only the version line.
+    Version,
     Warn,
     Info,
     Trace,
@@ -47,6 +108,10 @@ pub struct Config {
     pub min_channels: usize,
     pub max_channels: usize,
     pub log: LogLevel,
+    /// `NCCL_DEBUG_SUBSYS`: which subsystems' INFO lines print ([`subsys`] bits).
+    pub log_subsys: u32,
+    /// `NCCL_DEBUG_FILE`: where log lines go (`%h` host, `%p` pid); unset: stderr.
+    pub log_file: Option<String>,
     pub timeout: Option<Duration>,
     pub host_id: Option<String>,
     /// Single-host communicators run collectives by direct memory access (`OXCCL_DIRECT`).
@@ -72,6 +137,8 @@ impl Default for Config {
             min_channels: 1,
             max_channels: tuning::MAX_CHANNELS,
             log: LogLevel::Off,
+            log_subsys: subsys::DEFAULT,
+            log_file: None,
             timeout: None,
             host_id: None,
             direct: true,
@@ -126,12 +193,19 @@ impl Config {
         }
         if let Some(v) = get("NCCL_DEBUG") {
             c.log = match v.trim().to_ascii_uppercase().as_str() {
-                "" | "NONE" | "VERSION" => LogLevel::Off,
+                "" | "NONE" => LogLevel::Off,
+                "VERSION" => LogLevel::Version,
                 "WARN" => LogLevel::Warn,
                 "INFO" => LogLevel::Info,
                 "TRACE" => LogLevel::Trace,
-                _ => return Err(bad("NCCL_DEBUG", &v, "expected WARN, INFO or TRACE")),
+                _ => return Err(bad("NCCL_DEBUG", &v, "expected VERSION, WARN, INFO or TRACE")),
             };
+        }
+        if let Some(v) = get("NCCL_DEBUG_SUBSYS").filter(|v| !v.trim().is_empty()) {
+            c.log_subsys = subsys::parse(&v).map_err(|e| bad("NCCL_DEBUG_SUBSYS", &v, &e))?;
+        }
+        if let Some(v) = get("NCCL_DEBUG_FILE").filter(|v| !v.trim().is_empty()) {
+            c.log_file = Some(v);
         }
         if let Some(v) = get("OXCCL_TIMEOUT") {
             let secs: f64 = v.trim().parse().map_err(|_| bad("OXCCL_TIMEOUT", &v, "expected seconds"))?;

@@ -30,6 +30,9 @@ pub mod types;
 pub mod uniqueid;
 pub mod wire;
 
+/// The NCCL version whose API and behaviour oxccl follows (the C ABI's `NCCL_VERSION_CODE`).
+pub const NCCL_VERSION_STRING: &str = "2.28.9";
+
 pub use dtype::{DataType, Element, ReduceOp};
 pub use error::CoreError;
 pub use types::{ChannelId, CommHash, Rank};

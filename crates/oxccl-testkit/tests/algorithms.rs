@@ -117,3 +117,48 @@ fn a_malformed_setting_fails_init_naming_the_variable() {
     let e = Config::from_lookup(|k| (k == "NCCL_PROTO").then(|| "LL;tree:LL".to_string())).unwrap_err();
     assert!(e.to_string().contains("NCCL_PROTO"), "{e}");
 }
+
+#[test]
+fn log_lines_follow_nccl_debug_subsys_and_go_to_nccl_debug_file() {
+    if let Some(_ctx) = oxccl_testkit::child("log") {
+        let c = Communicator::from_env().unwrap();
+        let mut v = vec![1u32; 1000];
+        c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        assert_eq!(v[0], 3);
+        return;
+    }
+    let dir = oxccl_testkit::Launch::scratch().join("logs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let pattern = dir.join("nccl.%h.%p.log");
+    let l =
+        oxccl_testkit::Launch::new("log_lines_follow_nccl_debug_subsys_and_go_to_nccl_debug_file", "log", 3)
+            .env("NCCL_DEBUG", "INFO")
+            .env("NCCL_DEBUG_SUBSYS", "GRAPH")
+            .env("NCCL_DEBUG_FILE", pattern.to_str().unwrap())
+            .env("OXCCL_DIRECT", "0")
+            .env("OXCCL_UNIQUE_ID_FILE", dir.join("unique-id").to_str().unwrap());
+    let done = l.run().unwrap_or_else(|e| panic!("{e}"));
+    let files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
+    assert_eq!(files.len(), 3, "{files:?}");
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        let pid = name.split('.').nth(2).unwrap();
+        for line in text.lines() {
+            assert!(line.contains(&format!(":{pid}:")) && line.contains(" NCCL INFO "), "{name}: {line}");
+        }
+        assert!(text.contains("NCCL INFO Channel 00/01 : 0 1 2"), "{name}: {text}");
+        assert!(text.contains("NCCL INFO Trees [0]"), "{name}: {text}");
+        // INIT-only lines (connections, buffering) are not in GRAPH.
+        assert!(!text.contains("via SHM") && !text.contains("buffering"), "{name}: {text}");
+    }
+    // Nothing went to stderr.
+    for d in &done {
+        assert!(!d.stderr.contains("NCCL INFO"), "rank {}: {}", d.rank, d.stderr);
+    }
+}

@@ -200,7 +200,10 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                             ));
                         }
                     }
-                    log.info(format_args!("root: {} ranks joined", table.len()));
+                    log.info_in(
+                        oxccl_core::config::subsys::BOOTSTRAP,
+                        format_args!("root: {} ranks joined", table.len()),
+                    );
                     return;
                 }
                 Some(Err(why)) => {

@@ -806,7 +806,10 @@ fn tcp_step(ctx: &Ctx, c: &mut TcpConn, now: Instant, deadline: Duration) -> Ste
                 } else if matches!(c.state, ConnState::Hello { .. })
                     || e.kind() != io::ErrorKind::UnexpectedEof
                 {
-                    ctx.log.info(format_args!("service: connection from {} closed: {e}", c.peer));
+                    ctx.log.info_in(
+                        oxccl_core::config::subsys::BOOTSTRAP,
+                        format_args!("service: connection from {} closed: {e}", c.peer),
+                    );
                 }
                 return Step::Drop;
             }
@@ -855,7 +858,10 @@ fn tcp_step(ctx: &Ctx, c: &mut TcpConn, now: Instant, deadline: Duration) -> Ste
                     u64::from_le_bytes(payload.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]));
                 let answer = ctx.mailbox.progress.snapshot().encode(nonce);
                 if let Err(e) = super::write_frame(&mut c.s, kind::STATE, &answer) {
-                    ctx.log.info(format_args!("service: probe from rank {from} unanswered: {e}"));
+                    ctx.log.info_in(
+                        oxccl_core::config::subsys::BOOTSTRAP,
+                        format_args!("service: probe from rank {from} unanswered: {e}"),
+                    );
                 }
             }
             (ConnState::Msgs { from, .. }, (kind::GONE, payload)) => {

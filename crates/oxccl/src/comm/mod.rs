@@ -20,6 +20,7 @@ use crate::log::Logger;
 use crate::sys::fd::EventFd;
 use crate::sys::{host, ifaces};
 use crate::transport::hostmem::Ctl;
+use oxccl_core::config::subsys;
 use oxccl_core::config::Config;
 use oxccl_core::launch::Rendezvous;
 use oxccl_core::plan::{ConnClass, ConnKey, Geometry, OpSpec};
@@ -102,7 +103,7 @@ pub struct Communicator {
 /// Creates a unique id: starts the rendezvous root in this process, on the interface the
 /// configuration selects. Pass the id (or its text form) to every rank.
 pub fn new_unique_id(config: &Config) -> Result<UniqueId> {
-    let log = Logger::new(config.log, None);
+    let log = Logger::new(config, None);
     let ip = choose_ip(config, None, Rank(0))?;
     let listener = TcpListener::bind(SocketAddr::new(ip, 0))
         .map_err(|e| Error::io(Rank(0), "bind the rendezvous root", None, e))?;
@@ -174,7 +175,7 @@ impl Communicator {
         }
         let rank = coll::check_rank("rank", rank.0 as i64, size)?;
         config.validate()?;
-        let log = Logger::new(config.log, Some(rank.0));
+        let log = Logger::new(&config, Some(rank.0));
         let ip = choose_ip(&config, Some(id.root.ip()), rank)?;
         let doorbell = Arc::new(EventFd::new().map_err(|e| Error::io(rank, "eventfd", None, e))?);
         let abort = Arc::new(AtomicBool::new(false));
@@ -252,7 +253,7 @@ impl Communicator {
                         .map_err(|e| {
                             Error::io(rank, "bind the rendezvous root at the launcher's port", None, e)
                         })?;
-                    root::spawn(listener, secret, Logger::new(config.log, Some(0)))
+                    root::spawn(listener, secret, Logger::new(&config, Some(0)))
                         .map_err(|e| Error::io(rank, "start the rendezvous root", None, e))?;
                 }
                 let root = loop {
@@ -295,6 +296,37 @@ impl Communicator {
             )
             .map(Arc::new),
         };
+        if p.log.on(subsys::INIT | subsys::GRAPH) {
+            let ring: Vec<String> = geometry.ring.iter().map(|r| r.to_string()).collect();
+            for c in 0..geometry.nchannels {
+                p.log.info_in(
+                    subsys::INIT | subsys::GRAPH,
+                    format_args!("Channel {c:02}/{:02} : {}", geometry.nchannels, ring.join(" ")),
+                );
+            }
+            if p.size > 2 {
+                let show = |r: Option<Rank>| r.map_or("-1".to_string(), |r| r.to_string());
+                let [a, b] = oxccl_core::plan::tree::places(&geometry);
+                let me = p.rank.idx();
+                let fmt = |pl: &oxccl_core::plan::tree::Place| {
+                    let ch: Vec<String> = pl.children.iter().map(|c| c.to_string()).collect();
+                    format!(
+                        "{}->{}->{}",
+                        if ch.is_empty() { "-1".into() } else { ch.join("/") },
+                        p.rank,
+                        show(pl.parent)
+                    )
+                };
+                p.log.info_in(
+                    subsys::INIT | subsys::GRAPH,
+                    format_args!(
+                        "Trees [0] {} [1] {} (double binary tree over hosts, chain inside each)",
+                        fmt(&a[me]),
+                        fmt(&b[me])
+                    ),
+                );
+            }
+        }
         if let Some(s) = &geometry.select {
             p.log.info(format_args!(
                 "NCCL_ALGO/NCCL_PROTO: all-reduce {}; direct path per collective {:?}; refused: {:?}",
@@ -689,7 +721,7 @@ impl Inner {
                 secret,
                 doorbell.clone(),
                 ctl.clone(),
-                Logger::new(self.config.log, Some(cr.0)),
+                Logger::new(&self.config, Some(cr.0)),
             )?),
             None => None,
         };
@@ -719,7 +751,7 @@ impl Inner {
             info.rank = Rank::new(new_rank);
             peers.push(info);
         }
-        let log = Logger::new(self.config.log, Some(cr.0));
+        let log = Logger::new(&self.config, Some(cr.0));
         log.info(format_args!("{what} → rank {cr} of {}", peers.len()));
         Communicator::assemble(Parts {
             ctl,

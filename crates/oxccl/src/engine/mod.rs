@@ -27,8 +27,10 @@ use crate::sys::fd::{self, EventFd};
 use crate::transport::shm::{ShmRecv, ShmSend};
 use crate::transport::tcp::{Post, TcpRecv, TcpSend};
 use crate::transport::{RecvConn, SendConn};
+use oxccl_core::config::subsys;
 use oxccl_core::contract::{Seqs, Sig};
 use oxccl_core::plan::exec::{apply, StepData};
+use oxccl_core::plan::ConnClass;
 use oxccl_core::plan::{
     job_connections, plan_group_signed, BufId, ConnKey, Geometry, Input, Job, Lane, Loc, OpSpec, Step,
 };
@@ -198,6 +200,16 @@ fn span(bufs: &[RawBuf], loc: Loc, len: usize) -> Result<RawBuf> {
     })
 }
 
+/// A connection class as log lines name it (`Channel 00`, `Tree 1`, …).
+fn class_name(c: ConnClass) -> String {
+    match c {
+        ConnClass::Ring(ch) => format!("Channel {:02}", ch.0),
+        ConnClass::Tree(t) => format!("Tree {t}"),
+        ConnClass::Direct => "Direct".into(),
+        ConnClass::P2p => "P2P".into(),
+    }
+}
+
 impl Engine {
     pub fn new(ctx: EngineCtx) -> Engine {
         // Ranks of this host beyond its cores take turns on them: a waiting rank that spins
@@ -267,7 +279,18 @@ impl Engine {
                         c.slot_bytes,
                         &c.doorbell,
                     )?);
-                    c.log.info(format_args!("connected to rank {} ({:?}) over SHM", key.peer, key.class));
+                    c.log.info_in(
+                        subsys::INIT | subsys::SHM,
+                        format_args!(
+                            "{} : {} -> {} via SHM ({} slots × {} KiB; same host {})",
+                            class_name(key.class),
+                            c.me,
+                            key.peer,
+                            c.slots,
+                            c.slot_bytes >> 10,
+                            peer.hostname
+                        ),
+                    );
                     self.sends.insert(key, conn);
                 } else {
                     let conn = match c.mailbox.wait_conn(key.peer, key.class, w)? {
@@ -301,7 +324,22 @@ impl Engine {
                             }
                         }
                     };
-                    c.log.info(format_args!("connected to rank {} ({:?}) over TCP", key.peer, key.class));
+                    let why = if self.ctx.shm_disable && peer.host_id == self.ctx.host_id {
+                        "NCCL_SHM_DISABLE=1".to_string()
+                    } else {
+                        format!("rank {} is on host {}", key.peer, peer.hostname)
+                    };
+                    c.log.info_in(
+                        subsys::INIT | subsys::NET,
+                        format_args!(
+                            "{} : {} <-> {} via NET/Socket ({} slots × {} KiB; {why})",
+                            class_name(key.class),
+                            c.me,
+                            key.peer,
+                            c.slots,
+                            c.slot_bytes >> 10
+                        ),
+                    );
                     let other = s
                         .try_clone()
                         .map_err(|e| Error::io(c.me, "TCP connection setup", Some(key.peer), e))?;
