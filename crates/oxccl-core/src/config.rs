@@ -16,6 +16,7 @@
 //! | `NCCL_DEBUG_SUBSYS` | subsystems of INFO lines: `INIT,COLL,P2P,SHM,NET,GRAPH,TUNING,ENV,ALLOC,CALL,BOOTSTRAP,ALL`, `^` to exclude | `INIT,BOOTSTRAP,ENV` |
 //! | `NCCL_DEBUG_FILE` | log file (`%h` host, `%p` pid) | stderr |
 //! | `NCCL_ALGO`, `NCCL_PROTO` | algorithms / protocols calls may use, NCCL's syntax ([`crate::tuner::Enabled`]) | all |
+//! | `OXCCL_DETERMINISTIC` | `1`: reductions fold in rank order, bitwise reproducible whatever the size, algorithm and channels | `0` |
 //! | `OXCCL_TIMEOUT` | seconds a call may wait for peers; `0` = forever | forever |
 //! | `OXCCL_HOST_ID` | overrides the host identity (ranks with equal ids share memory) | derived |
 //! | `OXCCL_DIRECT` | `0`: single-host communicators use the ring engine, not direct memory access | `1` |
@@ -125,6 +126,9 @@ pub struct Config {
     pub flight_dir: Option<std::path::PathBuf>,
     /// `NCCL_ALGO` / `NCCL_PROTO`: the algorithms and protocols calls may use.
     pub enabled: crate::tuner::Enabled,
+    /// `OXCCL_DETERMINISTIC`: reductions fold in rank order, bitwise reproducible across sizes,
+    /// algorithms and channel counts (every rank must agree).
+    pub deterministic: bool,
 }
 
 impl Default for Config {
@@ -146,6 +150,7 @@ impl Default for Config {
             flight_entries: 2000,
             flight_dir: None,
             enabled: crate::tuner::Enabled::default(),
+            deterministic: false,
         }
     }
 }
@@ -227,6 +232,9 @@ impl Config {
         }
         if let Some(v) = get("OXCCL_CHECK_CALLS") {
             c.check_calls = parse_bool("OXCCL_CHECK_CALLS", &v)?;
+        }
+        if let Some(v) = get("OXCCL_DETERMINISTIC") {
+            c.deterministic = parse_bool("OXCCL_DETERMINISTIC", &v)?;
         }
         if let Some(v) = get("OXCCL_DIRECT") {
             c.direct = parse_bool("OXCCL_DIRECT", &v)?;

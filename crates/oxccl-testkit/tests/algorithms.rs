@@ -162,3 +162,73 @@ fn log_lines_follow_nccl_debug_subsys_and_go_to_nccl_debug_file() {
         assert!(!d.stderr.contains("NCCL INFO"), "rank {}: {}", d.rank, d.stderr);
     }
 }
+
+/// A float input whose sums depend on the order they are added in.
+fn fx(r: usize, i: usize) -> f32 {
+    let h = (r as u64 * 0x9e37_79b9_7f4a_7c15) ^ (i as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    let h = (h ^ (h >> 31)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    ((h >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 10f32.powi((h % 7) as i32 - 3)
+}
+
+#[test]
+fn deterministic_mode_gives_the_same_bits_for_every_size_algorithm_and_channel_count() {
+    let seed = std::env::var("OXCCL_DET_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20261202u64);
+    let mut rng = oxccl_testkit::Rng::new(seed);
+    let algos = [None, Some("ring"), Some("tree"), Some("direct"), Some("ring,tree"), Some("^direct")];
+    let p = 4usize;
+    let mut seen = std::collections::BTreeSet::new();
+    for trial in 0..20 {
+        let n = 1 + rng.below(if trial % 4 == 0 { 3_000_000 } else { 200_000 }) as usize;
+        let algo = algos[rng.below(algos.len() as u64) as usize];
+        let proto = if rng.below(2) == 0 { None } else { Some("Simple") };
+        let channels = 1 + rng.below(4) as usize;
+        let buffsize = [64usize << 10, 1 << 20, 4 << 20][rng.below(3) as usize];
+        let per_host = if rng.below(3) == 0 { 2 } else { 4 };
+        let direct = rng.below(4) != 0;
+        let shared = rng.below(2) == 0;
+        let what = format!(
+            "trial {trial} (seed {seed}): n={n} NCCL_ALGO={algo:?} NCCL_PROTO={proto:?} channels={channels} buffsize={buffsize} per_host={per_host} direct={direct} shared={shared}"
+        );
+        let mut cfg =
+            with_algo(algo, proto).with_channels(channels).with_buffsize(buffsize).with_direct(direct);
+        cfg.deterministic = true;
+        let id = oxccl::new_unique_id(&cfg).unwrap();
+        let hs: Vec<_> = (0..p)
+            .map(|r| {
+                let cfg = cfg.clone().with_host_id(&format!("host{}", r / per_host));
+                std::thread::spawn(move || {
+                    let c = Communicator::init(&id, p, Rank::new(r), cfg).unwrap();
+                    let x: Vec<f32> = (0..n).map(|i| fx(r, i)).collect();
+                    if shared {
+                        let mut b = oxccl::mem::SharedBuf::from_slice(&x).unwrap();
+                        c.all_reduce_in_place(&mut b, ReduceOp::Sum).map(|_| b.to_vec())
+                    } else {
+                        let mut out = vec![0f32; n];
+                        c.all_reduce(&x, &mut out, ReduceOp::Sum).map(|_| out)
+                    }
+                })
+            })
+            .collect();
+        for (r, h) in hs.into_iter().enumerate() {
+            let got = h.join().unwrap().unwrap_or_else(|e| panic!("{what}: rank {r}: {e}"));
+            for (i, v) in got.iter().enumerate() {
+                let want = (1..p).fold(fx(0, i), |a, q| a + fx(q, i));
+                assert_eq!(v.to_bits(), want.to_bits(), "{what}: rank {r} element {i}: {v} vs {want}");
+            }
+        }
+        seen.insert(format!("{algo:?}/{per_host}"));
+    }
+    assert!(seen.len() >= 4, "too few distinct configurations: {seen:?}");
+    // Control: without the mode, the ring's order differs, which these inputs show.
+    let n = 100_000;
+    let out = threads(p, p, with_algo(Some("ring"), None), move |c| {
+        let x: Vec<f32> = (0..n).map(|i| fx(c.rank().idx(), i)).collect();
+        let mut out = vec![0f32; n];
+        c.all_reduce(&x, &mut out, ReduceOp::Sum).unwrap();
+        out
+    });
+    let differ = (0..n)
+        .filter(|&i| out[0][i].to_bits() != (1..p).fold(fx(0, i), |a, q| a + fx(q, i)).to_bits())
+        .count();
+    assert!(differ > 0, "the ring folded in rank order everywhere");
+}

@@ -19,6 +19,7 @@
 //!
 //! Nothing here knows which transport carries a connection; [`sim`] executes plans in memory.
 
+mod det;
 mod direct;
 pub mod exec;
 pub mod hostdirect;
@@ -181,6 +182,9 @@ pub struct Geometry {
     /// The algorithm each all-reduce takes, by size (`None`: the built-in rules — one-shot for
     /// small calls, else the ring).
     pub select: Option<Arc<crate::tuner::Selector>>,
+    /// `OXCCL_DETERMINISTIC`: every reduction folds the ranks' inputs in rank order
+    /// (`plan/det.rs`), whatever the size and algorithm.
+    pub deterministic: bool,
 }
 
 impl Geometry {
@@ -195,6 +199,7 @@ impl Geometry {
             channel_min_bytes: 0,
             hosts: vec![0; size].into(),
             select: None,
+            deterministic: false,
         }
     }
 
@@ -482,6 +487,25 @@ pub fn plan_group_signed(
             }
             lanes
         };
+        if g.deterministic {
+            let det = match *op {
+                OpSpec::AllReduce { count, dtype, op, src, dst } if !oneshot::applies(g, count, dtype) => {
+                    Some(det::reduce_scatter_like(g, count, None, dtype, op, src, dst)?)
+                }
+                OpSpec::ReduceScatter { count, dtype, op, src, dst } => {
+                    Some(det::reduce_scatter_like(g, count * g.size, Some(count), dtype, op, src, dst)?)
+                }
+                OpSpec::Reduce { count, dtype, op, root, src, dst } => {
+                    Some(det::reduce(g, count, dtype, op, root, src, dst)?)
+                }
+                _ => None,
+            };
+            if let Some((phases, scratch)) = det {
+                job.phases.extend(phases.into_iter().map(sign));
+                job.scratch_bytes = job.scratch_bytes.max(scratch);
+                continue;
+            }
+        }
         if let OpSpec::AllReduce { count, dtype, op, src, dst } = *op {
             let algo = g.select.as_ref().and_then(|s| s.all_reduce_algo(count * dtype.size_bytes()));
             if algo == Some(crate::tuner::Algo::Tree) && g.size > 2 && count > 0 {

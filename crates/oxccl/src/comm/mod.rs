@@ -289,6 +289,7 @@ impl Communicator {
             // NCCL_MIN_NCHANNELS > 1 asks for that many rings on every call.
             channel_min_bytes: if p.config.min_channels > 1 { 0 } else { tuning::RING_MIN_BYTES_PER_CHANNEL },
             hosts: host_indices(&peers).into(),
+            deterministic: p.config.deterministic,
             select: oxccl_core::tuner::Selector::forced(
                 &p.config.enabled,
                 p.size,

@@ -656,3 +656,114 @@ fn tree_places_follow_the_double_binary_tree_over_hosts() {
         assert!(!(t0[h].children.len() > 1 && t1[h].children.len() > 1), "host head {h}");
     }
 }
+
+/// A float input whose sums depend on the order they are added in.
+fn fx(r: usize, i: usize) -> f32 {
+    let h = (r as u64 * 0x9e37_79b9_7f4a_7c15) ^ (i as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    let h = (h ^ (h >> 31)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    ((h >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 10f32.powi((h % 7) as i32 - 3)
+}
+
+fn fbytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+}
+
+fn fvals(b: &[u8]) -> Vec<u32> {
+    u32s(b)
+}
+
+#[test]
+fn deterministic_reductions_fold_in_rank_order_for_every_size_and_chunk() {
+    for p in 1..=P_MAX {
+        for chunk in [4usize, 12, 64] {
+            for n in [1usize, 2, 7, 100, 257, 1000] {
+                let want: Vec<u32> =
+                    (0..n).map(|i| (1..p).fold(fx(0, i), |a, r| a + fx(r, i)).to_bits()).collect();
+                // All-reduce, out of place and in place.
+                for in_place in [false, true] {
+                    let mut jobs = Vec::new();
+                    let mut bufs = Vec::new();
+                    for r in 0..p {
+                        let mut g = Geometry::simple(rank(r), p, 2, chunk);
+                        g.deterministic = true;
+                        let dst = if in_place { SEND } else { RECV };
+                        let ops = [OpSpec::AllReduce {
+                            count: n,
+                            dtype: DataType::F32,
+                            op: ReduceOp::Sum,
+                            src: SEND,
+                            dst,
+                        }];
+                        jobs.push(plan_group_signed(&g, &ops, &mut Seqs::new(p), true).unwrap());
+                        let x: Vec<f32> = (0..n).map(|i| fx(r, i)).collect();
+                        bufs.push(vec![fbytes(&x), vec![0u8; 4 * n]]);
+                    }
+                    run(jobs, &mut bufs, 2).unwrap_or_else(|e| panic!("p={p} chunk={chunk} n={n}: {e}"));
+                    for (r, b) in bufs.iter().enumerate() {
+                        assert_eq!(
+                            fvals(&b[usize::from(!in_place)]),
+                            want,
+                            "all-reduce p={p} chunk={chunk} n={n} rank {r}"
+                        );
+                    }
+                }
+                // Reduce-scatter (n per rank) and reduce to the last rank.
+                let total = n * p;
+                let want_rs: Vec<u32> =
+                    (0..total).map(|i| (1..p).fold(fx(0, i), |a, r| a + fx(r, i)).to_bits()).collect();
+                let mut jobs = Vec::new();
+                let mut bufs = Vec::new();
+                for r in 0..p {
+                    let mut g = Geometry::simple(rank(r), p, 1, chunk);
+                    g.deterministic = true;
+                    let ops = [
+                        OpSpec::ReduceScatter {
+                            count: n,
+                            dtype: DataType::F32,
+                            op: ReduceOp::Sum,
+                            src: SEND,
+                            dst: RECV,
+                        },
+                        OpSpec::Reduce {
+                            count: total,
+                            dtype: DataType::F32,
+                            op: ReduceOp::Sum,
+                            root: rank(p - 1),
+                            src: SEND,
+                            dst: Loc { buf: BufId(1), off: 4 * n },
+                        },
+                    ];
+                    jobs.push(plan_group_signed(&g, &ops, &mut Seqs::new(p), true).unwrap());
+                    let x: Vec<f32> = (0..total).map(|i| fx(r, i)).collect();
+                    bufs.push(vec![fbytes(&x), vec![0u8; 4 * (n + total)]]);
+                }
+                run(jobs, &mut bufs, 2).unwrap_or_else(|e| panic!("rs p={p} chunk={chunk} n={n}: {e}"));
+                for (r, b) in bufs.iter().enumerate() {
+                    let got = fvals(&b[1]);
+                    assert_eq!(
+                        got[..n],
+                        want_rs[r * n..(r + 1) * n],
+                        "reduce-scatter p={p} chunk={chunk} n={n} rank {r}"
+                    );
+                    if r == p - 1 {
+                        assert_eq!(got[n..], want_rs[..], "reduce p={p} chunk={chunk} n={n}");
+                    }
+                }
+            }
+        }
+    }
+    // Control: the ring's order differs, so these inputs can tell the orders apart.
+    let (p, n) = (4, 1000);
+    let mut jobs = Vec::new();
+    let mut bufs = Vec::new();
+    for r in 0..p {
+        let g = Geometry::simple(rank(r), p, 1, 64);
+        let ops =
+            [OpSpec::AllReduce { count: n, dtype: DataType::F32, op: ReduceOp::Sum, src: SEND, dst: RECV }];
+        jobs.push(plan_group(&g, &ops).unwrap());
+        bufs.push(vec![fbytes(&(0..n).map(|i| fx(r, i)).collect::<Vec<_>>()), vec![0u8; 4 * n]]);
+    }
+    run(jobs, &mut bufs, 2).unwrap();
+    let want: Vec<u32> = (0..n).map(|i| (1..p).fold(fx(0, i), |a, r| a + fx(r, i)).to_bits()).collect();
+    assert_ne!(fvals(&bufs[0][1]), want, "the ring happened to fold in rank order everywhere");
+}
