@@ -17,6 +17,8 @@
 //! | `NCCL_DEBUG_FILE` | log file (`%h` host, `%p` pid) | stderr |
 //! | `NCCL_ALGO`, `NCCL_PROTO` | algorithms / protocols calls may use, NCCL's syntax ([`crate::tuner::Enabled`]) | all |
 //! | `OXCCL_DETERMINISTIC` | `1`: reductions fold in rank order, bitwise reproducible whatever the size, algorithm and channels | `0` |
+//! | `OXCCL_TUNER` | `0`: no cost model; the built-in rules pick algorithms | `1` |
+//! | `OXCCL_CALIBRATE` | `0`: the model's built-in costs; `force`: measure this host again | cached probe |
 //! | `OXCCL_TIMEOUT` | seconds a call may wait for peers; `0` = forever | forever |
 //! | `OXCCL_HOST_ID` | overrides the host identity (ranks with equal ids share memory) | derived |
 //! | `OXCCL_DIRECT` | `0`: single-host communicators use the ring engine, not direct memory access | `1` |
@@ -129,6 +131,11 @@ pub struct Config {
     /// `OXCCL_DETERMINISTIC`: reductions fold in rank order, bitwise reproducible across sizes,
     /// algorithms and channel counts (every rank must agree).
     pub deterministic: bool,
+    /// `OXCCL_TUNER`: calls take the cost model's choices (on by default); off, the built-in
+    /// rules (and `NCCL_ALGO` / `NCCL_PROTO`) alone.
+    pub tuner: bool,
+    /// `OXCCL_CALIBRATE`: `0` built-in costs, `force` measure again; unset, the cached probe.
+    pub calibrate: Option<String>,
 }
 
 impl Default for Config {
@@ -151,6 +158,8 @@ impl Default for Config {
             flight_dir: None,
             enabled: crate::tuner::Enabled::default(),
             deterministic: false,
+            tuner: true,
+            calibrate: None,
         }
     }
 }
@@ -235,6 +244,12 @@ impl Config {
         }
         if let Some(v) = get("OXCCL_DETERMINISTIC") {
             c.deterministic = parse_bool("OXCCL_DETERMINISTIC", &v)?;
+        }
+        if let Some(v) = get("OXCCL_TUNER") {
+            c.tuner = parse_bool("OXCCL_TUNER", &v)?;
+        }
+        if let Some(v) = get("OXCCL_CALIBRATE").filter(|v| !v.trim().is_empty()) {
+            c.calibrate = Some(v);
         }
         if let Some(v) = get("OXCCL_DIRECT") {
             c.direct = parse_bool("OXCCL_DIRECT", &v)?;

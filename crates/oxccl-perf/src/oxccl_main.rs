@@ -5,7 +5,7 @@
 //! - `oxccl topo [--topo FILE] [--channels N] [--svg FILE] [--dump FILE]` prints this host's
 //!   topology (or a topology file's) as `nvidia-smi topo -m` does, then the rings and trees
 //!   built over it; `--svg` draws it, `--dump` writes the topology file.
-//! - `oxccl explain COLLECTIVE --ranks N --topo FILE` prints, for sizes 8 B .. 4 GiB, the
+//! - `oxccl explain COLLECTIVE --ranks N [--topo FILE]` prints, for sizes 8 B .. 4 GiB, the
 //!   predicted time of every algorithm × protocol and the choice (`NCCL_ALGO`, `NCCL_PROTO`,
 //!   `NCCL_MIN/MAX_NCHANNELS` apply).
 
@@ -16,7 +16,8 @@ fn usage() -> ! {
     eprintln!(
         "usage: oxccl analyze DUMP.json...                      flight recorder dumps, one per rank\n\
          \x20      oxccl topo [--topo FILE] [--channels N] [--svg FILE] [--dump FILE]\n\
-         \x20      oxccl explain COLLECTIVE --ranks N --topo FILE  (allreduce, allgather, reducescatter, broadcast, reduce)"
+         \x20      oxccl explain COLLECTIVE --ranks N [--topo FILE]  (allreduce, allgather, reducescatter, broadcast, reduce;\n\
+         \x20                                                      without --topo: N CPU ranks on this host)"
     );
     std::process::exit(2);
 }
@@ -82,6 +83,15 @@ fn topo(args: &[String]) {
         shown.push(i);
     }
     print!("{}", graphs::describe(&t, number("topo", &opts, "channels", 2)));
+    // Affinity: where ranks started here put their progress threads.
+    let launch = oxccl::sys::affinity::current();
+    let h = &t.hosts[0];
+    let b = oxccl::topo::binding(h, &launch, None, false);
+    println!("affinity: ranks on this host's CPUs bind their progress thread to {}", b.why);
+    for n in h.nics() {
+        let b = oxccl::topo::binding(h, &launch, Some(&h.nodes[n].name), true);
+        println!("affinity: ranks whose traffic leaves through {}: {}", h.nodes[n].name, b.why);
+    }
     if let Some(f) = opts.get("svg") {
         std::fs::write(f, graphs::svg(&t.hosts[0])).unwrap_or_else(|e| fail("topo", format!("{f}: {e}")));
         println!("drawing of host {} written to {f}", t.hosts[0].name);
@@ -96,16 +106,23 @@ fn explain(args: &[String]) {
     let (pos, opts) = options(args);
     let [coll] = pos.as_slice() else { usage() };
     let c = Coll::parse(coll).unwrap_or_else(|| fail("explain", format!("unknown collective {coll:?}")));
-    if !opts.contains_key("topo") {
-        fail(
-            "explain",
-            "--topo FILE is needed: the model of this host's CPU ranks is measured by the communicator at init \
-             (see NCCL_DEBUG_SUBSYS=TUNING); fixtures are in fixtures/topo/",
+    let mut m = if opts.contains_key("topo") {
+        let t = load("explain", &opts);
+        let ranks = number("explain", &opts, "ranks", t.gpus().len());
+        Model::from_topo(&t, ranks).unwrap_or_else(|e| fail("explain", e))
+    } else {
+        // This host's CPU ranks, from its calibration (measured once, cached).
+        let ranks = number("explain", &opts, "ranks", 2);
+        if ranks < 1 {
+            fail("explain", "--ranks must be at least 1");
+        }
+        let costs = oxccl::calib::host_costs(
+            oxccl::sys::host::host_id(std::env::var("OXCCL_HOST_ID").ok().as_deref()),
+            std::env::var("OXCCL_CALIBRATE").ok().as_deref(),
         );
-    }
-    let t = load("explain", &opts);
-    let ranks = number("explain", &opts, "ranks", t.gpus().len());
-    let mut m = Model::from_topo(&t, ranks).unwrap_or_else(|e| fail("explain", e));
+        let direct = std::env::var("OXCCL_DIRECT").map_or(true, |v| v != "0");
+        Model::cpu(ranks, 1, &costs, direct && ranks > 1, 1, 1)
+    };
     let env = |k: &str| std::env::var(k).ok();
     if let Some(v) = env("NCCL_MIN_NCHANNELS").and_then(|v| v.parse().ok()) {
         m.min_channels = v;

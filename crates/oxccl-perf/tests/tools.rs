@@ -76,6 +76,13 @@ fn explain_prints_every_candidate_and_honours_overrides() {
     let (rc, _, err) = oxccl(&["explain", "allreduce", "--topo", &dgx16], &[("NCCL_ALGO", "rign")]);
     assert_eq!(rc, 1);
     assert!(err.contains("unknown name \"rign\""), "{err}");
+    // Without a topology: this host's CPU ranks, priced from its calibration.
+    let (rc, out, err) = oxccl(&["explain", "allreduce", "--ranks", "4"], &[]);
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("on 4 ranks, 1 host(s)") && out.contains("Direct/Simple ×"), "{out}");
+    let (rc, out, err) = oxccl(&["explain", "allreduce", "--ranks", "4"], &[("OXCCL_DIRECT", "0")]);
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("Ring/Simple ×"), "{out}");
     let (rc, _, err) = oxccl(&["explain", "allreduce", "--ranks", "999", "--topo", &dgx16], &[]);
     assert_eq!(rc, 1);
     assert!(err.contains("the topology has 128 GPUs"), "{err}");

@@ -21,6 +21,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod bootstrap;
+pub mod calib;
 pub mod comm;
 pub mod engine;
 pub mod env;

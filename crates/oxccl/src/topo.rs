@@ -353,3 +353,84 @@ mod tests {
         let _ = t.matrix(0);
     }
 }
+
+/// Where a rank's progress thread runs: CPUs, their NUMA node, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Binding {
+    pub cpus: Vec<usize>,
+    pub numa: Option<u32>,
+    pub why: String,
+}
+
+/// This host's discovered topology, once per process.
+pub fn host() -> &'static Topo {
+    static T: std::sync::OnceLock<Topo> = std::sync::OnceLock::new();
+    T.get_or_init(discover)
+}
+
+/// The binding of a rank whose traffic leaves the host through interface `iface` (when
+/// `network`): the CPUs of that NIC's NUMA node among those it was launched on; otherwise (or
+/// when that leaves none) the CPUs it was launched on.
+pub fn binding(h: &HostTopo, launch: &[usize], iface: Option<&str>, network: bool) -> Binding {
+    use crate::sys::affinity::{format_cpulist, parse_cpulist};
+    let node_cpus = |n: u32| {
+        h.nodes
+            .iter()
+            .find(|c| c.kind == NodeKind::Cpu && c.numa == Some(n))
+            .map(|c| parse_cpulist(&c.cpus))
+            .unwrap_or_default()
+    };
+    if network {
+        if let Some(nic) = iface.and_then(|i| h.nodes.iter().find(|n| n.kind == NodeKind::Nic && n.name == i))
+        {
+            if let Some(n) = nic.numa {
+                let cpus: Vec<usize> = node_cpus(n).into_iter().filter(|c| launch.contains(c)).collect();
+                if !cpus.is_empty() {
+                    return Binding {
+                        why: format!("NIC {} is on NUMA node {n} (CPUs {})", nic.name, format_cpulist(&cpus)),
+                        cpus,
+                        numa: Some(n),
+                    };
+                }
+            }
+        }
+    }
+    // The NUMA node holding most of the launch CPUs.
+    let numa = h
+        .of_kind(NodeKind::Cpu)
+        .into_iter()
+        .filter_map(|c| {
+            let n = h.nodes[c].numa?;
+            Some((parse_cpulist(&h.nodes[c].cpus).iter().filter(|x| launch.contains(x)).count(), n))
+        })
+        .max()
+        .filter(|(k, _)| *k > 0)
+        .map(|x| x.1);
+    Binding {
+        cpus: launch.to_vec(),
+        numa,
+        why: format!("the CPUs this rank was launched on ({})", format_cpulist(launch)),
+    }
+}
+
+#[cfg(test)]
+mod binding_tests {
+    use super::*;
+    use oxccl_core::topo::Topo;
+
+    #[test]
+    fn network_ranks_bind_to_their_nics_node_and_others_keep_their_launch_cpus() {
+        let t = Topo::parse(include_str!("../../../fixtures/topo/pcie-4gpu-2nic.json")).unwrap();
+        let h = &t.hosts[0];
+        let all: Vec<usize> = (0..64).collect();
+        let b = binding(h, &all, Some("mlx5_1"), true);
+        assert_eq!((b.cpus.clone(), b.numa), ((32..64).collect::<Vec<_>>(), Some(1)), "{b:?}");
+        assert!(b.why.contains("NIC mlx5_1 is on NUMA node 1"), "{b:?}");
+        // Launched on node 0 only: the NIC's node has none of those CPUs, so they are kept.
+        let b = binding(h, &[0, 1, 2], Some("mlx5_1"), true);
+        assert_eq!((b.cpus.clone(), b.numa), (vec![0, 1, 2], Some(0)), "{b:?}");
+        let b = binding(h, &[40, 41], None, false);
+        assert_eq!((b.cpus.clone(), b.numa), (vec![40, 41], Some(1)), "{b:?}");
+        assert!(b.why.contains("launched on (40-41)"), "{b:?}");
+    }
+}

@@ -383,6 +383,22 @@ impl OpSpec {
     }
 }
 
+impl OpSpec {
+    /// The size the tuner prices a tuned collective at: the larger of its input and output in
+    /// bytes (nccl-tests' "size").
+    pub fn tuned_bytes(&self, nranks: usize) -> Option<usize> {
+        Some(match *self {
+            OpSpec::AllReduce { count, dtype, .. }
+            | OpSpec::Broadcast { count, dtype, .. }
+            | OpSpec::Reduce { count, dtype, .. } => count * dtype.size_bytes(),
+            OpSpec::AllGather { count, dtype, .. } | OpSpec::ReduceScatter { count, dtype, .. } => {
+                count * nranks * dtype.size_bytes()
+            }
+            _ => return None,
+        })
+    }
+}
+
 /// Whether the direct path may serve `op` under the communicator's selector.
 pub fn direct_allowed(g: &Geometry, op: &OpSpec) -> bool {
     let Some(s) = &g.select else { return true };

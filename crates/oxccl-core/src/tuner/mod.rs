@@ -273,6 +273,11 @@ pub struct Model {
     /// Algorithms and protocols the runtime can run at all (others are priced but never picked).
     pub runnable_algos: Vec<Algo>,
     pub runnable_protos: Vec<Proto>,
+    /// Direct through shared memory (one host): its bandwidth, GB/s; `None`: Direct is the
+    /// one-shot exchange over connections.
+    pub direct_gbs: Option<f64>,
+    /// The largest call Direct serves.
+    pub direct_max_bytes: usize,
 }
 
 /// One priced candidate.
@@ -312,7 +317,7 @@ impl Model {
         if !a.runs(c) {
             return Some(format!("{a} runs only all-reduce"));
         }
-        if a == Algo::Direct && self.nranks > DIRECT_MAX_RANKS {
+        if a == Algo::Direct && self.direct_gbs.is_none() && self.nranks > DIRECT_MAX_RANKS {
             return Some(format!("Direct serves at most {DIRECT_MAX_RANKS} ranks"));
         }
         if a == Algo::Tree && self.nranks < 3 {
@@ -366,8 +371,16 @@ impl Model {
                 (lat, bus * self.tree_efficiency * 0.5)
             }
             Algo::Direct => {
-                let hop = if multi { net_hop } else { intra_hop };
-                (base + hop, bus / (pr - 1.0))
+                if bytes > self.direct_max_bytes {
+                    return None;
+                }
+                match self.direct_gbs {
+                    Some(gbs) => (base, gbs),
+                    None => {
+                        let hop = if multi { net_hop } else { intra_hop };
+                        (base + hop, bus / (pr - 1.0))
+                    }
+                }
             }
         };
         Some(lat + n / (1000.0 * algbw))
@@ -530,7 +543,79 @@ impl Model {
             tree_efficiency: if nvl { 0.92 } else { 2.0 / 3.0 },
             runnable_algos: ALGOS.to_vec(),
             runnable_protos: PROTOS.to_vec(),
+            direct_gbs: None,
+            direct_max_bytes: usize::MAX,
         })
+    }
+}
+
+/// What the calibration probe measured on a host (or the built-in values).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CpuCosts {
+    /// Single-thread copy bandwidth, GB/s.
+    pub copy_gbs: f64,
+    /// One-way hand-off latency between two cores, µs.
+    pub hop_us: f64,
+    /// TCP loopback one-way latency, µs, and bandwidth, GB/s.
+    pub tcp_us: f64,
+    pub tcp_gbs: f64,
+    /// Whether these were measured here (false: built-in values).
+    pub measured: bool,
+}
+
+impl Default for CpuCosts {
+    fn default() -> Self {
+        CpuCosts { copy_gbs: 5.0, hop_us: 0.5, tcp_us: 15.0, tcp_gbs: 2.0, measured: false }
+    }
+}
+
+/// Fixed costs of the CPU engine around the measured ones, µs: a ring or tree step (slot
+/// bookkeeping, a doorbell when the peer sleeps), and a call through the direct path (post,
+/// the peers' posts, the end barrier).
+pub const CPU_STEP_US: f64 = 1.5;
+pub const CPU_DIRECT_US: f64 = 1.0;
+
+impl Model {
+    /// The model of a CPU communicator of `nranks` over `nhosts`, from measured costs.
+    /// `direct_path`: all ranks share one host and the direct path is on; it then serves
+    /// every size (Direct), at the copy bandwidth.
+    pub fn cpu(
+        nranks: usize,
+        nhosts: usize,
+        c: &CpuCosts,
+        direct_path: bool,
+        min_channels: usize,
+        max_channels: usize,
+    ) -> Model {
+        let cores = 1.0f64;
+        // A chunk through a shared-memory slot is copied in and out: half the copy bandwidth.
+        let shm_gbs = (c.copy_gbs / 2.0).max(0.01);
+        let hop = c.hop_us + CPU_STEP_US;
+        let shm = PathCost { hop_us: [[hop; 3], [hop; 3]], channel_gbs: shm_gbs, limit_gbs: shm_gbs * cores };
+        let net_hop = c.tcp_us + CPU_STEP_US;
+        let net = PathCost {
+            hop_us: [[net_hop; 3], [net_hop; 3]],
+            channel_gbs: c.tcp_gbs.max(0.01),
+            limit_gbs: (c.tcp_gbs * 1.5).max(0.01),
+        };
+        let mut base = [[0.0; 3]; 3];
+        base[Algo::Direct as usize] = [CPU_DIRECT_US + 2.0 * c.hop_us; 3];
+        Model {
+            nranks,
+            nhosts,
+            intra: shm,
+            intra_name: "SHM".into(),
+            net,
+            base_us: base,
+            max_channels: max_channels.max(1),
+            min_channels: min_channels.max(1),
+            ll128: false,
+            tree_efficiency: 0.92,
+            runnable_algos: ALGOS.to_vec(),
+            runnable_protos: vec![Proto::Simple],
+            direct_gbs: direct_path.then_some((c.copy_gbs / 2.0).max(0.01)),
+            direct_max_bytes: if direct_path { usize::MAX } else { crate::tuning::ONE_SHOT_MAX_BYTES },
+        }
     }
 }
 
@@ -560,6 +645,32 @@ impl Selector {
     /// The all-reduce algorithm for a call of `bytes` (`None`: the built-in rules).
     pub fn all_reduce_algo(&self, bytes: usize) -> Option<Algo> {
         self.all_reduce.iter().find(|(b, _)| bytes <= *b).or(self.all_reduce.last()).map(|x| x.1)
+    }
+
+    /// The selector the model picks for a CPU communicator, within what `NCCL_ALGO` /
+    /// `NCCL_PROTO` allow: per size (powers of two), the cheapest all-reduce algorithm.
+    pub fn tuned(m: &Model, en: &Enabled, small_bytes: usize) -> Selector {
+        let mut sel = Selector::forced(en, m.nranks, small_bytes).unwrap_or(Selector {
+            all_reduce: Vec::new(),
+            direct: [true; 5],
+            refuse: Default::default(),
+        });
+        if sel.refuse[Coll::AllReduce as usize].is_some() {
+            return sel;
+        }
+        let mut rules: Vec<(usize, Algo)> = Vec::new();
+        for b in explain_sizes() {
+            let Ok(e) = m.choose(Coll::AllReduce, b, en) else { return sel };
+            match rules.last_mut() {
+                Some(last) if last.1 == e.algo => last.0 = b,
+                _ => rules.push((b, e.algo)),
+            }
+        }
+        if let Some(last) = rules.last_mut() {
+            last.0 = usize::MAX;
+        }
+        sel.all_reduce = rules;
+        sel
     }
 
     /// The selector `NCCL_ALGO` / `NCCL_PROTO` impose on a CPU communicator of `nranks`

@@ -115,3 +115,35 @@ fn an_override_that_cannot_apply_says_why() {
     let e = m.choose(Coll::AllReduce, 8, &nvls).unwrap_err().0;
     assert!(e.contains("enables no algorithm"), "{e}");
 }
+
+#[test]
+fn cpu_models_pick_direct_on_one_host_and_price_the_network_across_hosts() {
+    let c = CpuCosts { copy_gbs: 8.0, hop_us: 0.3, tcp_us: 20.0, tcp_gbs: 2.4, measured: true };
+    let en = Enabled::default();
+    // One host with the direct path: Direct at every size.
+    let m = Model::cpu(4, 1, &c, true, 1, 1);
+    let s = Selector::tuned(&m, &en, 4096);
+    assert_eq!(s.all_reduce, vec![(usize::MAX, Algo::Direct)]);
+    // Without it: one-shot for small calls, the ring beyond.
+    let m = Model::cpu(4, 1, &c, false, 1, 1);
+    let s = Selector::tuned(&m, &en, 4096);
+    assert_eq!(s.all_reduce.first().map(|x| x.1), Some(Algo::Direct));
+    assert_eq!(s.all_reduce.last().map(|x| x.1), Some(Algo::Ring));
+    assert_eq!(s.all_reduce_algo(1 << 20), Some(Algo::Ring));
+    // 16 hosts of one rank: one-shot is out (16 ranks), the tree wins small calls on its
+    // log-depth latency and the ring wins large ones.
+    let m = Model::cpu(16, 16, &c, false, 1, 2);
+    let s = Selector::tuned(&m, &en, 4096);
+    assert_eq!(s.all_reduce_algo(8), Some(Algo::Tree), "{s:?}");
+    assert_eq!(s.all_reduce_algo(1 << 30), Some(Algo::Ring), "{s:?}");
+    // NCCL_ALGO restricts the model's choice; LL is never picked on CPU connections.
+    let ring = Enabled::parse(Some("ring"), None).unwrap();
+    assert_eq!(Selector::tuned(&m, &ring, 4096).all_reduce, vec![(usize::MAX, Algo::Ring)]);
+    assert!(m.candidates(Coll::AllReduce, 8).iter().all(|e| e.proto == Proto::Simple || !e.us.is_finite()));
+    // The prediction grows with the measured latency.
+    let slow = Model::cpu(16, 16, &CpuCosts { tcp_us: 200.0, ..c }, false, 1, 2);
+    assert!(
+        slow.estimate(Coll::AllReduce, 8, Algo::Ring, Proto::Simple, 1).unwrap()
+            > m.estimate(Coll::AllReduce, 8, Algo::Ring, Proto::Simple, 1).unwrap() * 5.0
+    );
+}

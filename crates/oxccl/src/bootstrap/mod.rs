@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 pub use service::{Incoming, Mailbox, PeerState, Service};
 
 /// Protocol version of every bootstrap message.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Frame kinds.
 pub(crate) mod kind {
@@ -77,7 +77,7 @@ const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"OXHL");
 const GONE_GRACE_MS: u64 = 300;
 
 /// What a rank tells the others about itself.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct PeerInfo {
     pub rank: Rank,
     pub pid: u32,
@@ -87,6 +87,8 @@ pub struct PeerInfo {
     pub addr: SocketAddr,
     /// The abstract name of the rank's Unix socket.
     pub unix_name: [u8; 16],
+    /// The calibration of the rank's host (the tuner uses rank 0's on every rank).
+    pub costs: oxccl_core::tuner::CpuCosts,
 }
 
 fn put_addr(w: &mut Writer, a: &SocketAddr) {
@@ -120,6 +122,12 @@ impl PeerInfo {
         w.u32(self.rank.0).u32(self.pid).u64(self.host_id).str(&self.hostname);
         put_addr(w, &self.addr);
         w.raw(&self.unix_name);
+        let c = &self.costs;
+        w.u64(c.copy_gbs.to_bits())
+            .u64(c.hop_us.to_bits())
+            .u64(c.tcp_us.to_bits())
+            .u64(c.tcp_gbs.to_bits())
+            .u8(c.measured as u8);
     }
 
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<PeerInfo, CoreError> {
@@ -130,6 +138,18 @@ impl PeerInfo {
             hostname: r.str()?.to_string(),
             addr: get_addr(r)?,
             unix_name: r.fixed()?,
+            costs: {
+                let mut f = || -> Result<f64, CoreError> {
+                    let v = f64::from_bits(r.u64()?);
+                    if v.is_finite() && v > 0.0 {
+                        Ok(v)
+                    } else {
+                        Err(CoreError::Malformed { what: "peer calibration", reason: format!("{v}") })
+                    }
+                };
+                let (copy_gbs, hop_us, tcp_us, tcp_gbs) = (f()?, f()?, f()?, f()?);
+                oxccl_core::tuner::CpuCosts { copy_gbs, hop_us, tcp_us, tcp_gbs, measured: r.u8()? != 0 }
+            },
         })
     }
 

@@ -66,6 +66,10 @@ pub(crate) struct Inner {
     pub hash: CommHash,
     pub peers: Arc<Vec<PeerInfo>>,
     pub geometry: Geometry,
+    /// The tuner's cost model of this communicator (the same on every rank).
+    pub model: Arc<oxccl_core::tuner::Model>,
+    /// Where this rank's progress (worker) thread runs.
+    pub binding: crate::topo::Binding,
     pub log: Logger,
     abort: Arc<AtomicBool>,
     doorbell: Arc<EventFd>,
@@ -189,6 +193,10 @@ impl Communicator {
             hostname: host::hostname(),
             addr: service.addr,
             unix_name: service.unix_name,
+            costs: crate::calib::host_costs(
+                host::host_id(config.host_id.as_deref()),
+                config.calibrate.as_deref(),
+            ),
         };
         let w = Waiter::new(rank, config.timeout, abort.clone());
         let peers = bootstrap::join(id.root, &id.secret, size, &info, &w)?;
@@ -290,13 +298,45 @@ impl Communicator {
             channel_min_bytes: if p.config.min_channels > 1 { 0 } else { tuning::RING_MIN_BYTES_PER_CHANNEL },
             hosts: host_indices(&peers).into(),
             deterministic: p.config.deterministic,
-            select: oxccl_core::tuner::Selector::forced(
-                &p.config.enabled,
-                p.size,
-                tuning::ONE_SHOT_MAX_BYTES,
-            )
-            .map(Arc::new),
+            select: None,
         };
+        let mut geometry = geometry;
+        let model = Arc::new(oxccl_core::tuner::Model::cpu(
+            p.size,
+            geometry.hosts.iter().max().map_or(1, |h| *h as usize + 1),
+            &peers[0].costs,
+            peers.iter().all(|q| q.host_id == peers[0].host_id)
+                && !p.config.shm_disable
+                && p.config.direct
+                && p.size > 1,
+            p.config.min_channels,
+            geometry.nchannels,
+        ));
+        geometry.select = if p.config.tuner {
+            Some(Arc::new(oxccl_core::tuner::Selector::tuned(
+                &model,
+                &p.config.enabled,
+                tuning::ONE_SHOT_MAX_BYTES,
+            )))
+        } else {
+            oxccl_core::tuner::Selector::forced(&p.config.enabled, p.size, tuning::ONE_SHOT_MAX_BYTES)
+                .map(Arc::new)
+        };
+        if p.log.on(subsys::TUNING) {
+            let c = &peers[0].costs;
+            p.log.info_in(
+                subsys::TUNING,
+                format_args!(
+                    "cost model from rank 0's host ({}): copy {:.2} GB/s, hand-off {:.2} µs, TCP {:.1} µs {:.2} GB/s; all-reduce by size: {:?}",
+                    if c.measured { "measured" } else { "built-in values" },
+                    c.copy_gbs,
+                    c.hop_us,
+                    c.tcp_us,
+                    c.tcp_gbs,
+                    geometry.select.as_ref().map(|s| s.all_reduce.clone()).unwrap_or_default()
+                ),
+            );
+        }
         if p.log.on(subsys::INIT | subsys::GRAPH) {
             let ring: Vec<String> = geometry.ring.iter().map(|r| r.to_string()).collect();
             for c in 0..geometry.nchannels {
@@ -328,6 +368,22 @@ impl Communicator {
                 );
             }
         }
+        let iface = ifaces::list()
+            .ok()
+            .and_then(|l| l.into_iter().find(|i| i.addr == peers[p.rank.idx()].addr.ip()))
+            .map(|i| i.name);
+        let binding = crate::topo::binding(
+            &crate::topo::host().hosts[0],
+            &crate::sys::affinity::current(),
+            iface.as_deref(),
+            peers.iter().any(|q| q.host_id != peers[p.rank.idx()].host_id),
+        );
+        p.log.info(format_args!(
+            "affinity: progress thread on CPUs {} (NUMA node {}): {}",
+            crate::sys::affinity::format_cpulist(&binding.cpus),
+            binding.numa.map_or("?".to_string(), |n| n.to_string()),
+            binding.why
+        ));
         if let Some(s) = &geometry.select {
             p.log.info(format_args!(
                 "NCCL_ALGO/NCCL_PROTO: all-reduce {}; direct path per collective {:?}; refused: {:?}",
@@ -416,6 +472,8 @@ impl Communicator {
             secret: p.secret,
             peers,
             geometry,
+            model,
+            binding,
             log: p.log,
             abort: p.abort,
             doorbell: p.doorbell,
@@ -481,6 +539,25 @@ impl Communicator {
     /// The communicator's identity (the same on every rank).
     pub fn comm_hash(&self) -> CommHash {
         self.inner.hash
+    }
+
+    /// The tuner's cost model of this communicator.
+    pub fn model(&self) -> &oxccl_core::tuner::Model {
+        &self.inner.model
+    }
+
+    /// The explain table of collective `c` on this communicator: for sizes 8 B .. 4 GiB, the
+    /// predicted time of every algorithm × protocol and the choice (`oxccl explain` prints the
+    /// same for topology files).
+    pub fn explain(
+        &self,
+        c: oxccl_core::tuner::Coll,
+    ) -> Vec<(
+        usize,
+        Vec<oxccl_core::tuner::Estimate>,
+        std::result::Result<oxccl_core::tuner::Estimate, oxccl_core::tuner::NoCandidate>,
+    )> {
+        self.inner.model.explain(c, &oxccl_core::tuner::explain_sizes(), &self.inner.config.enabled)
     }
 
     /// What every rank told the others about itself, in rank order.
@@ -644,7 +721,10 @@ impl Communicator {
                 *w = Some(
                     std::thread::Builder::new()
                         .name(format!("oxccl-work-{}", i.rank))
-                        .spawn(move || worker(inner))
+                        .spawn(move || {
+                            let _ = crate::sys::affinity::bind_current(&inner.binding.cpus);
+                            worker(inner)
+                        })
                         .map_err(|e| Error::io(i.rank, "spawn the worker thread", None, e))?,
                 );
             }
@@ -783,6 +863,22 @@ impl Inner {
     fn run_job(&self, ops: &[OpSpec], bufs: &[RawBuf], what: &'static str) -> Result<()> {
         if let Some(why) = ops.iter().find_map(|o| oxccl_core::plan::refused(&self.geometry, o)) {
             return Err(Error::InvalidUsage(format!("rank {}: {what}: {why}", self.rank)));
+        }
+        if self.log.on(subsys::TUNING) {
+            for op in ops {
+                if let (Some(c), Some(bytes)) = (op.tuned(), op.tuned_bytes(self.size)) {
+                    match self.model.choose(c, bytes, &self.config.enabled) {
+                        Ok(e) => self.log.info_in(
+                            subsys::TUNING,
+                            format_args!(
+                                "{what}: {bytes} B → {}/{} × {} channel(s), predicted {:.1} µs",
+                                e.algo, e.proto, e.channels, e.us
+                            ),
+                        ),
+                        Err(e) => self.log.info_in(subsys::TUNING, format_args!("{what}: {bytes} B → {e}")),
+                    }
+                }
+            }
         }
         let tracing = self.log.level >= oxccl_core::config::LogLevel::Trace;
         let started = tracing.then(Instant::now);

@@ -116,3 +116,16 @@ pub fn recv_some(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
         Err(e) => Err(e),
     }
 }
+
+/// An exclusive advisory lock on `path` (created if missing), held until the result is
+/// dropped; `None` where the file cannot be opened (the caller goes on unlocked).
+pub fn lock_file(path: &std::path::Path) -> Option<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(path).ok()?;
+    // SAFETY: flock on a descriptor this function owns; the lock lives as long as the file.
+    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+    (r == 0).then_some(f)
+}

@@ -2,6 +2,7 @@
 //!
 //! Nothing above this layer calls `libc` directly.
 
+pub mod affinity;
 pub mod fd;
 pub mod host;
 pub mod ifaces;

@@ -556,6 +556,7 @@ mod tests {
             hostname: "peer".into(),
             addr: l.local_addr().unwrap(),
             unix_name: [0; 16],
+            costs: Default::default(),
         };
         (tx, TcpRecv::accept(Rank(0), &peer, rx, 2, slot_bytes).unwrap())
     }
@@ -655,6 +656,7 @@ mod tests {
             hostname: "far".into(),
             addr: l.local_addr().unwrap(),
             unix_name: [0; 16],
+            costs: Default::default(),
         };
         let tx = TcpStream::connect(peer.addr).unwrap();
         let (rx, _) = l.accept().unwrap();

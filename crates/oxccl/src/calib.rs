@@ -1,0 +1,223 @@
+//! Calibration: a quick, bounded probe of this host's links for the tuner's cost model — the
+//! memory copy bandwidth, the latency of handing a chunk from one core to another, and TCP
+//! loopback latency and bandwidth. Measured once per host and cached in
+//! `$XDG_CACHE_HOME/oxccl/` (else `~/.cache/oxccl/`, else the temporary directory), keyed by
+//! host identity and oxccl version. `OXCCL_CALIBRATE=0` uses the built-in values instead,
+//! `=force` measures again.
+//!
+//! Every rank publishes its host's numbers in the peer table, and every rank builds its model
+//! from rank 0's, so all ranks of a communicator make the same choices.
+
+use oxccl_core::json::{obj, Json};
+use oxccl_core::tuner::CpuCosts;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The most time the probe may take (each part stops early at its share).
+const BUDGET: Duration = Duration::from_millis(200);
+
+fn cache_file(host_id: u64) -> PathBuf {
+    let dir = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("oxccl");
+    dir.join(format!("calibration-{host_id:016x}-v{}.json", env!("CARGO_PKG_VERSION")))
+}
+
+fn to_json(c: &CpuCosts) -> String {
+    obj(vec![
+        ("copy_gbs", Json::Num(c.copy_gbs)),
+        ("hop_us", Json::Num(c.hop_us)),
+        ("tcp_us", Json::Num(c.tcp_us)),
+        ("tcp_gbs", Json::Num(c.tcp_gbs)),
+        ("measured", Json::Bool(c.measured)),
+    ])
+    .to_text()
+}
+
+fn from_json(t: &str) -> Option<CpuCosts> {
+    let v = Json::parse(t).ok()?;
+    let n = |k: &str| v.get(k).and_then(Json::num).filter(|x| x.is_finite() && *x > 0.0);
+    Some(CpuCosts {
+        copy_gbs: n("copy_gbs")?,
+        hop_us: n("hop_us")?,
+        tcp_us: n("tcp_us")?,
+        tcp_gbs: n("tcp_gbs")?,
+        measured: v.get("measured").and_then(Json::bool).unwrap_or(false),
+    })
+}
+
+/// Single-thread copy bandwidth of 8 MiB buffers (larger than most L2s), GB/s.
+fn copy_gbs(deadline: Instant) -> f64 {
+    let n = 8 << 20;
+    let src = vec![1u8; n];
+    let mut dst = vec![0u8; n];
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let t = Instant::now();
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+        best = best.min(t.elapsed().as_secs_f64());
+        if Instant::now() > deadline {
+            break;
+        }
+    }
+    n as f64 / best / 1e9
+}
+
+/// One-way latency of a hand-off between two threads (spinning briefly, then yielding, as the
+/// engine waits), µs.
+fn hop_us(deadline: Instant) -> f64 {
+    let flag = Arc::new(AtomicU64::new(0));
+    let f2 = flag.clone();
+    let rounds = 2000u64;
+    let wait = |f: &AtomicU64, want: u64| {
+        let mut spins = 0u32;
+        loop {
+            let v = f.load(Ordering::Acquire);
+            if v == want || v == u64::MAX {
+                return v == want;
+            }
+            spins += 1;
+            if spins > 200 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    };
+    let h = std::thread::spawn(move || {
+        for i in 0..rounds {
+            if !wait(&f2, 2 * i + 1) {
+                return;
+            }
+            f2.store(2 * i + 2, Ordering::Release);
+        }
+    });
+    let t = Instant::now();
+    for i in 0..rounds {
+        flag.store(2 * i + 1, Ordering::Release);
+        wait(&flag, 2 * i + 2);
+        if Instant::now() > deadline {
+            // Over budget: stop the partner.
+            flag.store(u64::MAX, Ordering::Release);
+            let _ = h.join();
+            return t.elapsed().as_secs_f64() * 1e6 / (2 * (i + 1)) as f64;
+        }
+    }
+    let el = t.elapsed().as_secs_f64();
+    let _ = h.join();
+    el * 1e6 / (2 * rounds) as f64
+}
+
+/// TCP loopback: (one-way latency µs from 1-byte round trips, bandwidth GB/s of 16 MiB).
+fn tcp(deadline: Instant) -> Option<(f64, f64)> {
+    let l = TcpListener::bind("127.0.0.1:0").ok()?;
+    let addr = l.local_addr().ok()?;
+    let h = std::thread::spawn(move || -> Option<()> {
+        let (mut s, _) = l.accept().ok()?;
+        s.set_nodelay(true).ok()?;
+        let mut b = [0u8; 1];
+        for _ in 0..200 {
+            s.read_exact(&mut b).ok()?;
+            s.write_all(&b).ok()?;
+        }
+        let mut buf = vec![0u8; 1 << 20];
+        let mut left = 16usize << 20;
+        while left > 0 {
+            let n = s.read(&mut buf).ok()?;
+            if n == 0 {
+                return None;
+            }
+            left -= n.min(left);
+        }
+        s.write_all(&b).ok()
+    });
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_nodelay(true).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    let mut b = [7u8; 1];
+    let t = Instant::now();
+    for _ in 0..200 {
+        s.write_all(&b).ok()?;
+        s.read_exact(&mut b).ok()?;
+    }
+    let lat = t.elapsed().as_secs_f64() * 1e6 / 400.0;
+    let buf = vec![3u8; 1 << 20];
+    let t = Instant::now();
+    for _ in 0..16 {
+        s.write_all(&buf).ok()?;
+    }
+    s.read_exact(&mut b).ok()?;
+    let bw = (16u64 << 20) as f64 / t.elapsed().as_secs_f64() / 1e9;
+    h.join().ok()??;
+    let _ = deadline;
+    Some((lat, bw))
+}
+
+/// Measures this host (bounded by [`BUDGET`]).
+pub fn measure() -> CpuCosts {
+    let deadline = Instant::now() + BUDGET;
+    let d = CpuCosts::default();
+    let (tcp_us, tcp_gbs) = tcp(deadline).unwrap_or((d.tcp_us, d.tcp_gbs));
+    CpuCosts { copy_gbs: copy_gbs(deadline), hop_us: hop_us(deadline), tcp_us, tcp_gbs, measured: true }
+}
+
+/// This host's costs: cached, measured, or the built-in values (`OXCCL_CALIBRATE`). Computed
+/// once per process.
+pub fn host_costs(host_id: u64, setting: Option<&str>) -> CpuCosts {
+    static C: OnceLock<CpuCosts> = OnceLock::new();
+    *C.get_or_init(|| {
+        match setting.map(str::trim) {
+            Some("0") | Some("off") => return CpuCosts::default(),
+            Some("force") => {}
+            _ => {
+                if let Some(c) = std::fs::read_to_string(cache_file(host_id)).ok().and_then(|t| from_json(&t))
+                {
+                    return c;
+                }
+            }
+        }
+        // One process per host measures (ranks probing at once would slow each other down);
+        // the others wait for its result.
+        let f = cache_file(host_id);
+        let _lock = crate::sys::fd::lock_file(&f.with_extension("lock"));
+        if setting.map(str::trim) != Some("force") {
+            if let Some(c) = std::fs::read_to_string(&f).ok().and_then(|t| from_json(&t)) {
+                return c;
+            }
+        }
+        let c = measure();
+        if let Some(dir) = f.parent() {
+            let _ = std::fs::create_dir_all(dir);
+            // Written whole under a temporary name, then renamed, so readers see all or none.
+            let tmp = f.with_extension(format!("tmp{}", std::process::id()));
+            if std::fs::write(&tmp, to_json(&c)).is_ok() {
+                let _ = std::fs::rename(&tmp, &f);
+            }
+        }
+        c
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_probe_is_bounded_and_its_numbers_round_trip_through_the_cache_format() {
+        let t = Instant::now();
+        let c = measure();
+        assert!(t.elapsed() < Duration::from_secs(5), "probe took {:?}", t.elapsed());
+        assert!(c.copy_gbs > 0.01 && c.copy_gbs < 10_000.0, "{c:?}");
+        assert!(c.hop_us > 0.0 && c.hop_us < 100_000.0, "{c:?}");
+        assert!(c.tcp_us > 0.0 && c.tcp_gbs > 0.0, "{c:?}");
+        assert_eq!(from_json(&to_json(&c)), Some(c));
+        assert_eq!(from_json("{\"copy_gbs\": -1}"), None);
+    }
+}
