@@ -5,11 +5,15 @@
 # out-of-place time over the rounds. Writes bench/results/tuner.md (the table: the tuner's
 # time, each forced one, and the tuner's time over the best forced time).
 #
-#   bash bench/tuner.sh [ROUNDS]     (default 2; ITERS=10, MAX=256M, NPS="2 4")
+# Sizes up to 1 MiB run SMALL_ITERS iterations (a few µs each: 10 would be noise), larger
+# ones ITERS.
+#
+#   bash bench/tuner.sh [ROUNDS]     (default 3; ITERS=8, SMALL_ITERS=300, MAX=256M, NPS="2 4")
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=${1:-2}
-ITERS=${ITERS:-10}
+ROUNDS=${1:-3}
+ITERS=${ITERS:-8}
+SMALL_ITERS=${SMALL_ITERS:-300}
 MAX=${MAX:-256M}
 NPS=${NPS:-"2 4"}
 RAW=bench/results/raw/tuner
@@ -21,11 +25,11 @@ for r in $(seq 1 "$ROUNDS"); do
     for algo in default ring tree direct; do
       if [ "$algo" = tree ] && [ "$np" -lt 3 ]; then continue; fi
       out=$RAW/np${np}_${algo}_r${r}.txt
-      if [ "$algo" = default ]; then
-        env -u NCCL_ALGO "$BIN" all_reduce_perf -np "$np" -b 8 -e "$MAX" -f 2 -n "$ITERS" -w 2 > "$out" 2>&1
-      else
-        NCCL_ALGO=$algo "$BIN" all_reduce_perf -np "$np" -b 8 -e "$MAX" -f 2 -n "$ITERS" -w 2 > "$out" 2>&1
-      fi
+      run() {
+        if [ "$algo" = default ]; then env -u NCCL_ALGO "$BIN" all_reduce_perf -np "$np" -f 2 "$@"
+        else NCCL_ALGO=$algo "$BIN" all_reduce_perf -np "$np" -f 2 "$@"; fi
+      }
+      { run -b 8 -e 1M -n "$SMALL_ITERS" -w 20; run -b 2M -e "$MAX" -n "$ITERS" -w 1; } > "$out" 2>&1
       echo "round $r np $np $algo: $(grep -c '^ *[0-9]' "$out") sizes"
     done
   done
@@ -46,7 +50,7 @@ for f in glob.glob(os.path.join(raw, "np*_*_r*.txt")):
             d = best[(int(np_), size)]
             d[algo] = min(d.get(algo, float("inf")), t)
 out = ["# Tuner vs forced NCCL_ALGO, all_reduce_perf, out-of-place µs (best of the rounds)", "",
-       "command: `bash bench/tuner.sh` (oxccl-perf all_reduce_perf -np P -b 8 -e 256M -f 2, configurations interleaved)", ""]
+       "command: `bash bench/tuner.sh` (oxccl-perf all_reduce_perf -np P -f 2, 8 B..1 MiB × 300 iterations and 2 MiB..256 MiB × 8, configurations interleaved round by round; the tuner's choice here is Direct at every size, so its column and Direct's measure the same path twice: their spread is this machine's noise)", ""]
 worst = 0.0
 for np_ in map(int, nps):
     algos = ["ring", "tree", "direct"] if np_ >= 3 else ["ring", "direct"]

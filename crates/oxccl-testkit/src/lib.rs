@@ -21,3 +21,23 @@ macro_rules! report {
         let _ = writeln!(std::io::stderr(), $($t)*);
     }};
 }
+
+/// Runs `f(comm)` on `n` ranks as threads of this process, rank `r` on the simulated host
+/// `r / per_host` (its `OXCCL_HOST_ID`); returns each rank's result in rank order.
+pub fn threads<T: Send + 'static>(
+    n: usize,
+    per_host: usize,
+    config: oxccl::Config,
+    f: impl Fn(oxccl::Communicator) -> T + Send + Sync + Copy + 'static,
+) -> Vec<T> {
+    let id = oxccl::new_unique_id(&config).unwrap();
+    let hs: Vec<_> = (0..n)
+        .map(|r| {
+            let config = config.clone().with_host_id(&format!("host{}", r / per_host.max(1)));
+            std::thread::spawn(move || {
+                f(oxccl::Communicator::init(&id, n, oxccl::Rank::new(r), config).unwrap())
+            })
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}

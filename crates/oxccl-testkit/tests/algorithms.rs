@@ -4,24 +4,8 @@
 
 use oxccl::{Communicator, Config, Error, Rank, ReduceOp};
 use oxccl_core::tuner::Enabled;
+use oxccl_testkit::threads;
 use std::time::Duration;
-
-/// Runs `f` on `n` ranks as threads, rank `r` on host `r / per_host`.
-fn threads<T: Send + 'static>(
-    n: usize,
-    per_host: usize,
-    config: Config,
-    f: impl Fn(Communicator) -> T + Send + Sync + Copy + 'static,
-) -> Vec<T> {
-    let id = oxccl::new_unique_id(&config).unwrap();
-    let hs: Vec<_> = (0..n)
-        .map(|r| {
-            let config = config.clone().with_host_id(&format!("host{}", r / per_host));
-            std::thread::spawn(move || f(Communicator::init(&id, n, Rank::new(r), config).unwrap()))
-        })
-        .collect();
-    hs.into_iter().map(|h| h.join().unwrap()).collect()
-}
 
 fn with_algo(algo: Option<&str>, proto: Option<&str>) -> Config {
     let mut c = Config::default().with_timeout(Some(Duration::from_secs(60)));

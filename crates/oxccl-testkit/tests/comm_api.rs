@@ -7,20 +7,13 @@ use oxccl_core::CoreError;
 use oxccl_testkit::{child, Launch};
 use std::time::{Duration, Instant};
 
-/// Runs `f(comm)` on `n` ranks as threads of this process; returns each rank's result.
+/// Runs `f(comm)` on `n` ranks as threads of this process, all on one host.
 fn threads<T: Send + 'static>(
     n: usize,
     config: Config,
     f: impl Fn(Communicator) -> T + Send + Sync + Copy + 'static,
 ) -> Vec<T> {
-    let id = oxccl::new_unique_id(&config).unwrap();
-    let hs: Vec<_> = (0..n)
-        .map(|r| {
-            let config = config.clone();
-            std::thread::spawn(move || f(Communicator::init(&id, n, Rank::new(r), config).unwrap()))
-        })
-        .collect();
-    hs.into_iter().map(|h| h.join().unwrap()).collect()
+    oxccl_testkit::threads(n, n, config, f)
 }
 
 fn quick() -> Config {

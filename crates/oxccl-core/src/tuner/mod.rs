@@ -213,6 +213,18 @@ impl Enabled {
         Ok(e)
     }
 
+    /// The settings as given (`NCCL_ALGO=… NCCL_PROTO=…`), for messages.
+    pub fn describe(&self) -> String {
+        [
+            self.algo_env.as_ref().map(|a| format!("NCCL_ALGO={a}")),
+            self.proto_env.as_ref().map(|p| format!("NCCL_PROTO={p}")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join(" ")
+    }
+
     pub fn allows(&self, c: Coll, a: Algo, p: Proto) -> bool {
         self.algo[c as usize][a as usize] && self.proto[c as usize][p as usize]
     }
@@ -437,14 +449,7 @@ impl Model {
                 }
             }
         }
-        let env = [
-            en.algo_env.as_ref().map(|a| format!("NCCL_ALGO={a}")),
-            en.proto_env.as_ref().map(|p| format!("NCCL_PROTO={p}")),
-        ]
-        .into_iter()
-        .flatten()
-        .collect::<Vec<_>>()
-        .join(" ");
+        let env = en.describe();
         Err(NoCandidate(if why.is_empty() {
             format!("{env} enables no algorithm × protocol for {c}")
         } else {
@@ -680,14 +685,7 @@ impl Selector {
         if en.algo_env.is_none() && en.proto_env.is_none() {
             return None;
         }
-        let env = [
-            en.algo_env.as_ref().map(|a| format!("NCCL_ALGO={a}")),
-            en.proto_env.as_ref().map(|p| format!("NCCL_PROTO={p}")),
-        ]
-        .into_iter()
-        .flatten()
-        .collect::<Vec<_>>()
-        .join(" ");
+        let env = en.describe();
         let mut sel = Selector { all_reduce: Vec::new(), direct: [true; 5], refuse: Default::default() };
         let mut ar = Vec::new();
         for c in COLLS {
