@@ -186,7 +186,7 @@ pub fn host_costs(host_id: u64, setting: Option<&str>) -> CpuCosts {
         // One process per host measures (ranks probing at once would slow each other down);
         // the others wait for its result.
         let f = cache_file(host_id);
-        let _lock = crate::sys::fd::lock_file(&f.with_extension("lock"));
+        let _lock = crate::sys::fd::lock_file(&f.with_extension("lock"), 2 * BUDGET);
         if setting.map(str::trim) != Some("force") {
             if let Some(c) = std::fs::read_to_string(&f).ok().and_then(|t| from_json(&t)) {
                 return c;

@@ -118,14 +118,23 @@ pub fn recv_some(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
 }
 
 /// An exclusive advisory lock on `path` (created if missing), held until the result is
-/// dropped; `None` where the file cannot be opened (the caller goes on unlocked).
-pub fn lock_file(path: &std::path::Path) -> Option<std::fs::File> {
+/// dropped; `None` where the file cannot be opened or the lock is not had within `wait` (the
+/// caller goes on unlocked: nothing may wait on another process without a bound).
+pub fn lock_file(path: &std::path::Path, wait: std::time::Duration) -> Option<std::fs::File> {
     use std::os::fd::AsRawFd;
     if let Some(dir) = path.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
     let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(path).ok()?;
-    // SAFETY: flock on a descriptor this function owns; the lock lives as long as the file.
-    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-    (r == 0).then_some(f)
+    let until = std::time::Instant::now() + wait;
+    loop {
+        // SAFETY: flock on a descriptor this function owns; the lock lives as long as the file.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Some(f);
+        }
+        if std::time::Instant::now() >= until {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }
