@@ -10,7 +10,7 @@
 //!   `NCCL_MIN/MAX_NCHANNELS` apply).
 
 use oxccl_core::topo::{graphs, Topo};
-use oxccl_core::tuner::{explain_sizes, Coll, Enabled, Model};
+use oxccl_core::tuner::{explain_sizes, Coll, Model};
 
 fn usage() -> ! {
     eprintln!(
@@ -106,6 +106,9 @@ fn explain(args: &[String]) {
     let (pos, opts) = options(args);
     let [coll] = pos.as_slice() else { usage() };
     let c = Coll::parse(coll).unwrap_or_else(|| fail("explain", format!("unknown collective {coll:?}")));
+    // The library's own reading of the environment (NCCL_ALGO, NCCL_PROTO, channel counts,
+    // OXCCL_DIRECT, OXCCL_CALIBRATE, OXCCL_HOST_ID).
+    let config = oxccl::Config::from_lookup(|k| std::env::var(k).ok()).unwrap_or_else(|e| fail("explain", e));
     let mut m = if opts.contains_key("topo") {
         let t = load("explain", &opts);
         let ranks = number("explain", &opts, "ranks", t.gpus().len());
@@ -117,21 +120,18 @@ fn explain(args: &[String]) {
             fail("explain", "--ranks must be at least 1");
         }
         let costs = oxccl::calib::host_costs(
-            oxccl::sys::host::host_id(std::env::var("OXCCL_HOST_ID").ok().as_deref()),
-            std::env::var("OXCCL_CALIBRATE").ok().as_deref(),
+            oxccl::sys::host::host_id(config.host_id.as_deref()),
+            config.calibrate.as_deref(),
         );
-        let direct = std::env::var("OXCCL_DIRECT").map_or(true, |v| v != "0");
-        Model::cpu(ranks, 1, &costs, direct && ranks > 1, 1, 1)
+        Model::cpu(ranks, 1, &costs, config.direct && ranks > 1, 1, 1)
     };
-    let env = |k: &str| std::env::var(k).ok();
-    if let Some(v) = env("NCCL_MIN_NCHANNELS").and_then(|v| v.parse().ok()) {
-        m.min_channels = v;
+    if std::env::var_os("NCCL_MIN_NCHANNELS").is_some() {
+        m.min_channels = config.min_channels;
     }
-    if let Some(v) = env("NCCL_MAX_NCHANNELS").and_then(|v| v.parse().ok()) {
-        m.max_channels = v;
+    if std::env::var_os("NCCL_MAX_NCHANNELS").is_some() {
+        m.max_channels = config.max_channels;
     }
-    let en = Enabled::parse(env("NCCL_ALGO").as_deref(), env("NCCL_PROTO").as_deref())
-        .unwrap_or_else(|e| fail("explain", e));
+    let en = config.enabled;
     print!("{}", m.explain_text(c, &explain_sizes(), &en));
 }
 

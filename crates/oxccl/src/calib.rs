@@ -115,8 +115,9 @@ fn hop_us(deadline: Instant) -> f64 {
     el * 1e6 / (2 * rounds) as f64
 }
 
-/// TCP loopback: (one-way latency µs from 1-byte round trips, bandwidth GB/s of 16 MiB).
-fn tcp(deadline: Instant) -> Option<(f64, f64)> {
+/// TCP loopback: (one-way latency µs from 1-byte round trips, bandwidth GB/s of 16 MiB);
+/// bounded by its fixed sizes and a 2 s read timeout.
+fn tcp() -> Option<(f64, f64)> {
     let l = TcpListener::bind("127.0.0.1:0").ok()?;
     let addr = l.local_addr().ok()?;
     let h = std::thread::spawn(move || -> Option<()> {
@@ -156,7 +157,6 @@ fn tcp(deadline: Instant) -> Option<(f64, f64)> {
     s.read_exact(&mut b).ok()?;
     let bw = (16u64 << 20) as f64 / t.elapsed().as_secs_f64() / 1e9;
     h.join().ok()??;
-    let _ = deadline;
     Some((lat, bw))
 }
 
@@ -164,7 +164,7 @@ fn tcp(deadline: Instant) -> Option<(f64, f64)> {
 pub fn measure() -> CpuCosts {
     let deadline = Instant::now() + BUDGET;
     let d = CpuCosts::default();
-    let (tcp_us, tcp_gbs) = tcp(deadline).unwrap_or((d.tcp_us, d.tcp_gbs));
+    let (tcp_us, tcp_gbs) = tcp().unwrap_or((d.tcp_us, d.tcp_gbs));
     CpuCosts { copy_gbs: copy_gbs(deadline), hop_us: hop_us(deadline), tcp_us, tcp_gbs, measured: true }
 }
 

@@ -68,44 +68,39 @@ impl Ctx {
 
     /// Folds slots 0..p (each `bytes` long) in rank order into `out`, finalizing.
     fn fold(&self, slot_bytes: usize, bytes: usize, out: Loc) -> Lane {
-        let mut steps = Vec::new();
-        let mut off = 0;
-        while off < bytes {
-            let len = self.chunk.min(bytes - off);
-            let at = |q: usize| self.slot(q, slot_bytes).at(off);
-            if self.p == 1 {
-                steps.push(Step {
-                    input: Input::Src(at(0)),
-                    dst: Some(out.at(off)),
-                    send: None,
-                    finalize: true,
-                    len,
-                    tag: 0,
-                });
-            } else {
-                steps.push(Step {
-                    input: Input::Local2(at(0), at(1)),
-                    dst: Some(out.at(off)),
-                    send: None,
-                    finalize: self.p == 2,
-                    len,
-                    tag: 0,
-                });
-                for q in 2..self.p {
-                    steps.push(Step {
-                        input: Input::Local2(at(q), out.at(off)),
-                        dst: Some(out.at(off)),
-                        send: None,
-                        finalize: q == self.p - 1,
-                        len,
-                        tag: 0,
-                    });
-                }
-            }
-            off += len;
-        }
-        Lane::new(vec![], vec![], Some(self.ctx), Box::new(steps.into_iter()))
+        fold_lane(self.ctx, self.p, |q| self.slot(q, slot_bytes), out, bytes, self.chunk)
     }
+}
+
+/// The rank-order fold `out = ((slot(0) ⊕ slot(1)) ⊕ slot(2)) ⊕ …` over `bytes`, in steps of
+/// at most `chunk`, finalized: the one order the one-shot plan and deterministic mode share
+/// (and the direct path's), so all give the same bits.
+pub(super) fn fold_lane(
+    ctx: ReduceCtx,
+    p: usize,
+    slot: impl Fn(usize) -> Loc,
+    out: Loc,
+    bytes: usize,
+    chunk: usize,
+) -> Lane {
+    let mut steps = Vec::new();
+    let mut off = 0;
+    while off < bytes {
+        let len = chunk.max(1).min(bytes - off);
+        let at = |q: usize| slot(q).at(off);
+        let step =
+            |input, finalize| Step { input, dst: Some(out.at(off)), send: None, finalize, len, tag: 0 };
+        if p == 1 {
+            steps.push(step(Input::Src(at(0)), true));
+        } else {
+            steps.push(step(Input::Local2(at(0), at(1)), p == 2));
+            for q in 2..p {
+                steps.push(step(Input::Local2(at(q), out.at(off)), q == p - 1));
+            }
+        }
+        off += len;
+    }
+    Lane::new(vec![], vec![], Some(ctx), Box::new(steps.into_iter()))
 }
 
 /// The phases and scratch bytes of a deterministic all-reduce (`block` = `None`) or

@@ -8,7 +8,7 @@
 
 use super::direct::StreamKind;
 use super::BufId;
-use super::{ConnClass, ConnKey, DirectStream, Geometry, Input, Lane, Loc, Step};
+use super::{ConnClass, ConnKey, DirectStream, Geometry, Lane, Loc};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::CoreError;
 use crate::reduce::ReduceCtx;
@@ -62,24 +62,6 @@ pub(super) fn all_reduce(
         ));
     }
     let ctx = ReduceCtx::new(dtype, op, p as u32)?;
-    let mut steps = vec![Step {
-        input: Input::Local2(slot(0), slot(1)),
-        dst: Some(dst),
-        send: None,
-        finalize: p == 2,
-        len: n,
-        tag: 0,
-    }];
-    for q in 2..p {
-        steps.push(Step {
-            input: Input::Local2(slot(q), dst),
-            dst: Some(dst),
-            send: None,
-            finalize: q == p - 1,
-            len: n,
-            tag: 0,
-        });
-    }
-    let fold = Lane::new(vec![], vec![], Some(ctx), Box::new(steps.into_iter()));
+    let fold = super::det::fold_lane(ctx, p, slot, dst, n, n);
     Ok((vec![exchange, vec![fold]], p * n))
 }

@@ -592,11 +592,10 @@ impl Model {
         min_channels: usize,
         max_channels: usize,
     ) -> Model {
-        let cores = 1.0f64;
         // A chunk through a shared-memory slot is copied in and out: half the copy bandwidth.
         let shm_gbs = (c.copy_gbs / 2.0).max(0.01);
         let hop = c.hop_us + CPU_STEP_US;
-        let shm = PathCost { hop_us: [[hop; 3], [hop; 3]], channel_gbs: shm_gbs, limit_gbs: shm_gbs * cores };
+        let shm = PathCost { hop_us: [[hop; 3], [hop; 3]], channel_gbs: shm_gbs, limit_gbs: shm_gbs };
         let net_hop = c.tcp_us + CPU_STEP_US;
         let net = PathCost {
             hop_us: [[net_hop; 3], [net_hop; 3]],

@@ -288,7 +288,7 @@ impl Communicator {
         // the socket defaults; every rank decides from the same peer table, so all agree.
         let net = p.size > 1 && (p.config.shm_disable || peers.iter().any(|q| q.host_id != peers[0].host_id));
         let slot_bytes = p.config.slot_bytes(net);
-        let geometry = Geometry {
+        let mut geometry = Geometry {
             rank: p.rank,
             size: p.size,
             ring,
@@ -300,7 +300,6 @@ impl Communicator {
             deterministic: p.config.deterministic,
             select: None,
         };
-        let mut geometry = geometry;
         let model = Arc::new(oxccl_core::tuner::Model::cpu(
             p.size,
             geometry.hosts.iter().max().map_or(1, |h| *h as usize + 1),
