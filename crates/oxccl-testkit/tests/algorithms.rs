@@ -64,17 +64,81 @@ fn settings_that_leave_a_collective_nothing_fail_that_call_and_only_that_call() 
         );
         assert_eq!(v, vec![6; 8]);
     }
-    // Tree needs 3 ranks; LL is not on CPU connections yet.
+    // Tree needs 3 ranks; a setting that leaves a collective no protocol names it.
     let out = threads(2, 1, with_algo(Some("tree"), None), |c| {
         let mut v = vec![1u32; 4];
         c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap_err().to_string()
     });
     assert!(out.iter().all(|e| e.contains("Tree needs at least 3 ranks")), "{out:?}");
-    let out = threads(2, 2, with_algo(None, Some("LL")), |c| {
+    let out = threads(2, 2, with_algo(None, Some("LL;allgather:^LL,LL128,Simple")), |c| {
+        let send = vec![1u32; 8];
+        let mut recv = vec![0u32; 16];
+        let e = c.all_gather(&send, &mut recv).unwrap_err().to_string();
         let mut v = vec![1u32; 4];
-        c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap_err().to_string()
+        c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        (e, v)
     });
-    assert!(out.iter().all(|e| e.contains("NCCL_PROTO=LL") && e.contains("Simple protocol only")), "{out:?}");
+    for (e, v) in out {
+        assert!(e.contains("enables no protocol for allgather"), "{e}");
+        assert_eq!(v, vec![2; 4]);
+    }
+}
+
+/// Every protocol over shared memory and TCP, forced alone and mixed on one connection (each
+/// collective its own protocol, one after another), with chunks smaller and larger than a
+/// flagged slot carries: exact results.
+#[test]
+fn every_protocol_carries_every_collective_exactly_over_shm_and_tcp() {
+    let settings = [
+        (Some("ring"), "LL"),
+        (Some("ring"), "LL128"),
+        (Some("ring;allreduce:tree"), "LL"),
+        (Some("ring;allreduce:tree"), "LL128"),
+        (Some("ring"), "allreduce:LL;allgather:LL128;broadcast:Simple;reduce:LL128;reducescatter:LL"),
+    ];
+    for (algo, proto) in settings {
+        for (n, per_host) in [(3usize, 3usize), (4, 2)] {
+            let cfg = with_algo(algo, Some(proto)).with_direct(false).with_channels(2);
+            let out = threads(n, per_host, cfg, move |c| {
+                let r = c.rank().idx() as u32;
+                let p = c.size() as u32;
+                let mut bad = Vec::new();
+                for count in [1usize, 7, 2039, 2041, 15_331, 70_001] {
+                    let send: Vec<u32> = (0..count as u32).map(|i| (i % 1013) * (r + 1)).collect();
+                    let mut sum = vec![0u32; count];
+                    c.all_reduce(&send, &mut sum, ReduceOp::Sum).unwrap();
+                    let mut gathered = vec![0u32; count * p as usize];
+                    c.all_gather(&send, &mut gathered).unwrap();
+                    let mut b: Vec<u32> = if r == 1 { send.clone() } else { vec![0; count] };
+                    c.broadcast_in_place(&mut b, Rank(1)).unwrap();
+                    let mut red = vec![0u32; count];
+                    c.reduce(&send, &mut red, ReduceOp::Max, Rank(0)).unwrap();
+                    let big: Vec<u32> = (0..count as u32 * p).map(|i| i % 977 + r).collect();
+                    let mut rs = vec![0u32; count];
+                    c.reduce_scatter(&big, &mut rs, ReduceOp::Sum).unwrap();
+                    for i in 0..count {
+                        let base = (i as u32) % 1013;
+                        let ok = sum[i] == base * p * (p + 1) / 2
+                            && (0..p).all(|q| gathered[q as usize * count + i] == base * (q + 1))
+                            && b[i] == base * 2
+                            && (r != 0 || red[i] == base * p)
+                            && rs[i] == ((r * count as u32 + i as u32) % 977) * p + p * (p - 1) / 2;
+                        if !ok {
+                            bad.push((count, i));
+                            break;
+                        }
+                    }
+                }
+                bad
+            });
+            for (rank, bad) in out.iter().enumerate() {
+                assert!(
+                    bad.is_empty(),
+                    "{algo:?} NCCL_PROTO={proto} n={n} per_host={per_host} rank {rank}: wrong at {bad:?}"
+                );
+            }
+        }
+    }
 }
 
 #[test]
@@ -164,7 +228,7 @@ fn deterministic_mode_gives_the_same_bits_for_every_size_algorithm_and_channel_c
     for trial in 0..20 {
         let n = 1 + rng.below(if trial % 4 == 0 { 3_000_000 } else { 200_000 }) as usize;
         let algo = algos[rng.below(algos.len() as u64) as usize];
-        let proto = if rng.below(2) == 0 { None } else { Some("Simple") };
+        let proto = [None, Some("Simple"), Some("LL"), Some("LL128")][rng.below(4) as usize];
         let channels = 1 + rng.below(4) as usize;
         let buffsize = [64usize << 10, 1 << 20, 4 << 20][rng.below(3) as usize];
         let per_host = if rng.below(3) == 0 { 2 } else { 4 };

@@ -1,6 +1,6 @@
 //! Calibration: a quick, bounded probe of this host's links for the tuner's cost model — the
-//! memory copy bandwidth, the latency of handing a chunk from one core to another, and TCP
-//! loopback latency and bandwidth. Measured once per host and cached in
+//! memory copy bandwidth, the latency of handing a chunk from one core to another, TCP
+//! loopback latency and bandwidth, and what writing and reading the LL / LL128 formats costs. Measured once per host and cached in
 //! `$XDG_CACHE_HOME/oxccl/` (else `~/.cache/oxccl/`, else the temporary directory), keyed by
 //! host identity and oxccl version. `OXCCL_CALIBRATE=0` uses the built-in values instead,
 //! `=force` measures again.
@@ -9,7 +9,8 @@
 //! from rank 0's, so all ranks of a communicator make the same choices.
 
 use oxccl_core::json::{obj, Json};
-use oxccl_core::tuner::CpuCosts;
+use oxccl_core::proto;
+use oxccl_core::tuner::{CpuCosts, Proto};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -35,6 +36,8 @@ fn to_json(c: &CpuCosts) -> String {
         ("hop_us", Json::Num(c.hop_us)),
         ("tcp_us", Json::Num(c.tcp_us)),
         ("tcp_gbs", Json::Num(c.tcp_gbs)),
+        ("ll_gbs", Json::Num(c.ll_gbs)),
+        ("ll128_gbs", Json::Num(c.ll128_gbs)),
         ("measured", Json::Bool(c.measured)),
     ])
     .to_text()
@@ -48,6 +51,8 @@ fn from_json(t: &str) -> Option<CpuCosts> {
         hop_us: n("hop_us")?,
         tcp_us: n("tcp_us")?,
         tcp_gbs: n("tcp_gbs")?,
+        ll_gbs: n("ll_gbs")?,
+        ll128_gbs: n("ll128_gbs")?,
         measured: v.get("measured").and_then(Json::bool).unwrap_or(false),
     })
 }
@@ -68,6 +73,51 @@ fn copy_gbs(deadline: Instant) -> f64 {
         }
     }
     n as f64 / best / 1e9
+}
+
+/// Single-thread throughput of writing then reading one chunk in a flagged format (LL of a
+/// 16 KiB slot, LL128 of a 64 KiB slot, as connections use them), best of a few, GB/s.
+fn flagged_gbs(p: Proto, deadline: Instant) -> f64 {
+    let slot_bytes = 64 << 10;
+    let bytes = match p {
+        Proto::LL => proto::ll_slot_bytes(slot_bytes),
+        _ => proto::ll128_slot_bytes(slot_bytes),
+    };
+    let len = proto::chunk_capacity(p, slot_bytes);
+    let slot: Vec<AtomicU64> = (0..bytes / 8).map(|_| AtomicU64::new(0)).collect();
+    let data = vec![5u8; len];
+    let mut out = vec![0u8; len];
+    let head = proto::ChunkHead { len: len as u32, sig: [0; 3] };
+    let mut best = f64::INFINITY;
+    for step in 0..20u64 {
+        let t = Instant::now();
+        let mut prog = proto::Progress::default();
+        let done = match p {
+            Proto::LL => {
+                proto::ll_write(&slot, &head, std::hint::black_box(&data), proto::flag_of(step));
+                proto::ll_poll(&slot, proto::flag_of(step), &mut prog, &mut out)
+            }
+            _ => {
+                proto::ll128_write(&slot, &head, std::hint::black_box(&data), step + 1);
+                proto::ll128_poll(&slot, step + 1, &mut prog, &mut out)
+            }
+        };
+        std::hint::black_box(&mut out);
+        if done {
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        if Instant::now() > deadline {
+            break;
+        }
+    }
+    if best.is_finite() && best > 0.0 {
+        len as f64 / best / 1e9
+    } else {
+        match p {
+            Proto::LL => CpuCosts::default().ll_gbs,
+            _ => CpuCosts::default().ll128_gbs,
+        }
+    }
 }
 
 /// One-way latency of a hand-off between two threads (spinning briefly, then yielding, as the
@@ -165,7 +215,15 @@ pub fn measure() -> CpuCosts {
     let deadline = Instant::now() + BUDGET;
     let d = CpuCosts::default();
     let (tcp_us, tcp_gbs) = tcp().unwrap_or((d.tcp_us, d.tcp_gbs));
-    CpuCosts { copy_gbs: copy_gbs(deadline), hop_us: hop_us(deadline), tcp_us, tcp_gbs, measured: true }
+    CpuCosts {
+        copy_gbs: copy_gbs(deadline),
+        hop_us: hop_us(deadline),
+        tcp_us,
+        tcp_gbs,
+        ll_gbs: flagged_gbs(Proto::LL, deadline),
+        ll128_gbs: flagged_gbs(Proto::LL128, deadline),
+        measured: true,
+    }
 }
 
 /// This host's costs: cached, measured, or the built-in values (`OXCCL_CALIBRATE`). Computed
@@ -217,6 +275,7 @@ mod tests {
         assert!(c.copy_gbs > 0.01 && c.copy_gbs < 10_000.0, "{c:?}");
         assert!(c.hop_us > 0.0 && c.hop_us < 100_000.0, "{c:?}");
         assert!(c.tcp_us > 0.0 && c.tcp_gbs > 0.0, "{c:?}");
+        assert!(c.ll_gbs > 0.0 && c.ll128_gbs > 0.0, "{c:?}");
         assert_eq!(from_json(&to_json(&c)), Some(c));
         assert_eq!(from_json("{\"copy_gbs\": -1}"), None);
     }

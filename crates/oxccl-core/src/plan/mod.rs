@@ -32,6 +32,7 @@ use crate::contract::{Seqs, Sig};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::CoreError;
 use crate::reduce::ReduceCtx;
+use crate::tuner::Proto;
 use crate::types::{ChannelId, Rank};
 use std::sync::Arc;
 
@@ -130,6 +131,8 @@ pub struct Lane {
     pub sig: Sig,
     /// Signatures of steps tagged 1, 2, … (a point-to-point lane's later messages).
     pub more_sigs: Vec<Sig>,
+    /// The protocol its chunks travel in (their size fits it: [`crate::proto::chunk_capacity`]).
+    pub proto: Proto,
 }
 
 impl Lane {
@@ -140,7 +143,7 @@ impl Lane {
         reduce: Option<ReduceCtx>,
         steps: Box<dyn Iterator<Item = Step> + Send>,
     ) -> Lane {
-        Lane { inbound, outbound, reduce, steps, sig: Sig::NONE, more_sigs: Vec::new() }
+        Lane { inbound, outbound, reduce, steps, sig: Sig::NONE, more_sigs: Vec::new(), proto: Proto::Simple }
     }
 
     /// The signature of a step tagged `tag`.
@@ -494,12 +497,27 @@ pub fn plan_group_signed(
     if !p2p.is_empty() {
         job.p2p = direct::p2p_checked(g, &p2p, Some((&mut *seqs, stamp)))?;
     }
+    let g0 = g;
     for op in ops.iter().filter(|o| !o.is_p2p()) {
         let sig = if stamp { Sig::of(op, seqs.coll) } else { Sig::NONE };
         seqs.coll += 1;
+        // The protocol of this call's chunks; its chunks are no larger than it carries.
+        let proto = match (&g0.select, op.tuned(), op.tuned_bytes(g0.size)) {
+            (Some(s), Some(c), Some(b)) => s.proto_for(c, b),
+            _ => Proto::Simple,
+        };
+        let gp;
+        let g = if proto == Proto::Simple {
+            g0
+        } else {
+            let cap = crate::proto::chunk_capacity(proto, g0.chunk_bytes).min(g0.chunk_bytes);
+            gp = Geometry { chunk_bytes: cap, ..g0.clone() };
+            &gp
+        };
         let sign = |mut lanes: Vec<Lane>| {
             for l in &mut lanes {
                 l.sig = sig;
+                l.proto = proto;
             }
             lanes
         };

@@ -282,6 +282,8 @@ pub struct Model {
     pub ll128: bool,
     /// Tree bus bandwidth relative to the ring's.
     pub tree_efficiency: f64,
+    /// Bandwidth of each protocol (`[LL, LL128, Simple]`) relative to Simple's.
+    pub proto_eff: [f64; 3],
     /// Algorithms and protocols the runtime can run at all (others are priced but never picked).
     pub runnable_algos: Vec<Algo>,
     pub runnable_protos: Vec<Proto>,
@@ -354,11 +356,7 @@ impl Model {
         }
         let (pr, nh, l) = (self.nranks as f64, self.nhosts.max(1), self.local() as f64);
         let multi = nh > 1;
-        let proto_eff = match p {
-            Proto::Simple => 1.0,
-            Proto::LL128 => 0.92,
-            Proto::LL => 0.25,
-        };
+        let proto_eff = self.proto_eff[p as usize];
         let ch = channels.max(1) as f64;
         let intra_bw = (ch * self.intra.channel_gbs).min(self.intra.limit_gbs);
         let bus =
@@ -546,6 +544,8 @@ impl Model {
             min_channels: 1,
             ll128: (nvl || local == 1) && (nhosts == 1 || nic_paths_ok),
             tree_efficiency: if nvl { 0.92 } else { 2.0 / 3.0 },
+            // NCCL's: LL carries 4 of 8 bytes at about half the rate, LL128 120 of 128.
+            proto_eff: [0.25, 0.92, 1.0],
             runnable_algos: ALGOS.to_vec(),
             runnable_protos: PROTOS.to_vec(),
             direct_gbs: None,
@@ -564,13 +564,25 @@ pub struct CpuCosts {
     /// TCP loopback one-way latency, µs, and bandwidth, GB/s.
     pub tcp_us: f64,
     pub tcp_gbs: f64,
+    /// Single-thread throughput of writing and then reading one LL / LL128 chunk in its
+    /// flagged format (the protocols' own cost on top of the copies), GB/s.
+    pub ll_gbs: f64,
+    pub ll128_gbs: f64,
     /// Whether these were measured here (false: built-in values).
     pub measured: bool,
 }
 
 impl Default for CpuCosts {
     fn default() -> Self {
-        CpuCosts { copy_gbs: 5.0, hop_us: 0.5, tcp_us: 15.0, tcp_gbs: 2.0, measured: false }
+        CpuCosts {
+            copy_gbs: 5.0,
+            hop_us: 0.5,
+            tcp_us: 15.0,
+            tcp_gbs: 2.0,
+            ll_gbs: 1.0,
+            ll128_gbs: 4.0,
+            measured: false,
+        }
     }
 }
 
@@ -593,7 +605,10 @@ impl Model {
         max_channels: usize,
     ) -> Model {
         // A chunk through a shared-memory slot is copied in and out: half the copy bandwidth.
+        // LL and LL128 chunks are also staged and encoded, then decoded: one more pass at the
+        // measured rate of the format.
         let shm_gbs = (c.copy_gbs / 2.0).max(0.01);
+        let flagged = |gbs: f64| (1.0 / (2.0 / c.copy_gbs.max(0.01) + 1.0 / gbs.max(0.01))) / shm_gbs;
         let hop = c.hop_us + CPU_STEP_US;
         let shm = PathCost { hop_us: [[hop; 3], [hop; 3]], channel_gbs: shm_gbs, limit_gbs: shm_gbs };
         let net_hop = c.tcp_us + CPU_STEP_US;
@@ -613,10 +628,13 @@ impl Model {
             base_us: base,
             max_channels: max_channels.max(1),
             min_channels: min_channels.max(1),
-            ll128: false,
+            // Shared-memory LL128 lines publish their flag word with a release store, so a line
+            // is read whole on any CPU; TCP frames arrive whole.
+            ll128: true,
             tree_efficiency: 0.92,
+            proto_eff: [flagged(c.ll_gbs).min(1.0), flagged(c.ll128_gbs).min(1.0), 1.0],
             runnable_algos: ALGOS.to_vec(),
-            runnable_protos: vec![Proto::Simple],
+            runnable_protos: PROTOS.to_vec(),
             direct_gbs: direct_path.then_some((c.copy_gbs / 2.0).max(0.01)),
             direct_max_bytes: if direct_path { usize::MAX } else { crate::tuning::ONE_SHOT_MAX_BYTES },
         }
@@ -634,6 +652,9 @@ pub struct Selector {
     pub direct: [bool; 5],
     /// Per collective: why it cannot run under the settings, if it cannot.
     pub refuse: [Option<String>; 5],
+    /// Per collective: (upper size bound in bytes, protocol), ascending, for its connection
+    /// chunks (empty: Simple).
+    pub protos: [Vec<(usize, Proto)>; 5],
 }
 
 impl Selector {
@@ -643,7 +664,14 @@ impl Selector {
             all_reduce: vec![(usize::MAX, a)],
             direct: [a == Algo::Direct; 5],
             refuse: Default::default(),
+            protos: Default::default(),
         }
+    }
+
+    /// The protocol of collective `c`'s chunks in a call of `bytes`.
+    pub fn proto_for(&self, c: Coll, bytes: usize) -> Proto {
+        let r = &self.protos[c as usize];
+        r.iter().find(|(b, _)| bytes <= *b).or(r.last()).map_or(Proto::Simple, |x| x.1)
     }
 
     /// The all-reduce algorithm for a call of `bytes` (`None`: the built-in rules).
@@ -658,44 +686,77 @@ impl Selector {
             all_reduce: Vec::new(),
             direct: [true; 5],
             refuse: Default::default(),
+            protos: Default::default(),
         });
-        if sel.refuse[Coll::AllReduce as usize].is_some() {
-            return sel;
-        }
-        let mut rules: Vec<(usize, Algo)> = Vec::new();
-        for b in explain_sizes() {
-            let Ok(e) = m.choose(Coll::AllReduce, b, en) else { return sel };
+        fn push<T: PartialEq>(rules: &mut Vec<(usize, T)>, b: usize, t: T) {
             match rules.last_mut() {
-                Some(last) if last.1 == e.algo => last.0 = b,
-                _ => rules.push((b, e.algo)),
+                Some(last) if last.1 == t => last.0 = b,
+                _ => rules.push((b, t)),
             }
         }
-        if let Some(last) = rules.last_mut() {
-            last.0 = usize::MAX;
+        fn close<T>(mut rules: Vec<(usize, T)>) -> Vec<(usize, T)> {
+            if let Some(last) = rules.last_mut() {
+                last.0 = usize::MAX;
+            }
+            rules
         }
-        sel.all_reduce = rules;
+        for c in COLLS {
+            if sel.refuse[c as usize].is_some() {
+                continue;
+            }
+            let (mut algos, mut protos) = (Vec::new(), Vec::new());
+            let mut ok = true;
+            for b in explain_sizes() {
+                // The protocol of the chunks: the best candidate that travels over connections.
+                let over_conns = m
+                    .candidates(c, b)
+                    .into_iter()
+                    .filter(|e| e.algo != Algo::Direct && e.us.is_finite() && en.allows(c, e.algo, e.proto))
+                    .min_by(|x, y| x.us.total_cmp(&y.us));
+                if let Some(e) = over_conns {
+                    push(&mut protos, b, e.proto);
+                }
+                if c == Coll::AllReduce {
+                    match m.choose(c, b, en) {
+                        Ok(e) => push(&mut algos, b, e.algo),
+                        Err(_) => ok = false,
+                    }
+                }
+            }
+            sel.protos[c as usize] = close(protos);
+            if c == Coll::AllReduce && ok {
+                sel.all_reduce = close(algos);
+            }
+        }
         sel
     }
 
     /// The selector `NCCL_ALGO` / `NCCL_PROTO` impose on a CPU communicator of `nranks`
-    /// (`None` when neither is set). CPU connections carry the Simple protocol; Tree needs 3
-    /// ranks; Direct (one-shot) serves at most [`DIRECT_MAX_RANKS`].
+    /// (`None` when neither is set). Of the enabled protocols, Simple is taken if enabled,
+    /// else LL128, else LL (the tuner refines this by size); Tree needs 3 ranks; Direct
+    /// (one-shot) serves at most [`DIRECT_MAX_RANKS`].
     pub fn forced(en: &Enabled, nranks: usize, small_bytes: usize) -> Option<Selector> {
         if en.algo_env.is_none() && en.proto_env.is_none() {
             return None;
         }
         let env = en.describe();
-        let mut sel = Selector { all_reduce: Vec::new(), direct: [true; 5], refuse: Default::default() };
+        let mut sel = Selector {
+            all_reduce: Vec::new(),
+            direct: [true; 5],
+            refuse: Default::default(),
+            protos: Default::default(),
+        };
         let mut ar = Vec::new();
         for c in COLLS {
             let ci = c as usize;
             sel.direct[ci] = en.algo[ci][Algo::Direct as usize];
-            if !en.proto[ci][Proto::Simple as usize] {
-                sel.refuse[ci] = Some(format!(
-                    "{env}: {c} cannot run: CPU connections carry the Simple protocol only so far (LL and LL128 exist as wire formats, not yet in the shared-memory and TCP slots)"
-                ));
+            let Some(p) =
+                [Proto::Simple, Proto::LL128, Proto::LL].into_iter().find(|p| en.proto[ci][*p as usize])
+            else {
+                sel.refuse[ci] = Some(format!("{env} enables no protocol for {c}"));
                 continue;
-            }
+            };
+            sel.protos[ci] = vec![(usize::MAX, p)];
             let mut why = Vec::new();
             let mut ok = Vec::new();
             for a in ALGOS {

@@ -118,7 +118,15 @@ fn an_override_that_cannot_apply_says_why() {
 
 #[test]
 fn cpu_models_pick_direct_on_one_host_and_price_the_network_across_hosts() {
-    let c = CpuCosts { copy_gbs: 8.0, hop_us: 0.3, tcp_us: 20.0, tcp_gbs: 2.4, measured: true };
+    let c = CpuCosts {
+        copy_gbs: 8.0,
+        hop_us: 0.3,
+        tcp_us: 20.0,
+        tcp_gbs: 2.4,
+        ll_gbs: 1.3,
+        ll128_gbs: 5.7,
+        measured: true,
+    };
     let en = Enabled::default();
     // One host with the direct path: Direct at every size.
     let m = Model::cpu(4, 1, &c, true, 1, 1);
@@ -136,10 +144,25 @@ fn cpu_models_pick_direct_on_one_host_and_price_the_network_across_hosts() {
     let s = Selector::tuned(&m, &en, 4096);
     assert_eq!(s.all_reduce_algo(8), Some(Algo::Tree), "{s:?}");
     assert_eq!(s.all_reduce_algo(1 << 30), Some(Algo::Ring), "{s:?}");
-    // NCCL_ALGO restricts the model's choice; LL is never picked on CPU connections.
+    // NCCL_ALGO restricts the model's choice. Every protocol runs on CPU connections, but LL
+    // and LL128 pay their measured encoding on top of the copies at the same hand-off
+    // latency, so the tuner takes Simple; NCCL_PROTO forces the others.
     let ring = Enabled::parse(Some("ring"), None).unwrap();
-    assert_eq!(Selector::tuned(&m, &ring, 4096).all_reduce, vec![(usize::MAX, Algo::Ring)]);
-    assert!(m.candidates(Coll::AllReduce, 8).iter().all(|e| e.proto == Proto::Simple || !e.us.is_finite()));
+    let tuned = Selector::tuned(&m, &ring, 4096);
+    assert_eq!(tuned.all_reduce, vec![(usize::MAX, Algo::Ring)]);
+    assert!(
+        m.candidates(Coll::AllReduce, 8).iter().all(|e| e.us.is_finite() || e.algo == Algo::Direct),
+        "{:?}",
+        m.candidates(Coll::AllReduce, 8)
+    );
+    assert!(m.proto_eff[0] < m.proto_eff[1] && m.proto_eff[1] < 1.0, "{:?}", m.proto_eff);
+    for c in COLLS {
+        assert_eq!(tuned.protos[c as usize], vec![(usize::MAX, Proto::Simple)], "{c}");
+    }
+    let ll = Enabled::parse(Some("ring"), Some("LL;allgather:LL128")).unwrap();
+    let forced = Selector::tuned(&m, &ll, 4096);
+    assert_eq!(forced.proto_for(Coll::AllReduce, 1 << 20), Proto::LL);
+    assert_eq!(forced.proto_for(Coll::AllGather, 8), Proto::LL128);
     // The prediction grows with the measured latency.
     let slow = Model::cpu(16, 16, &CpuCosts { tcp_us: 200.0, ..c }, false, 1, 2);
     assert!(

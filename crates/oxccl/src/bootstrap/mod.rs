@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 pub use service::{Incoming, Mailbox, PeerState, Service};
 
 /// Protocol version of every bootstrap message.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Frame kinds.
 pub(crate) mod kind {
@@ -127,6 +127,8 @@ impl PeerInfo {
             .u64(c.hop_us.to_bits())
             .u64(c.tcp_us.to_bits())
             .u64(c.tcp_gbs.to_bits())
+            .u64(c.ll_gbs.to_bits())
+            .u64(c.ll128_gbs.to_bits())
             .u8(c.measured as u8);
     }
 
@@ -148,7 +150,16 @@ impl PeerInfo {
                     }
                 };
                 let (copy_gbs, hop_us, tcp_us, tcp_gbs) = (f()?, f()?, f()?, f()?);
-                oxccl_core::tuner::CpuCosts { copy_gbs, hop_us, tcp_us, tcp_gbs, measured: r.u8()? != 0 }
+                let (ll_gbs, ll128_gbs) = (f()?, f()?);
+                oxccl_core::tuner::CpuCosts {
+                    copy_gbs,
+                    hop_us,
+                    tcp_us,
+                    tcp_gbs,
+                    ll_gbs,
+                    ll128_gbs,
+                    measured: r.u8()? != 0,
+                }
             },
         })
     }

@@ -326,13 +326,20 @@ impl Communicator {
             p.log.info_in(
                 subsys::TUNING,
                 format_args!(
-                    "cost model from rank 0's host ({}): copy {:.2} GB/s, hand-off {:.2} µs, TCP {:.1} µs {:.2} GB/s; all-reduce by size: {:?}",
+                    "cost model from rank 0's host ({}): copy {:.2} GB/s, hand-off {:.2} µs, TCP {:.1} µs {:.2} GB/s, LL {:.2} GB/s, LL128 {:.2} GB/s; all-reduce by size: {:?}, its protocol by size: {:?}",
                     if c.measured { "measured" } else { "built-in values" },
                     c.copy_gbs,
                     c.hop_us,
                     c.tcp_us,
                     c.tcp_gbs,
-                    geometry.select.as_ref().map(|s| s.all_reduce.clone()).unwrap_or_default()
+                    c.ll_gbs,
+                    c.ll128_gbs,
+                    geometry.select.as_ref().map(|s| s.all_reduce.clone()).unwrap_or_default(),
+                    geometry
+                        .select
+                        .as_ref()
+                        .map(|s| s.protos[oxccl_core::tuner::Coll::AllReduce as usize].clone())
+                        .unwrap_or_default()
                 ),
             );
         }

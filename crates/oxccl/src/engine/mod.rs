@@ -663,7 +663,7 @@ impl Engine {
         };
         let send = match sout {
             Some(s) => {
-                let (p, cap) = sv[s].1.slot();
+                let (p, cap) = sv[s].1.slot(l.lane.proto);
                 if cap < len {
                     return Err(Error::Internal(format!("{len}-byte chunk for a {cap}-byte slot")));
                 }
@@ -726,7 +726,7 @@ impl Engine {
                         // SAFETY: the free slot holds ≥ len bytes (checked above) and is disjoint
                         // from user memory.
                         unsafe { std::ptr::copy_nonoverlapping(d.ptr, p, len) };
-                        sv[s].1.commit(len, &words)?;
+                        sv[s].1.commit(len, &words, l.lane.proto)?;
                     }
                 }
                 if let Some(r) = rin {
@@ -778,7 +778,7 @@ impl Engine {
                 // each output location once), and the job ends only when every connection is
                 // flushed.
                 Some(p) => unsafe { sv[s].1.commit_external(p, len, &words)? },
-                None => sv[s].1.commit(len, &words)?,
+                None => sv[s].1.commit(len, &words, l.lane.proto)?,
             }
         }
         if let Some(r) = rin {

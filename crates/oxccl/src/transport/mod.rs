@@ -12,6 +12,7 @@ pub mod tcp;
 use crate::error::Result;
 use crate::sys::fd;
 use oxccl_core::contract::SigWords;
+use oxccl_core::tuner::Proto;
 use oxccl_core::Rank;
 use shm::{ShmRecv, ShmSend};
 use std::net::TcpStream;
@@ -38,19 +39,22 @@ impl SendConn {
         }
     }
 
+    /// Where to write the next chunk of protocol `p`, and how much fits. Shared memory lays
+    /// each protocol out in its own format; a TCP frame's header is its readiness signal, so
+    /// TCP carries every protocol's chunks as frames.
     #[inline]
-    pub fn slot(&mut self) -> (*mut u8, usize) {
+    pub fn slot(&mut self, p: Proto) -> (*mut u8, usize) {
         match self {
-            SendConn::Shm(c) => c.slot(),
+            SendConn::Shm(c) => c.slot(p),
             SendConn::Tcp(c) => c.slot(),
         }
     }
 
     #[inline]
-    pub fn commit(&mut self, len: usize, sig: &SigWords) -> Result<()> {
+    pub fn commit(&mut self, len: usize, sig: &SigWords, p: Proto) -> Result<()> {
         match self {
             SendConn::Shm(c) => {
-                c.commit(len, sig);
+                c.commit(len, sig, p);
                 Ok(())
             }
             SendConn::Tcp(c) => c.commit(len, sig),

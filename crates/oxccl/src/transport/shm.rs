@@ -3,28 +3,36 @@
 //! A connection is one memory region, created by the sender and handed to the receiver over
 //! the receiver's Unix socket with the sender's doorbell; the receiver answers with its own.
 //!
-//! Layout: a header page, then `slots` slots of `slot_bytes` each.
+//! Layout: a header page, then three regions of `slots` slots each, one per protocol
+//! (`oxccl_core::proto`): Simple slots of `slot_bytes`, LL slots of `ll_slot_bytes(slot_bytes)`
+//! and LL128 slots of `ll128_slot_bytes(slot_bytes)`. Chunk `n` of the connection, whatever
+//! its protocol, uses slot `n % slots` of its protocol's region.
 //!
 //! ```text
 //! [magic][slots, slot_bytes][head][tail][recv_sleeping][send_sleeping][lens[MAX_SLOTS]]
 //! [sigs[MAX_SLOTS] × 4 u64] pad → 4096
-//! [slot 0][slot 1]…[slot slots−1]
+//! [Simple slot 0]…[Simple slot slots−1][LL slot 0]…[LL slot slots−1][LL128 slot 0]…
 //! ```
 //!
 //! Rules (single producer, single consumer):
-//! 1. Only the sender writes `head` (chunks committed) and `lens`; only the receiver writes
+//! 1. Only the sender writes `head`, `lens` and `sigs` and the slots; only the receiver writes
 //!    `tail` (chunks released). Both count from zero and never wrap in practice (u64).
-//! 2. The sender fills slot `head % slots` only while `head − tail < slots`; it writes the data
-//!    and `lens[slot]` and `sigs[slot]` (the chunk's call signature), then publishes with a
-//!    release store of `head + 1`.
-//! 3. The receiver reads slot `tail % slots` only after an acquire load shows `head > tail`,
-//!    and releases it with a release store of `tail + 1`; it never trusts `lens` beyond
-//!    `slot_bytes`.
+//! 2. The sender fills chunk `n`'s slot only while `n − tail < slots`; it writes
+//!    `lens[n % slots]` (the length, the protocol in its top 2 bits) and `sigs[n % slots]`, then:
+//!    - Simple: the data, then a release store of `head = n + 1`;
+//!    - LL / LL128: the chunk (head and data) in the protocol's flagged lines, with flag
+//!      `flag_of(n)` (LL) or `n + 1` (LL128); `head` is not touched — the lines are the signal.
+//! 3. The receiver takes chunk `tail` when an acquire load shows `head > tail` (then `lens`
+//!    names its protocol: chunks before a published Simple chunk are complete), or else when
+//!    the LL or LL128 slot `tail % slots` holds a complete chunk with `tail`'s flag. A region
+//!    holds only its own protocol's lines, and a slot's previous use carried another step's
+//!    flag, so stale lines never read as current. It releases with a release store of
+//!    `tail + 1`, and never trusts a length beyond its slot.
 //! 4. Sleeping (data before flag): a side that is about to sleep stores 1 to its `*_sleeping`
-//!    flag, issues a SeqCst fence, and re-checks the counter before it sleeps; a side that
-//!    publishes issues a SeqCst fence after its counter store and rings the peer's doorbell
-//!    if the peer's flag is set. One of the two always sees the other's store, so no wake-up
-//!    is lost.
+//!    flag, issues a SeqCst fence, and re-checks (the counter, or the flagged lines) before it
+//!    sleeps; a side that publishes issues a SeqCst fence after its last store and rings the
+//!    peer's doorbell if the peer's flag is set. One of the two always sees the other's
+//!    store, so no wake-up is lost.
 //! 5. Each header field sits on its own cache line, so the sender's and receiver's writes
 //!    never share one.
 
@@ -36,6 +44,8 @@ use crate::sys::shm::ShmRegion;
 use crate::sys::unix::SeqSocket;
 use oxccl_core::contract::SigWords;
 use oxccl_core::plan::ConnClass;
+use oxccl_core::proto::{self, ChunkHead, Progress};
+use oxccl_core::tuner::Proto;
 use oxccl_core::Rank;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
@@ -45,7 +55,9 @@ use std::time::Duration;
 pub const MAX_SLOTS: usize = 64;
 /// Offset of slot 0 from the start of the region.
 pub const DATA_OFFSET: usize = 4096;
-const MAGIC: u64 = u64::from_le_bytes(*b"OXSHM002");
+const MAGIC: u64 = u64::from_le_bytes(*b"OXSHM003");
+/// `lens` bits that carry the length; the top two name the protocol.
+const LEN_MASK: u32 = (1 << 30) - 1;
 
 #[repr(C, align(64))]
 struct Line<T>(T);
@@ -67,7 +79,16 @@ const _: () = assert!(std::mem::size_of::<Header>() <= DATA_OFFSET);
 
 /// Bytes a connection's region needs.
 pub fn region_bytes(slots: usize, slot_bytes: usize) -> usize {
-    DATA_OFFSET + slots * slot_bytes
+    DATA_OFFSET
+        + slots * (slot_bytes + proto::ll_slot_bytes(slot_bytes) + proto::ll128_slot_bytes(slot_bytes))
+}
+
+fn proto_tag(p: Proto) -> u32 {
+    match p {
+        Proto::Simple => 0,
+        Proto::LL => 1,
+        Proto::LL128 => 2,
+    }
 }
 
 struct Shared {
@@ -89,16 +110,56 @@ impl Shared {
 
     fn slot_ptr(&self, n: u64) -> *mut u8 {
         let i = (n % self.slots) as usize;
-        // SAFETY: i < slots and the region holds DATA_OFFSET + slots × slot_bytes bytes.
+        // SAFETY: i < slots and the region holds DATA_OFFSET + slots × slot_bytes bytes first.
         unsafe { self.region.ptr().add(DATA_OFFSET + i * self.slot_bytes) }
     }
+
+    /// Chunk `n`'s slot in the LL or LL128 region, as shared words.
+    fn flagged_slot(&self, p: Proto, n: u64) -> &[AtomicU64] {
+        let i = (n % self.slots) as usize;
+        let simple = self.slots as usize * self.slot_bytes;
+        let ll = proto::ll_slot_bytes(self.slot_bytes);
+        let (off, bytes) = match p {
+            Proto::LL128 => (simple + self.slots as usize * ll, proto::ll128_slot_bytes(self.slot_bytes)),
+            _ => (simple, ll),
+        };
+        // SAFETY: the region holds the three regions (region_bytes); the offset is a multiple
+        // of 128 from a page-aligned base, so the words are aligned; both sides access these
+        // bytes only as atomics.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.region.ptr().add(DATA_OFFSET + off + i * bytes) as *const AtomicU64,
+                bytes / 8,
+            )
+        }
+    }
+}
+
+/// Writes a fresh region's header (before it is shared).
+fn init_header(region: &ShmRegion, slots: usize, slot_bytes: usize) {
+    // SAFETY: a fresh region of region_bytes ≥ DATA_OFFSET bytes, page-aligned; fields are atomics.
+    let hdr = unsafe { &*(region.ptr() as *const Header) };
+    hdr.geometry.0[0].store(slots as u32, Ordering::Relaxed);
+    hdr.geometry.0[1].store(slot_bytes as u32, Ordering::Relaxed);
+    hdr.magic.0.store(MAGIC, Ordering::Release);
+}
+
+/// The staging buffer a flagged chunk is built in or decoded into (the largest LL/LL128 chunk).
+fn stage_for(slot_bytes: usize) -> Vec<u8> {
+    vec![
+        0u8;
+        proto::chunk_capacity(Proto::LL, slot_bytes).max(proto::chunk_capacity(Proto::LL128, slot_bytes))
+    ]
 }
 
 /// The sending end of a shared-memory connection.
 pub struct ShmSend {
     sh: Shared,
+    /// Chunks committed (of every protocol).
     head: u64,
     tail_seen: u64,
+    /// Where an LL/LL128 chunk is built before it is written as flagged lines.
+    stage: Vec<u8>,
 }
 
 /// The receiving end of a shared-memory connection.
@@ -106,6 +167,10 @@ pub struct ShmRecv {
     sh: Shared,
     tail: u64,
     head_seen: u64,
+    /// The chunk at `tail` once found: its protocol and, if flagged, the decoding progress
+    /// (complete when `done` reaches the head's length).
+    cur: Option<(Proto, Progress)>,
+    stage: Vec<u8>,
 }
 
 impl ShmSend {
@@ -123,11 +188,7 @@ impl ShmSend {
         let bytes = region_bytes(slots, slot_bytes);
         let region = ShmRegion::create(&format!("oxccl-{me}-{}", peer.rank), bytes)
             .map_err(io("create a shared-memory connection"))?;
-        // SAFETY: fresh region of `bytes` ≥ DATA_OFFSET bytes, page-aligned; fields are atomics.
-        let hdr = unsafe { &*(region.ptr() as *const Header) };
-        hdr.geometry.0[0].store(slots as u32, Ordering::Relaxed);
-        hdr.geometry.0[1].store(slot_bytes as u32, Ordering::Relaxed);
-        hdr.magic.0.store(MAGIC, Ordering::Release);
+        init_header(&region, slots, slot_bytes);
         let sock = SeqSocket::connect_abstract(&peer.unix_name, Duration::from_secs(10))
             .map_err(io("connect to a peer's unix socket"))?;
         let msg = ShmOfferMsg {
@@ -164,6 +225,7 @@ impl ShmSend {
             },
             head: 0,
             tail_seen: 0,
+            stage: stage_for(slot_bytes),
         })
     }
 
@@ -177,23 +239,36 @@ impl ShmSend {
         self.head - self.tail_seen < self.sh.slots
     }
 
-    /// The free slot (call only when [`ready`](Self::ready)) and its capacity.
+    /// Where to write the next chunk of protocol `p` (call only when [`ready`](Self::ready))
+    /// and its capacity: the Simple slot itself, or the staging buffer of a flagged chunk.
     #[inline]
-    pub fn slot(&self) -> (*mut u8, usize) {
-        (self.sh.slot_ptr(self.head), self.sh.slot_bytes)
+    pub fn slot(&mut self, p: Proto) -> (*mut u8, usize) {
+        match p {
+            Proto::Simple => (self.sh.slot_ptr(self.head), self.sh.slot_bytes),
+            _ => (self.stage.as_mut_ptr(), proto::chunk_capacity(p, self.sh.slot_bytes)),
+        }
     }
 
-    /// Publishes `len` bytes written into the slot.
+    /// Publishes the `len` bytes written where [`slot`](Self::slot) said, in protocol `p`.
     #[inline]
-    pub fn commit(&mut self, len: usize, sig: &SigWords) {
+    pub fn commit(&mut self, len: usize, sig: &SigWords, p: Proto) {
+        let len = len.min(proto::chunk_capacity(p, self.sh.slot_bytes));
         let h = self.sh.hdr();
-        let i = (self.head % self.sh.slots) as usize;
-        h.lens.0[i].store(len as u32, Ordering::Relaxed);
+        let n = self.head;
+        let i = (n % self.sh.slots) as usize;
+        h.lens.0[i].store(len as u32 | (proto_tag(p) << 30), Ordering::Relaxed);
         for (k, w) in sig.iter().enumerate() {
             h.sigs.0[i][k].store(*w, Ordering::Relaxed);
         }
         self.head += 1;
-        h.head.0.store(self.head, Ordering::Release);
+        let head = ChunkHead { len: len as u32, sig: *sig };
+        match p {
+            Proto::Simple => h.head.0.store(self.head, Ordering::Release),
+            Proto::LL => {
+                proto::ll_write(self.sh.flagged_slot(p, n), &head, &self.stage[..len], proto::flag_of(n))
+            }
+            Proto::LL128 => proto::ll128_write(self.sh.flagged_slot(p, n), &head, &self.stage[..len], n + 1),
+        }
         fence(Ordering::SeqCst);
         if h.recv_sleeping.0.load(Ordering::Relaxed) != 0 {
             self.sh.peer_bell.notify();
@@ -252,30 +327,83 @@ impl ShmRecv {
         {
             return Err(bad("header does not match the offer".into()));
         }
-        Ok(ShmRecv { sh, tail: 0, head_seen: 0 })
+        let stage = stage_for(slot_bytes);
+        Ok(ShmRecv { sh, tail: 0, head_seen: 0, cur: None, stage })
     }
 
-    /// Whether a chunk is waiting.
+    /// Decodes what has arrived of the flagged chunk at `tail`; whether it is complete.
+    fn poll_flagged(&mut self, p: Proto, prog: &mut Progress) -> bool {
+        let slot = self.sh.flagged_slot(p, self.tail);
+        let cap = proto::chunk_capacity(p, self.sh.slot_bytes);
+        match p {
+            Proto::LL => proto::ll_poll(slot, proto::flag_of(self.tail), prog, &mut self.stage[..cap]),
+            _ => proto::ll128_poll(slot, self.tail + 1, prog, &mut self.stage[..cap]),
+        }
+    }
+
+    fn complete(cur: &Option<(Proto, Progress)>) -> bool {
+        match cur {
+            Some((Proto::Simple, _)) => true,
+            Some((_, p)) => p.head.is_some_and(|h| p.done >= h.len as usize),
+            None => false,
+        }
+    }
+
+    /// Whether a chunk is waiting (complete, whatever its protocol).
     #[inline]
     pub fn ready(&mut self) -> bool {
-        if self.head_seen > self.tail {
+        if Self::complete(&self.cur) {
             return true;
         }
-        self.head_seen = self.sh.hdr().head.0.load(Ordering::Acquire);
-        self.head_seen > self.tail
+        if self.head_seen <= self.tail {
+            self.head_seen = self.sh.hdr().head.0.load(Ordering::Acquire);
+        }
+        let found = match self.cur {
+            Some(c) => Some(c),
+            None if self.head_seen > self.tail => {
+                let tag =
+                    self.sh.hdr().lens.0[(self.tail % self.sh.slots) as usize].load(Ordering::Relaxed) >> 30;
+                let p = match tag {
+                    1 => Proto::LL,
+                    2 => Proto::LL128,
+                    _ => Proto::Simple,
+                };
+                Some((p, Progress::default()))
+            }
+            // Not published by a counter: look for flagged lines of this step in either region.
+            None => [Proto::LL, Proto::LL128].into_iter().find_map(|p| {
+                let mut prog = Progress::default();
+                (self.poll_flagged(p, &mut prog) || prog.head.is_some()).then_some((p, prog))
+            }),
+        };
+        let Some((p, mut prog)) = found else { return false };
+        if p != Proto::Simple && !Self::complete(&Some((p, prog))) {
+            self.poll_flagged(p, &mut prog);
+        }
+        self.cur = Some((p, prog));
+        Self::complete(&self.cur)
     }
 
     /// The waiting chunk (call only when [`ready`](Self::ready)): pointer and length, the
     /// length clamped to the slot.
     #[inline]
     pub fn chunk(&self) -> (*const u8, usize) {
-        let len = self.sh.hdr().lens.0[(self.tail % self.sh.slots) as usize].load(Ordering::Relaxed) as usize;
-        (self.sh.slot_ptr(self.tail), len.min(self.sh.slot_bytes))
+        match self.cur {
+            Some((Proto::Simple, _)) | None => {
+                let len = self.sh.hdr().lens.0[(self.tail % self.sh.slots) as usize].load(Ordering::Relaxed)
+                    & LEN_MASK;
+                (self.sh.slot_ptr(self.tail), (len as usize).min(self.sh.slot_bytes))
+            }
+            Some((_, p)) => (self.stage.as_ptr(), p.head.map_or(0, |h| h.len as usize)),
+        }
     }
 
     /// The waiting chunk's signature (call only when [`ready`](Self::ready)).
     #[inline]
     pub fn sig(&self) -> SigWords {
+        if let Some((_, Progress { head: Some(h), .. })) = self.cur {
+            return h.sig;
+        }
         let s = &self.sh.hdr().sigs.0[(self.tail % self.sh.slots) as usize];
         [s[0].load(Ordering::Relaxed), s[1].load(Ordering::Relaxed), s[2].load(Ordering::Relaxed)]
     }
@@ -284,6 +412,7 @@ impl ShmRecv {
     #[inline]
     pub fn release(&mut self) {
         let h = self.sh.hdr();
+        self.cur = None;
         self.tail += 1;
         h.tail.0.store(self.tail, Ordering::Release);
         fence(Ordering::SeqCst);
@@ -304,5 +433,118 @@ impl ShmRecv {
 
     pub fn peer(&self) -> Rank {
         self.sh.peer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both ends of one connection in this process (no bootstrap).
+    fn pair(slots: usize, slot_bytes: usize) -> (ShmSend, ShmRecv) {
+        let region = ShmRegion::create("oxccl-test", region_bytes(slots, slot_bytes)).unwrap();
+        init_header(&region, slots, slot_bytes);
+        let fd = region.try_clone_fd().unwrap();
+        let (to_send, to_recv) = (EventFd::new().unwrap(), EventFd::new().unwrap());
+        let offer = ShmOffer {
+            region: fd,
+            doorbell: to_send.try_clone_fd().unwrap(),
+            slots: slots as u32,
+            slot_bytes: slot_bytes as u32,
+        };
+        let recv = ShmRecv::accept(Rank::new(1), Rank::new(0), offer, slots, slot_bytes).unwrap();
+        let sh = Shared { region, slots: slots as u64, slot_bytes, peer: Rank::new(1), peer_bell: to_recv };
+        (ShmSend { sh, head: 0, tail_seen: 0, stage: stage_for(slot_bytes) }, recv)
+    }
+
+    fn chunk_data(n: u64, len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i as u64).wrapping_mul(131).wrapping_add(n * 7) as u8).collect()
+    }
+
+    #[test]
+    fn chunks_of_every_protocol_interleave_on_one_connection() {
+        let slot_bytes = 64 << 10;
+        let (mut tx, mut rx) = pair(4, slot_bytes);
+        let protos =
+            [Proto::LL, Proto::Simple, Proto::LL128, Proto::LL128, Proto::LL, Proto::LL, Proto::Simple];
+        let (mut sent, mut got) = (0u64, 0u64);
+        let total = 40u64;
+        let mut simple_commits = 0u64;
+        while got < total {
+            // Fill as far as the ring allows, then drain part of it.
+            while sent < total && tx.ready() {
+                let p = protos[sent as usize % protos.len()];
+                let cap = proto::chunk_capacity(p, slot_bytes);
+                let len = [0, 1, 13, cap - 1, cap][sent as usize % 5];
+                let d = chunk_data(sent, len);
+                let (ptr, room) = tx.slot(p);
+                assert_eq!(room, cap);
+                // SAFETY: the slot (or staging buffer) holds `room` ≥ len bytes.
+                unsafe { std::ptr::copy_nonoverlapping(d.as_ptr(), ptr, len) };
+                tx.commit(len, &[sent, !sent, 3], p);
+                if p == Proto::Simple {
+                    simple_commits = sent + 1;
+                }
+                // Flagged chunks never move the head counter: their lines are the signal.
+                assert_eq!(tx.sh.hdr().head.0.load(Ordering::Relaxed), simple_commits);
+                sent += 1;
+            }
+            for _ in 0..3 {
+                if got == sent {
+                    break;
+                }
+                assert!(rx.ready(), "chunk {got} not ready");
+                let p = protos[got as usize % protos.len()];
+                let len = [
+                    0,
+                    1,
+                    13,
+                    proto::chunk_capacity(p, slot_bytes) - 1,
+                    proto::chunk_capacity(p, slot_bytes),
+                ][got as usize % 5];
+                let (ptr, n) = rx.chunk();
+                assert_eq!(n, len, "chunk {got} ({p})");
+                // SAFETY: a ready chunk of n bytes.
+                let bytes = unsafe { std::slice::from_raw_parts(ptr, n) };
+                assert_eq!(bytes, &chunk_data(got, len)[..], "chunk {got} ({p})");
+                assert_eq!(rx.sig(), [got, !got, 3]);
+                rx.release();
+                got += 1;
+            }
+        }
+        assert!(!rx.ready());
+    }
+
+    #[test]
+    fn a_partly_written_ll_chunk_in_shared_memory_is_not_ready() {
+        // The chunk as the sender would write it, built aside, then copied into the
+        // connection's slot word by word in the sender's order (LL also in reverse, which its
+        // lines allow; LL128 lines need their flag word last).
+        for (p, reverse) in [(Proto::LL, false), (Proto::LL, true), (Proto::LL128, false)] {
+            let slot_bytes = 8192;
+            let (tx, mut rx) = pair(2, slot_bytes);
+            let slot = tx.sh.flagged_slot(p, 0);
+            let aside: Vec<AtomicU64> = (0..slot.len()).map(|_| AtomicU64::new(0)).collect();
+            let d = chunk_data(9, 1000);
+            let head = ChunkHead { len: 1000, sig: [1, 2, 3] };
+            match p {
+                Proto::LL => proto::ll_write(&aside, &head, &d, proto::flag_of(0)),
+                _ => proto::ll128_write(&aside, &head, &d, 1),
+            }
+            let mut words: Vec<usize> =
+                (0..slot.len()).filter(|&i| aside[i].load(Ordering::Relaxed) != 0).collect();
+            if reverse {
+                words.reverse();
+            }
+            for (k, &i) in words.iter().enumerate() {
+                assert!(!rx.ready(), "{p}: ready after {k} of {} words", words.len());
+                slot[i].store(aside[i].load(Ordering::Relaxed), Ordering::Release);
+            }
+            assert!(rx.ready(), "{p}");
+            let (ptr, n) = rx.chunk();
+            // SAFETY: a ready chunk of n bytes.
+            assert_eq!(unsafe { std::slice::from_raw_parts(ptr, n) }, &d[..]);
+            assert_eq!(rx.sig(), [1, 2, 3]);
+        }
     }
 }
