@@ -87,10 +87,22 @@ fn topo(args: &[String]) {
     let launch = oxccl::sys::affinity::current();
     let h = &t.hosts[0];
     let b = oxccl::topo::binding(h, &launch, None, false);
-    println!("affinity: ranks on this host's CPUs bind their progress thread to {}", b.why);
+    let node = |b: &oxccl::topo::Binding| {
+        b.numa.map_or("no NUMA node known: not bound".into(), |n| format!("NUMA node {n}"))
+    };
+    println!(
+        "affinity: ranks on this host's CPUs bind their progress thread to {}; connection buffers on {}",
+        b.why,
+        node(&b)
+    );
     for n in h.nics() {
         let b = oxccl::topo::binding(h, &launch, Some(&h.nodes[n].name), true);
-        println!("affinity: ranks whose traffic leaves through {}: {}", h.nodes[n].name, b.why);
+        println!(
+            "affinity: ranks whose traffic leaves through {}: {}; connection buffers on {}",
+            h.nodes[n].name,
+            b.why,
+            node(&b)
+        );
     }
     if let Some(f) = opts.get("svg") {
         std::fs::write(f, graphs::svg(&t.hosts[0])).unwrap_or_else(|e| fail("topo", format!("{f}: {e}")));

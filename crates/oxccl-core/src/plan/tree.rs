@@ -15,8 +15,11 @@
 //! rank sent its chunk `k` up. The root runs one lane: its last reduction of a chunk is
 //! finalized, written and sent down.
 //!
-//! Connections are `ConnClass::Tree(t)`: child → parent carries up-traffic, parent → child
-//! down-traffic, so each direction of a tree edge belongs to one lane.
+//! Channels stripe a call over the pair of trees: with `c` channels the data is cut into `2c`
+//! parts, part `p` runs on tree `p % 2` over connections `ConnClass::Tree(p)` (as the ring
+//! stripes over rings; small calls use fewer channels, by the same rule as the ring).
+//! Child → parent carries up-traffic, parent → child down-traffic, so each direction of a
+//! tree edge of a part belongs to one lane.
 
 use super::{ConnClass, ConnKey, Geometry, Input, Lane, Loc, Port, Step};
 use crate::dtype::{DataType, ReduceOp};
@@ -25,6 +28,9 @@ use crate::reduce::ReduceCtx;
 use crate::topo::graphs::double_btree;
 use crate::types::Rank;
 use std::sync::Arc;
+
+/// Most channels a tree call is striped over (connection classes `Tree(0..2 × this)`).
+pub const MAX_TREE_CHANNELS: usize = crate::tuning::MAX_CHANNELS;
 
 /// One rank's place in one tree.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,15 +85,18 @@ pub fn all_reduce(
     let ctx = ReduceCtx::new(dtype, op, g.size as u32)?;
     let es = dtype.size_bytes();
     let chunk = (g.chunk_bytes / es).max(1);
+    let trees = places(g);
+    let by_size = (count * es).checked_div(g.channel_min_bytes).unwrap_or(usize::MAX).max(1);
+    let parts = 2 * g.nchannels.clamp(1, MAX_TREE_CHANNELS).min(by_size);
     let mut lanes = Vec::new();
-    for (t, place) in places(g).into_iter().enumerate() {
-        let beg = count * t / 2;
-        let end = count * (t + 1) / 2;
+    for part in 0..parts {
+        let beg = count * part / parts;
+        let end = count * (part + 1) / parts;
         if beg == end {
             continue;
         }
-        let me = &place[g.rank.idx()];
-        let class = ConnClass::Tree(t as u8);
+        let me = &trees[part % 2][g.rank.idx()];
+        let class = ConnClass::Tree(part as u8);
         let key = |peer: Rank| ConnKey { peer, class };
         let children: Vec<ConnKey> = me.children.iter().map(|&c| key(c)).collect();
         let sched = Arc::new(Sched {

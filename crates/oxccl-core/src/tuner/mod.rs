@@ -334,6 +334,9 @@ impl Model {
         if a == Algo::Direct && self.direct_gbs.is_none() && self.nranks > DIRECT_MAX_RANKS {
             return Some(format!("Direct serves at most {DIRECT_MAX_RANKS} ranks"));
         }
+        if a == Algo::Direct && p != Proto::Simple && self.direct_gbs.is_some() {
+            return Some("the direct path copies between ranks' buffers without connection slots: no protocol applies (listed as Simple)".into());
+        }
         if a == Algo::Tree && self.nranks < 3 {
             return Some("Tree needs at least 3 ranks (on 2 it is the ring)".into());
         }

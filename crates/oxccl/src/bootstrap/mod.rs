@@ -186,7 +186,7 @@ pub(crate) fn decode_class(r: &mut Reader<'_>) -> Result<ConnClass, CoreError> {
         0 => Ok(ConnClass::Ring(ChannelId(ch))),
         1 => Ok(ConnClass::Direct),
         2 => Ok(ConnClass::P2p),
-        3 if ch < 2 => Ok(ConnClass::Tree(ch as u8)),
+        3 if (ch as usize) < 2 * oxccl_core::plan::tree::MAX_TREE_CHANNELS => Ok(ConnClass::Tree(ch as u8)),
         _ => Err(CoreError::Malformed { what: "connection class", reason: format!("kind {k}") }),
     }
 }
@@ -419,6 +419,47 @@ pub(crate) fn write_frame(s: &mut TcpStream, k: u8, payload: &[u8]) -> io::Resul
     buf.extend_from_slice(&hdr);
     buf.extend_from_slice(payload);
     s.write_all(&buf)
+}
+
+/// Writes one frame, honouring the waiter: the write gives up (with the waiter's error, which
+/// names the peer) at its deadline or on abort, instead of blocking on a peer that stopped
+/// reading.
+pub(crate) fn write_frame_within(
+    s: &mut TcpStream,
+    k: u8,
+    payload: &[u8],
+    w: &Waiter,
+    what: &str,
+    peer: Rank,
+) -> Result<()> {
+    let mut buf = Vec::with_capacity(8 + payload.len());
+    buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    buf.extend_from_slice(&[k, 0, 0, 0]);
+    buf.extend_from_slice(payload);
+    let mut sent = 0;
+    while sent < buf.len() {
+        w.check(what, &[peer])?;
+        s.set_write_timeout(Some(w.slice().max(Duration::from_millis(1))))
+            .map_err(|e| Error::io(w.rank, "set socket timeout", Some(peer), e))?;
+        match s.write(&buf[sent..]) {
+            Ok(0) => {
+                return Err(Error::io(
+                    w.rank,
+                    "bootstrap send",
+                    Some(peer),
+                    io::Error::new(io::ErrorKind::WriteZero, format!("connection closed during {what}")),
+                ))
+            }
+            Ok(n) => sent += n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(Error::io(w.rank, "bootstrap send", Some(peer), e)),
+        }
+    }
+    Ok(())
 }
 
 /// Reads exactly `buf.len()` bytes from a blocking stream, honouring the waiter.
@@ -781,8 +822,7 @@ impl Bootstrap {
                 };
                 let _ = s.set_nodelay(true);
                 let hello = Hello { secret: self.secret, from: self.me, to, data: None };
-                write_frame(&mut s, kind::HELLO, &hello.encode())
-                    .map_err(|e| Error::io(self.me, "bootstrap send", Some(to), e))?;
+                write_frame_within(&mut s, kind::HELLO, &hello.encode(), w, "bootstrap hello", to)?;
                 v.insert(s)
             }
         })
@@ -808,12 +848,12 @@ impl Bootstrap {
         let s = self.conn(&mut out, to, w)?;
         let mut w2 = Writer::new();
         w2.u64(tag).raw(payload);
-        let r = write_frame(s, kind::MSG, &w2.finish());
-        if let Err(e) = r {
+        let r = write_frame_within(s, kind::MSG, &w2.finish(), w, "bootstrap send", to);
+        if r.is_err() {
+            // A frame may be half written: this connection cannot carry another.
             out.remove(&to.0);
-            return Err(Error::io(self.me, "bootstrap send", Some(to), e));
         }
-        Ok(())
+        r
     }
 
     /// Receives the message `from` sent under `tag`.

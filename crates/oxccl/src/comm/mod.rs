@@ -385,9 +385,9 @@ impl Communicator {
             peers.iter().any(|q| q.host_id != peers[p.rank.idx()].host_id),
         );
         p.log.info(format_args!(
-            "affinity: progress thread on CPUs {} (NUMA node {}): {}",
+            "affinity: progress thread on CPUs {} and connection buffers on NUMA node {} (mbind, preferred): {}",
             crate::sys::affinity::format_cpulist(&binding.cpus),
-            binding.numa.map_or("?".to_string(), |n| n.to_string()),
+            binding.numa.map_or("? (not bound)".to_string(), |n| n.to_string()),
             binding.why
         ));
         if let Some(s) = &geometry.select {
@@ -465,6 +465,7 @@ impl Communicator {
             slot_bytes,
             shm_disable: p.config.shm_disable,
             check_calls: p.config.check_calls,
+            numa: binding.numa,
             log: p.log,
         });
         engine.direct = direct;

@@ -120,6 +120,8 @@ pub(crate) struct EngineCtx {
     pub shm_disable: bool,
     /// The contract check: chunks carry call signatures, receivers compare them.
     pub check_calls: bool,
+    /// The NUMA node this rank's connection buffers are placed on ([`crate::topo::Binding`]).
+    pub numa: Option<u32>,
     pub log: Logger,
 }
 
@@ -279,6 +281,19 @@ impl Engine {
                         c.slot_bytes,
                         &c.doorbell,
                     )?);
+                    // The slots on this rank's NUMA node. A kernel or sandbox that refuses
+                    // leaves first-touch placement, and says so.
+                    if let (Some(n), SendConn::Shm(sc)) = (c.numa, &conn) {
+                        if let Err(e) = sc.prefer_node(n) {
+                            c.log.info_in(
+                                subsys::SHM,
+                                format_args!(
+                                    "connection {} -> {} left on first-touch placement: {e}",
+                                    c.me, key.peer
+                                ),
+                            );
+                        }
+                    }
                     c.log.info_in(
                         subsys::INIT | subsys::SHM,
                         format_args!(

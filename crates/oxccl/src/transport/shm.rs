@@ -229,6 +229,12 @@ impl ShmSend {
         })
     }
 
+    /// Places the region's slots on NUMA node `node` (before any chunk touches them; only
+    /// the header page is touched at connect).
+    pub fn prefer_node(&self, node: u32) -> std::io::Result<()> {
+        self.sh.region.prefer_node(node)
+    }
+
     /// Whether a slot is free.
     #[inline]
     pub fn ready(&mut self) -> bool {

@@ -575,7 +575,7 @@ fn tree_all_reduce_is_exact_for_every_host_layout() {
     for p in 3..=P_MAX {
         // One rank per host, two per host, three per host, and all on one host (a chain).
         for per_host in [1usize, 2, 3, p] {
-            for chunk in [4usize, 12, 64] {
+            for (chunk, channels) in [(4usize, 1usize), (12, 1), (64, 1), (4, 3), (64, 2)] {
                 for cap in [1usize, 2, 8] {
                     for n in COUNTS {
                         for (op, in_place) in
@@ -584,7 +584,7 @@ fn tree_all_reduce_is_exact_for_every_host_layout() {
                             let mut jobs = Vec::new();
                             let mut bufs = Vec::new();
                             for r in 0..p {
-                                let mut g = Geometry::simple(rank(r), p, 1, chunk)
+                                let mut g = Geometry::simple(rank(r), p, channels, chunk)
                                     .with_hosts(|q| (q / per_host) as u32);
                                 g.select = Some(sel.clone());
                                 let dst = if in_place { SEND } else { RECV };
@@ -597,20 +597,25 @@ fn tree_all_reduce_is_exact_for_every_host_layout() {
                                 }];
                                 let job = plan_group_signed(&g, &ops, &mut Seqs::new(p), true).unwrap();
                                 if n > 1 {
-                                    // Both trees carry data, on their own connections.
+                                    // Both trees carry data, each channel's part on its own
+                                    // connections.
                                     let classes: std::collections::BTreeSet<_> =
                                         crate::plan::job_connections(&job)
                                             .iter()
                                             .map(|(k, _)| k.class)
                                             .collect();
-                                    assert_eq!(classes.len(), 2, "p={p} per_host={per_host}: {classes:?}");
+                                    assert_eq!(
+                                        classes.len(),
+                                        n.min(2 * channels),
+                                        "p={p} per_host={per_host} channels={channels}: {classes:?}"
+                                    );
                                 }
                                 jobs.push(job);
                                 let inputs: Vec<u32> = (0..n).map(|i| input(r, i) % 1000).collect();
                                 bufs.push(vec![bytes(&inputs), bytes(&vec![0xdead_beef; n])]);
                             }
                             run(jobs, &mut bufs, cap).unwrap_or_else(|e| {
-                                panic!("p={p} per_host={per_host} chunk={chunk} cap={cap} n={n} {op:?}: {e}")
+                                panic!("p={p} per_host={per_host} chunk={chunk} channels={channels} cap={cap} n={n} {op:?}: {e}")
                             });
                             for (r, b) in bufs.iter().enumerate() {
                                 let got = u32s(&b[usize::from(!in_place)]);
