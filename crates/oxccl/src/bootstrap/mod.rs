@@ -412,13 +412,16 @@ impl Waiter {
 
 /// Writes one frame (blocking).
 pub(crate) fn write_frame(s: &mut TcpStream, k: u8, payload: &[u8]) -> io::Result<()> {
-    let mut hdr = [0u8; 8];
-    hdr[..4].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-    hdr[4] = k;
+    s.write_all(&frame(k, payload))
+}
+
+/// One frame's bytes: length (u32 LE), kind, three zero bytes, payload.
+fn frame(k: u8, payload: &[u8]) -> Vec<u8> {
     let mut buf = Vec::with_capacity(8 + payload.len());
-    buf.extend_from_slice(&hdr);
+    buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    buf.extend_from_slice(&[k, 0, 0, 0]);
     buf.extend_from_slice(payload);
-    s.write_all(&buf)
+    buf
 }
 
 /// Writes one frame, honouring the waiter: the write gives up (with the waiter's error, which
@@ -432,10 +435,7 @@ pub(crate) fn write_frame_within(
     what: &str,
     peer: Rank,
 ) -> Result<()> {
-    let mut buf = Vec::with_capacity(8 + payload.len());
-    buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    buf.extend_from_slice(&[k, 0, 0, 0]);
-    buf.extend_from_slice(payload);
+    let buf = frame(k, payload);
     let mut sent = 0;
     while sent < buf.len() {
         w.check(what, &[peer])?;

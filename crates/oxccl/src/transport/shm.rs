@@ -383,7 +383,12 @@ impl ShmRecv {
             }),
         };
         let Some((p, mut prog)) = found else { return false };
-        if p != Proto::Simple && !Self::complete(&Some((p, prog))) {
+        // A chunk found by its lines was just polled; one found before (or by the counter) is
+        // polled now.
+        if p != Proto::Simple
+            && !Self::complete(&Some((p, prog)))
+            && (self.cur.is_some() || self.head_seen > self.tail)
+        {
             self.poll_flagged(p, &mut prog);
         }
         self.cur = Some((p, prog));
