@@ -335,8 +335,16 @@ fn a_lossy_slow_link_keeps_every_result_exact() {
         ];
         let t = Instant::now();
         let outs = l.run().unwrap_or_else(|e| panic!("{e}"));
+        let all = || {
+            outs.iter().map(|o| format!("--- rank {}:\n{}{}", o.rank, o.stdout, o.stderr)).collect::<String>()
+        };
         for o in &outs {
-            assert!(o.stdout.contains(&format!("EXACT {calls} calls")), "rank {}: {}", o.rank, o.stdout);
+            assert!(
+                o.stdout.contains(&format!("EXACT {calls} calls")),
+                "rank {} did not finish\n{}",
+                o.rank,
+                all()
+            );
         }
         t.elapsed()
     };
@@ -375,4 +383,56 @@ fn a_lossy_slow_link_keeps_every_result_exact() {
             );
         }
     }
+}
+
+// ---------------------------------------------------------------- a rank that leaves in order
+
+/// Rank 2 destroys its communicator after the first call (in order: a goodbye to every peer)
+/// and stays alive; the others make a second call, which waits on it for what it will never
+/// send. That call must fail within a few seconds naming rank 2, not at the timeout.
+fn early_rank(_ctx: oxccl_testkit::ChildCtx) {
+    let comm = Communicator::from_env().unwrap();
+    let me = comm.rank().idx();
+    let mut v = vec![1u32; 4096];
+    comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+    assert!(v.iter().all(|x| *x == 3), "rank {me}: first call wrong");
+    if me == 2 {
+        comm.destroy().unwrap();
+        println!("LEFT");
+        std::thread::sleep(Duration::from_secs(12));
+        return;
+    }
+    let t = Instant::now();
+    match comm.all_reduce_in_place(&mut v, ReduceOp::Sum) {
+        Ok(()) => println!("NO ERROR"),
+        Err(e) => println!("ERR {} ms {:?} | {e}", t.elapsed().as_millis(), culprit(&e)),
+    }
+}
+
+#[test]
+fn a_rank_that_destroyed_its_communicator_is_named_by_the_waits_on_it() {
+    if let Some(ctx) = child("early") {
+        return early_rank(ctx);
+    }
+    let idfile = Launch::scratch().join("unique-id");
+    let outs = Launch::new("a_rank_that_destroyed_its_communicator_is_named_by_the_waits_on_it", "early", 3)
+        .env("OXCCL_UNIQUE_ID_FILE", idfile.to_str().unwrap())
+        .env("OXCCL_TIMEOUT", "60")
+        .timeout(Duration::from_secs(60))
+        .run()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let all =
+        || outs.iter().map(|o| format!("--- rank {}:\n{}{}", o.rank, o.stdout, o.stderr)).collect::<String>();
+    assert!(outs[2].stdout.contains("LEFT"), "{}", all());
+    let mut said_why = false;
+    for o in &outs[..2] {
+        let line =
+            o.stdout.lines().find_map(|l| l.split_once("ERR ")).unwrap_or_else(|| panic!("{}", all())).1;
+        let ms: u128 = line.split(' ').next().unwrap().parse().unwrap();
+        assert!(line.contains("[2]") && !line.contains("timeout"), "rank {}: {line}", o.rank);
+        assert!(ms < 9000, "rank {}: failed after {ms} ms: {line}", o.rank);
+        said_why |= line.contains("rank 2 destroyed its communicator in order");
+        oxccl_testkit::report!("rank {}: {line}", o.rank);
+    }
+    assert!(said_why, "no rank said why:\n{}", all());
 }

@@ -64,6 +64,12 @@ pub const PROBE_AFTER_MS: u64 = 200;
 pub const PROBE_EVERY_MS: u64 = 1000;
 /// How long a probe waits for its answer.
 pub const PROBE_ANSWER_MS: u64 = 200;
+/// How long a closing rank waits, over all its control connections together, for the peers
+/// to close their ends after its goodbye.
+pub const CLOSE_DRAIN_MS: u64 = 1000;
+/// How long a wait may stay stuck on a peer that destroyed its communicator in order before
+/// it fails (data the peer sent before it left may still be in flight on a slow link).
+pub const LEFT_GRACE_MS: u64 = 5000;
 /// The most a timeout's report waits for the peers' answers (all asked at once).
 pub const REPORT_ANSWER_MS: u64 = 1000;
 
@@ -205,6 +211,12 @@ pub struct Waiter {
     pub gone_seen: std::cell::Cell<Option<Instant>>,
     /// Whom to ask, once stuck, where the awaited peers' calls stand.
     pub probe: Option<Probe>,
+    /// Set while the caller holds the control connections (a bounded write or connect on
+    /// one of them): the peers are not probed then, since a probe writes on those same
+    /// connections (and would wait for the lock this thread holds).
+    held: std::cell::Cell<bool>,
+    /// When this wait, stuck on a peer that destroyed its communicator in order, first saw it so.
+    left_seen: std::cell::Cell<Option<Instant>>,
 }
 
 /// A stuck wait's questions to its peers: the communicator's control connections, this
@@ -265,6 +277,9 @@ impl Probe {
                     }
                 }
                 Probed::NoAnswer => missing.push(format!("rank {r} (host {host}): no answer")),
+                Probed::Gone if mailbox.is_some_and(|m| m.has_left(r)) => {
+                    missing.push(format!("rank {r} (host {host}): destroyed its communicator in order"))
+                }
                 Probed::Gone => missing.push(format!("rank {r} (host {host}): its process has ended")),
             }
         }
@@ -294,6 +309,8 @@ impl Waiter {
             mailbox: None,
             gone_seen: std::cell::Cell::new(None),
             probe: None,
+            held: std::cell::Cell::new(false),
+            left_seen: std::cell::Cell::new(None),
         }
     }
 
@@ -317,6 +334,15 @@ impl Waiter {
         self
     }
 
+    /// Runs `f`, which holds the control connections, with probing off (the deadline, abort
+    /// and gone peers are still heeded).
+    pub(crate) fn holding<T>(&self, f: impl FnOnce() -> T) -> T {
+        let was = self.held.replace(true);
+        let r = f();
+        self.held.set(was);
+        r
+    }
+
     /// Fails if aborted or past the deadline; `what` and `waiting_for` describe the wait.
     pub fn check(&self, what: &str, waiting_for: &[Rank]) -> Result<()> {
         if self.abort.load(Ordering::Relaxed) {
@@ -338,7 +364,7 @@ impl Waiter {
                 }
             }
         }
-        if let Some(p) = &self.probe {
+        if let Some(p) = self.probe.as_ref().filter(|_| !self.held.get()) {
             let now = Instant::now();
             let next = match p.next.get() {
                 Some(t) => t,
@@ -350,6 +376,10 @@ impl Waiter {
             };
             if now >= next && !waiting_for.is_empty() {
                 p.next.set(Some(now + Duration::from_millis(PROBE_EVERY_MS)));
+                // The grace for peers that left runs only while the wait is on one of them.
+                if self.mailbox.as_ref().is_none_or(|m| !waiting_for.iter().any(|r| m.has_left(*r))) {
+                    self.left_seen.set(None);
+                }
                 for &peer in waiting_for.iter().take(16) {
                     match p.boot.probe(peer, Duration::from_millis(PROBE_ANSWER_MS)) {
                         Probed::Answer(st) => {
@@ -361,8 +391,25 @@ impl Waiter {
                         // have died before its own lifeline to this rank existed).
                         Probed::Gone => {
                             if let Some(m) = &self.mailbox {
-                                m.await_word(peer, Duration::from_millis(PROBE_ANSWER_MS));
-                                return Err(m.gone_error(self.rank, what, peer));
+                                if m.await_word(peer, Duration::from_millis(PROBE_ANSWER_MS)) {
+                                    return Err(m.gone_error(self.rank, what, peer));
+                                }
+                                // It destroyed its communicator in order. What it sent may
+                                // still be on its way (over TCP: that stream's own end then
+                                // decides), so the wait goes on; one still stuck on it after
+                                // LEFT_GRACE_MS waits for what it will never send.
+                                let seen = *self.left_seen.get().get_or_insert_with(Instant::now);
+                                self.left_seen.set(Some(seen));
+                                if seen.elapsed() >= Duration::from_millis(LEFT_GRACE_MS) {
+                                    return Err(Error::PeerClosed {
+                                        rank: self.rank,
+                                        op: format!(
+                                            "{what}: rank {peer} destroyed its communicator in order while this rank still waits on it (did every rank make the same calls?)"
+                                        ),
+                                        peer,
+                                        host: m.host_of(peer),
+                                    });
+                                }
                             }
                         }
                         Probed::NoAnswer => {}
@@ -374,7 +421,7 @@ impl Waiter {
             let now = Instant::now();
             // The peers are asked just before the deadline (a slice of the timeout, at most
             // a second), so the call fails at its deadline with their answers in hand.
-            if let Some(p) = &self.probe {
+            if let Some(p) = self.probe.as_ref().filter(|_| !self.held.get()) {
                 let budget = (d - s).div_f64(4.0).min(Duration::from_millis(REPORT_ANSWER_MS));
                 if now + budget >= d && p.report.borrow().is_none() {
                     let r = p.report(self.rank, self.mailbox.as_deref(), d);
@@ -832,10 +879,12 @@ impl Bootstrap {
     /// ends without a goodbye, the peer knows this rank is gone.
     pub fn connect_all(&self, w: &Waiter) -> Result<()> {
         let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
-        for r in (0..self.peers.len()).map(Rank::new).filter(|r| *r != self.me) {
-            self.conn(&mut out, r, w)?;
-        }
-        Ok(())
+        w.holding(|| {
+            for r in (0..self.peers.len()).map(Rank::new).filter(|r| *r != self.me) {
+                self.conn(&mut out, r, w)?;
+            }
+            Ok(())
+        })
     }
 
     /// Sends `payload` to `to` under `tag`.
@@ -845,10 +894,13 @@ impl Bootstrap {
             return Ok(());
         }
         let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
-        let s = self.conn(&mut out, to, w)?;
         let mut w2 = Writer::new();
         w2.u64(tag).raw(payload);
-        let r = write_frame_within(s, kind::MSG, &w2.finish(), w, "bootstrap send", to);
+        // The lock on the control connections is held throughout: `w` must not probe.
+        let r = w.holding(|| {
+            let s = self.conn(&mut out, to, w)?;
+            write_frame_within(s, kind::MSG, &w2.finish(), w, "bootstrap send", to)
+        });
         if r.is_err() {
             // A frame may be half written: this connection cannot carry another.
             out.remove(&to.0);
@@ -880,6 +932,40 @@ impl Bootstrap {
         for s in out.values_mut() {
             let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
             let _ = write_frame(s, kind::BYE, &[]);
+            let _ = s.shutdown(std::net::Shutdown::Write);
+        }
+        // Each peer's service closes its end once it has read the goodbye. Until then this
+        // end reads (and drops) what still comes in, such as late answers to probes: a socket
+        // closed with unread bytes is reset, and a reset can overtake the goodbye, so the peer
+        // would take this rank, which ended in order, for dead. Bounded: a peer that does not
+        // close in time is left to the reset.
+        // All connections are drained at once (one poll), so a slow peer does not use up
+        // the others' time.
+        use std::os::fd::AsRawFd;
+        let until = Instant::now() + Duration::from_millis(CLOSE_DRAIN_MS);
+        let mut open: Vec<&mut TcpStream> =
+            out.values_mut().filter(|s| s.set_nonblocking(true).is_ok()).collect();
+        let mut buf = [0u8; 512];
+        while !open.is_empty() {
+            // Read what has come; a connection the peer closed (or reset) is done.
+            open.retain_mut(|s| loop {
+                match s.read(&mut buf) {
+                    Ok(0) => break false,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break true,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => break false,
+                }
+            });
+            let left = until.saturating_duration_since(Instant::now());
+            if open.is_empty() || left.is_zero() {
+                break;
+            }
+            let mut fds: Vec<libc::pollfd> =
+                open.iter().map(|s| crate::sys::fd::pollfd(s.as_raw_fd(), libc::POLLIN)).collect();
+            if crate::sys::fd::poll(&mut fds, left).is_err() {
+                break;
+            }
         }
         out.clear();
     }
@@ -979,7 +1065,9 @@ impl Bootstrap {
 
     /// Sends `peer` a probe; its nonce, or what the failure to send says.
     fn ask(&self, peer: Rank, wait: Duration) -> Result<u64, Probed> {
-        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(mut out) = self.out_by(Instant::now() + wait) else {
+            return Err(Probed::NoAnswer);
+        };
         let Some(s) = out.get_mut(&peer.0) else {
             return Err(Probed::NoAnswer);
         };
@@ -996,9 +1084,27 @@ impl Bootstrap {
         }
     }
 
+    /// The control connections, if their lock comes free by `until`. A probe never waits on
+    /// the lock without bound: its holder may be a write stuck on a slow peer, or this very
+    /// thread.
+    fn out_by(&self, until: Instant) -> Option<std::sync::MutexGuard<'_, HashMap<u32, TcpStream>>> {
+        loop {
+            match self.out.try_lock() {
+                Ok(g) => return Some(g),
+                Err(std::sync::TryLockError::Poisoned(e)) => return Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < until => {
+                    std::thread::sleep(Duration::from_micros(500))
+                }
+                Err(std::sync::TryLockError::WouldBlock) => return None,
+            }
+        }
+    }
+
     /// Waits until `until` for the answer to probe `nonce` of `peer`.
     fn answer(&self, peer: Rank, nonce: u64, until: Instant) -> Probed {
-        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(mut out) = self.out_by(until) else {
+            return Probed::NoAnswer;
+        };
         let Some(s) = out.get_mut(&peer.0) else {
             return Probed::NoAnswer;
         };
@@ -1061,6 +1167,55 @@ impl Bootstrap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A send to a peer that takes the connection but never reads blocks once the socket's
+    /// buffers fill. Its waiter probes stuck peers over these same control connections, whose
+    /// lock the send holds: the send must still end at its deadline with a timeout naming the
+    /// peer (it once waited forever on its own lock), and a probe meanwhile must not wait on
+    /// the lock without bound.
+    #[test]
+    fn a_send_stuck_on_a_peer_that_never_reads_ends_at_its_deadline() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let info = |r: u32, addr: SocketAddr| PeerInfo {
+            rank: Rank(r),
+            pid: 0,
+            host_id: 0,
+            hostname: "vm".into(),
+            addr,
+            unix_name: [0; 16],
+            costs: Default::default(),
+        };
+        let peers = Arc::new(vec![info(0, "127.0.0.1:9".parse().unwrap()), info(1, l.local_addr().unwrap())]);
+        let mailbox = Arc::new(Mailbox::default());
+        let boot = Arc::new(Bootstrap::new(Rank(0), [7; 32], peers, mailbox.clone()));
+        // The peer accepts and holds the connection open, reading nothing.
+        let holder = std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            std::thread::sleep(Duration::from_secs(4));
+            drop(s);
+        });
+        let abort = Arc::new(AtomicBool::new(false));
+        let w = Waiter::new(Rank(0), Some(Duration::from_millis(1500)), abort).watching(&mailbox).probing(
+            &boot,
+            Sig::NONE,
+            false,
+        );
+        let t = Instant::now();
+        let big = vec![0u8; 64 << 20];
+        let err = boot.send(Rank(1), 5, &big, &w).expect_err("a send nobody reads cannot finish");
+        let took = t.elapsed();
+        assert!(matches!(err, Error::Timeout { .. }), "{err}");
+        assert!(err.to_string().contains("bootstrap send"), "{err}");
+        assert!(took < Duration::from_millis(3500), "the send ended {took:?} after it began: {err}");
+        // The failed send dropped its half-written connection; a probe while another thread
+        // holds the lock gives up at its own bound.
+        let guard = boot.out.lock().unwrap();
+        let t = Instant::now();
+        assert!(matches!(boot.probe(Rank(1), Duration::from_millis(100)), Probed::NoAnswer));
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        drop(guard);
+        holder.join().unwrap();
+    }
 
     #[test]
     fn join_status_round_trips_and_bounds_its_list() {

@@ -172,6 +172,8 @@ struct MailState {
     /// Control blocks (and doorbells) peers offered: (ctl, doorbell).
     arenas: HashMap<u32, (OwnedFd, OwnedFd)>,
     closed: bool,
+    /// Peers that said goodbye: they destroyed their communicators in order.
+    left: std::collections::HashSet<u32>,
 }
 
 impl std::fmt::Debug for Mailbox {
@@ -326,6 +328,17 @@ impl Mailbox {
         self.cv.notify_all();
     }
 
+    /// Records that `r` said goodbye (it destroyed its communicator in order).
+    pub(crate) fn mark_left(&self, r: Rank) {
+        self.lock().left.insert(r.0);
+        self.cv.notify_all();
+    }
+
+    /// Whether `r` said goodbye.
+    pub fn has_left(&self, r: Rank) -> bool {
+        self.lock().left.contains(&r.0)
+    }
+
     /// Records that `r` is gone and wakes everyone waiting on this rank.
     pub(crate) fn mark_gone(&self, r: Rank) {
         self.mark(r, Why::Closed);
@@ -439,14 +452,18 @@ impl Mailbox {
     /// Waits up to `wait` for word of `peer` (its failure, or the end of its own control
     /// connection to this rank), then records it gone if none came: a probe that found its
     /// end closed may beat its last words, which travel on the other connection.
-    pub fn await_word(&self, peer: Rank, wait: Duration) {
+    /// Returns false, recording nothing, if `peer` said goodbye instead: it ended in order.
+    pub fn await_word(&self, peer: Rank, wait: Duration) -> bool {
         let until = Instant::now() + wait;
         let mut st = self.lock();
         loop {
+            if st.left.contains(&peer.0) {
+                return false;
+            }
             {
                 let g = self.gone.ranks.lock().unwrap_or_else(|e| e.into_inner());
                 if Self::blame(&g, peer).is_some() {
-                    return;
+                    return true;
                 }
             }
             let left = until.saturating_duration_since(Instant::now());
@@ -457,6 +474,7 @@ impl Mailbox {
         }
         drop(st);
         self.mark_gone(peer);
+        true
     }
 
     /// `e` with the departure behind it named: an error on a connection to a peer that went
@@ -849,6 +867,7 @@ fn tcp_step(ctx: &Ctx, c: &mut TcpConn, now: Instant, deadline: Duration) -> Ste
                 }
             }
             (ConnState::Msgs { from, .. }, (kind::BYE, _)) => {
+                ctx.mailbox.mark_left(*from);
                 c.state = ConnState::Msgs { from: *from, bye: true };
             }
             (ConnState::Msgs { from, .. }, (kind::PROBE, payload)) => {

@@ -321,7 +321,15 @@ impl TcpRecv {
             None => &mut self.rx[self.rx_end..],
         };
         let asked = buf.len();
-        let r = fd::recv_some(fd, buf).map_err(|e| stream_error(me, "TCP receive", peer, &self.host, e))?;
+        let r = match fd::recv_some(fd, buf) {
+            // A reset comes after every byte that arrived before it: like an end of stream,
+            // it fails a wait only once what came before is used up.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                self.eof = true;
+                return Ok(None);
+            }
+            r => r.map_err(|e| stream_error(me, "TCP receive", peer, &self.host, e))?,
+        };
         // A short read (or none) drained the socket: reading again before it polls readable
         // would only cost a system call that fails.
         self.drained = r.is_none_or(|n| n < asked);
