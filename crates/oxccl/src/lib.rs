@@ -23,6 +23,8 @@
 pub mod bootstrap;
 pub mod calib;
 pub mod comm;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod engine;
 pub mod env;
 pub mod error;

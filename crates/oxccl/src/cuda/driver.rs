@@ -1,0 +1,138 @@
+//! The CUDA driver API, loaded at run time from `libcuda.so.1`: only what oxccl calls, each
+//! call checked and turned into a [`CudaError`] that names the call and CUDA's reason.
+
+use super::dl::Lib;
+use super::CudaError;
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::sync::OnceLock;
+
+pub type CuResult = c_int;
+pub type CuDevice = c_int;
+pub type CuDevicePtr = u64;
+pub type Handle = *mut c_void;
+
+/// `CU_DEVICE_ATTRIBUTE_*` values from cuda.h.
+pub mod attr {
+    pub const MULTIPROCESSOR_COUNT: i32 = 16;
+    pub const COMPUTE_CAPABILITY_MAJOR: i32 = 75;
+    pub const COMPUTE_CAPABILITY_MINOR: i32 = 76;
+}
+
+macro_rules! driver_table {
+    ($( $field:ident : fn($($arg:ty),*) = [$($name:literal),+] ;)*) => {
+        /// The driver entry points oxccl uses.
+        #[allow(non_snake_case)]
+        pub struct Driver {
+            lib: Lib,
+            $( pub(crate) $field: unsafe extern "C" fn($($arg),*) -> CuResult, )*
+        }
+
+        impl Driver {
+            fn load_from(lib: Lib) -> Result<Driver, String> {
+                $(
+                    let $field = [$($name),+]
+                        .iter()
+                        .find_map(|n| {
+                            // SAFETY: each type is the prototype cuda.h declares for these names.
+                            unsafe { lib.sym::<unsafe extern "C" fn($($arg),*) -> CuResult>(n).ok() }
+                        })
+                        .ok_or_else(|| format!("{} lacks {}", lib.name, [$($name),+][0].to_string_lossy()))?;
+                )*
+                Ok(Driver { lib, $($field,)* })
+            }
+        }
+    };
+}
+
+driver_table! {
+    init: fn(c_uint) = [c"cuInit"];
+    driver_version: fn(*mut c_int) = [c"cuDriverGetVersion"];
+    device_count: fn(*mut c_int) = [c"cuDeviceGetCount"];
+    device_get: fn(*mut CuDevice, c_int) = [c"cuDeviceGet"];
+    device_attr: fn(*mut c_int, c_int, CuDevice) = [c"cuDeviceGetAttribute"];
+    device_name: fn(*mut c_char, c_int, CuDevice) = [c"cuDeviceGetName"];
+    primary_ctx_retain: fn(*mut Handle, CuDevice) = [c"cuDevicePrimaryCtxRetain"];
+    ctx_set_current: fn(Handle) = [c"cuCtxSetCurrent"];
+    mem_alloc: fn(*mut CuDevicePtr, usize) = [c"cuMemAlloc_v2"];
+    mem_free: fn(CuDevicePtr) = [c"cuMemFree_v2"];
+    memcpy_htod: fn(CuDevicePtr, *const c_void, usize) = [c"cuMemcpyHtoD_v2"];
+    memcpy_dtoh: fn(*mut c_void, CuDevicePtr, usize) = [c"cuMemcpyDtoH_v2"];
+    memcpy_dtod_async: fn(CuDevicePtr, CuDevicePtr, usize, Handle) = [c"cuMemcpyDtoDAsync_v2"];
+    memset_d8_async: fn(CuDevicePtr, u8, usize, Handle) = [c"cuMemsetD8Async"];
+    stream_create: fn(*mut Handle, c_uint) = [c"cuStreamCreate"];
+    stream_sync: fn(Handle) = [c"cuStreamSynchronize"];
+    stream_destroy: fn(Handle) = [c"cuStreamDestroy_v2"];
+    event_create: fn(*mut Handle, c_uint) = [c"cuEventCreate"];
+    event_record: fn(Handle, Handle) = [c"cuEventRecord"];
+    event_sync: fn(Handle) = [c"cuEventSynchronize"];
+    event_elapsed: fn(*mut f32, Handle, Handle) = [c"cuEventElapsedTime_v2", c"cuEventElapsedTime"];
+    event_destroy: fn(Handle) = [c"cuEventDestroy_v2"];
+    module_load_data: fn(*mut Handle, *const c_void) = [c"cuModuleLoadData"];
+    module_get_function: fn(*mut Handle, Handle, *const c_char) = [c"cuModuleGetFunction"];
+    launch_kernel: fn(Handle, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Handle, *mut *mut c_void, *mut *mut c_void) = [c"cuLaunchKernel"];
+    error_string: fn(CuResult, *mut *const c_char) = [c"cuGetErrorString"];
+}
+
+static DRIVER: OnceLock<Result<Driver, String>> = OnceLock::new();
+
+/// The driver, loaded and initialised once per process; an error (no library, a missing
+/// symbol, `cuInit` failing, e.g. no GPU or no driver) says which and why.
+pub fn driver() -> Result<&'static Driver, CudaError> {
+    DRIVER
+        .get_or_init(|| {
+            let lib = Lib::open(&["libcuda.so.1".into(), "libcuda.so".into()])
+                .map_err(|e| format!("no CUDA driver library (libcuda.so.1): {e}"))?;
+            let d = Driver::load_from(lib)?;
+            // SAFETY: cuInit takes flags 0; it may be called more than once.
+            let r = unsafe { (d.init)(0) };
+            if r != 0 {
+                return Err(format!("cuInit failed: {} (CUDA error {r})", d.describe(r)));
+            }
+            Ok(d)
+        })
+        .as_ref()
+        .map_err(|e| CudaError::NoCuda(e.clone()))
+}
+
+impl Driver {
+    /// CUDA's name for error `r`.
+    pub fn describe(&self, r: CuResult) -> String {
+        let mut p: *const c_char = std::ptr::null();
+        // SAFETY: cuGetErrorString writes a pointer to a static string (or fails).
+        if unsafe { (self.error_string)(r, &mut p) } != 0 || p.is_null() {
+            return format!("unknown error {r}");
+        }
+        // SAFETY: the driver returned a NUL-terminated static string.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+
+    /// `r` as a result for `op`.
+    pub fn check(&self, op: &'static str, r: CuResult) -> Result<(), CudaError> {
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(CudaError::Call { op, code: r, reason: self.describe(r) })
+        }
+    }
+
+    /// The library the driver came from.
+    pub fn library(&self) -> &str {
+        &self.lib.name
+    }
+
+    /// The driver's CUDA version (e.g. 13000).
+    pub fn version(&self) -> Result<i32, CudaError> {
+        let mut v = 0;
+        // SAFETY: writes one int.
+        self.check("cuDriverGetVersion", unsafe { (self.driver_version)(&mut v) })?;
+        Ok(v)
+    }
+
+    /// How many devices the driver sees.
+    pub fn device_count(&self) -> Result<i32, CudaError> {
+        let mut n = 0;
+        // SAFETY: writes one int.
+        self.check("cuDeviceGetCount", unsafe { (self.device_count)(&mut n) })?;
+        Ok(n)
+    }
+}

@@ -1,0 +1,142 @@
+// oxccl's device kernels: copy and reduce-copy, compiled at run time by NVRTC.
+// No headers: NVRTC is given none. The instantiations (one extern "C" kernel per operator and
+// type) are appended by kernels.rs, which also holds the list of names.
+//
+// Rules (the same as the CPU kernels in oxccl-core's reduce.rs):
+// - integer arithmetic wraps (done in unsigned arithmetic, so no signed overflow);
+// - f16 and bf16 are widened to f32, combined, and rounded once (round to nearest even);
+// - f32 and f64 are combined in their own precision;
+// - each thread moves 16-byte vectors when every pointer is 16-byte aligned (`vec` != 0),
+//   else single elements; OX_UNROLL vectors are in flight per thread and source.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef int i32;
+typedef unsigned long long u64;
+typedef long long i64;
+struct __align__(2) h16 { u16 x; };
+struct __align__(2) b16 { u16 x; };
+struct __align__(16) V16 { u32 w[4]; };
+
+#ifndef OX_UNROLL
+#define OX_UNROLL 8
+#endif
+#define OX_MAXSRC 8
+struct Srcs { const void* p[OX_MAXSRC]; };
+
+template <typename T> struct Acc { typedef T A; static __device__ __forceinline__ A ld(T v) { return v; } static __device__ __forceinline__ T st(A v) { return v; } };
+template <> struct Acc<i8> { typedef u32 A; static __device__ __forceinline__ A ld(i8 v) { return (u32)(i32)v; } static __device__ __forceinline__ i8 st(A v) { return (i8)(u8)v; } };
+template <> struct Acc<u8> { typedef u32 A; static __device__ __forceinline__ A ld(u8 v) { return v; } static __device__ __forceinline__ u8 st(A v) { return (u8)v; } };
+template <> struct Acc<h16> {
+  typedef float A;
+  static __device__ __forceinline__ A ld(h16 v) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.x)); return f; }
+  static __device__ __forceinline__ h16 st(A f) { h16 v; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(v.x) : "f"(f)); return v; }
+};
+template <> struct Acc<b16> {
+  typedef float A;
+  static __device__ __forceinline__ A ld(b16 v) { return __uint_as_float(((u32)v.x) << 16); }
+  static __device__ __forceinline__ b16 st(A f) { b16 v; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(v.x) : "f"(f)); return v; }
+};
+
+// Signedness for comparisons: the accumulator of i8 is u32 (for wrapping arithmetic), so
+// max/min compare through the element's own signed type.
+template <typename T> struct Cmp { template <typename A> static __device__ __forceinline__ bool lt(A a, A b) { return a < b; } };
+template <> struct Cmp<i8> { template <typename A> static __device__ __forceinline__ bool lt(A a, A b) { return (i32)a < (i32)b; } };
+
+__device__ __forceinline__ u32 wadd(u32 a, u32 b) { return a + b; }
+__device__ __forceinline__ i32 wadd(i32 a, i32 b) { return (i32)((u32)a + (u32)b); }
+__device__ __forceinline__ u64 wadd(u64 a, u64 b) { return a + b; }
+__device__ __forceinline__ i64 wadd(i64 a, i64 b) { return (i64)((u64)a + (u64)b); }
+__device__ __forceinline__ float wadd(float a, float b) { return a + b; }
+__device__ __forceinline__ double wadd(double a, double b) { return a + b; }
+__device__ __forceinline__ u32 wmul(u32 a, u32 b) { return a * b; }
+__device__ __forceinline__ i32 wmul(i32 a, i32 b) { return (i32)((u32)a * (u32)b); }
+__device__ __forceinline__ u64 wmul(u64 a, u64 b) { return a * b; }
+__device__ __forceinline__ i64 wmul(i64 a, i64 b) { return (i64)((u64)a * (u64)b); }
+__device__ __forceinline__ float wmul(float a, float b) { return a * b; }
+__device__ __forceinline__ double wmul(double a, double b) { return a * b; }
+
+template <typename T> struct OpSum { template <typename A> static __device__ __forceinline__ A f(A a, A b) { return wadd(a, b); } };
+template <typename T> struct OpProd { template <typename A> static __device__ __forceinline__ A f(A a, A b) { return wmul(a, b); } };
+// NaN-ignoring like Rust's f32::max/min (the CPU kernels' rule); integers compare plainly.
+template <typename T> struct OpMax { template <typename A> static __device__ __forceinline__ A f(A a, A b) { return (a != a) ? b : (b != b) ? a : (Cmp<T>::lt(a, b) ? b : a); } };
+template <typename T> struct OpMin { template <typename A> static __device__ __forceinline__ A f(A a, A b) { return (a != a) ? b : (b != b) ? a : (Cmp<T>::lt(b, a) ? b : a); } };
+template <typename T> struct OpBand { template <typename A> static __device__ __forceinline__ A f(A a, A b) { return a & b; } };
+template <typename T> struct OpBor { template <typename A> static __device__ __forceinline__ A f(A a, A b) { return a | b; } };
+template <typename T> struct OpBxor { template <typename A> static __device__ __forceinline__ A f(A a, A b) { return a ^ b; } };
+
+template <typename T, typename Op>
+__device__ __forceinline__ void reduce_body(const Srcs& s, int nsrc, T* __restrict__ dst, u64 n, int vec) {
+  typedef typename Acc<T>::A A;
+  constexpr int PER = 16 / sizeof(T);
+  const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  const u64 stride = (u64)gridDim.x * blockDim.x;
+  const u64 nv = vec ? n / PER : 0;
+  union U { V16 u; T e[PER]; };
+  for (u64 base = tid; base < nv; base += stride * OX_UNROLL) {
+    A acc[OX_UNROLL][PER];
+    U in[OX_UNROLL];
+#pragma unroll
+    for (int r = 0; r < OX_UNROLL; r++) {
+      const u64 v = base + r * stride;
+      if (v < nv) in[r].u = ((const V16*)s.p[0])[v];
+    }
+#pragma unroll
+    for (int r = 0; r < OX_UNROLL; r++)
+#pragma unroll
+      for (int k = 0; k < PER; k++) acc[r][k] = Acc<T>::ld(in[r].e[k]);
+    for (int j = 1; j < nsrc; j++) {
+#pragma unroll
+      for (int r = 0; r < OX_UNROLL; r++) {
+        const u64 v = base + r * stride;
+        if (v < nv) in[r].u = ((const V16*)s.p[j])[v];
+      }
+#pragma unroll
+      for (int r = 0; r < OX_UNROLL; r++)
+#pragma unroll
+        for (int k = 0; k < PER; k++) acc[r][k] = Op::f(acc[r][k], Acc<T>::ld(in[r].e[k]));
+    }
+#pragma unroll
+    for (int r = 0; r < OX_UNROLL; r++) {
+      const u64 v = base + r * stride;
+      if (v < nv) {
+        U o;
+#pragma unroll
+        for (int k = 0; k < PER; k++) o.e[k] = Acc<T>::st(acc[r][k]);
+        ((V16*)dst)[v] = o.u;
+      }
+    }
+  }
+  for (u64 i = nv * PER + tid; i < n; i += stride) {
+    A acc = Acc<T>::ld(((const T*)s.p[0])[i]);
+    for (int j = 1; j < nsrc; j++) acc = Op::f(acc, Acc<T>::ld(((const T*)s.p[j])[i]));
+    dst[i] = Acc<T>::st(acc);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(512) oxk_copy(const u8* __restrict__ src, u8* __restrict__ dst, u64 n, int vec) {
+  const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  const u64 stride = (u64)gridDim.x * blockDim.x;
+  const u64 nv = vec ? n / 16 : 0;
+  for (u64 base = tid; base < nv; base += stride * OX_UNROLL) {
+    V16 t[OX_UNROLL];
+#pragma unroll
+    for (int r = 0; r < OX_UNROLL; r++) {
+      const u64 v = base + r * stride;
+      if (v < nv) t[r] = ((const V16*)src)[v];
+    }
+#pragma unroll
+    for (int r = 0; r < OX_UNROLL; r++) {
+      const u64 v = base + r * stride;
+      if (v < nv) ((V16*)dst)[v] = t[r];
+    }
+  }
+  for (u64 i = nv * 16 + tid; i < n; i += stride) dst[i] = src[i];
+}
+
+#define OXK(opname, Op, tname, T) \
+  extern "C" __global__ void __launch_bounds__(512) oxk_##opname##_##tname(Srcs s, int nsrc, T* __restrict__ dst, u64 n, int vec) { \
+    reduce_body<T, Op<T> >(s, nsrc, dst, n, vec); \
+  }

@@ -1,0 +1,269 @@
+//! oxccl's copy and reduce-copy kernels: CUDA C (`kernels.cu` plus one instantiation per
+//! operator and type, listed here), compiled by NVRTC for the device's architecture at first
+//! use, cached per process, and loaded with every kernel resolved at once.
+
+use super::driver::{CuDevicePtr, Handle};
+use super::{arg, nvrtc, CudaError, Device, Stream};
+use oxccl_core::{DataType, ReduceOp};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The most sources one reduce-copy launch combines.
+pub const MAX_SOURCES: usize = 8;
+/// Threads per block of every kernel (`__launch_bounds__(512)` in the source).
+pub const BLOCK_THREADS: u32 = 512;
+
+const BODY: &str = include_str!("kernels.cu");
+
+/// The types the kernels serve and their names in the source.
+pub const TYPES: [(DataType, &str, &str); 10] = [
+    (DataType::I8, "i8", "i8"),
+    (DataType::U8, "u8", "u8"),
+    (DataType::I32, "i32", "i32"),
+    (DataType::U32, "u32", "u32"),
+    (DataType::I64, "i64", "i64"),
+    (DataType::U64, "u64", "u64"),
+    (DataType::F16, "f16", "h16"),
+    (DataType::F32, "f32", "float"),
+    (DataType::F64, "f64", "double"),
+    (DataType::Bf16, "bf16", "b16"),
+];
+
+/// The operators the kernels compute directly (`Avg` is a sum and a division at the end).
+pub const OPS: [(ReduceOp, &str, &str); 7] = [
+    (ReduceOp::Sum, "sum", "OpSum"),
+    (ReduceOp::Prod, "prod", "OpProd"),
+    (ReduceOp::Max, "max", "OpMax"),
+    (ReduceOp::Min, "min", "OpMin"),
+    (ReduceOp::BitAnd, "band", "OpBand"),
+    (ReduceOp::BitOr, "bor", "OpBor"),
+    (ReduceOp::BitXor, "bxor", "OpBxor"),
+];
+
+fn is_float(t: DataType) -> bool {
+    matches!(t, DataType::F16 | DataType::F32 | DataType::F64 | DataType::Bf16)
+}
+
+/// Every (type, operator) with a kernel: bitwise operators on integer types only.
+pub fn variants() -> Vec<(DataType, ReduceOp)> {
+    let mut v = Vec::new();
+    for (op, ..) in OPS {
+        for (t, ..) in TYPES {
+            let bitwise = matches!(op, ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor);
+            if !(bitwise && is_float(t)) {
+                v.push((t, op));
+            }
+        }
+    }
+    v
+}
+
+/// The kernel's name for `(t, op)`.
+pub fn reduce_name(t: DataType, op: ReduceOp) -> Option<String> {
+    let tn = TYPES.iter().find(|x| x.0 == t)?.1;
+    let on = OPS.iter().find(|x| x.0 == op)?.1;
+    variants().contains(&(t, op)).then(|| format!("oxk_{on}_{tn}"))
+}
+
+/// The full source: the body and every instantiation.
+pub fn source() -> String {
+    let mut s = String::from(BODY);
+    for (t, op) in variants() {
+        let (_, tn, tc) = TYPES.iter().find(|x| x.0 == t).copied().unwrap_or((t, "?", "?"));
+        let (_, on, oc) = OPS.iter().find(|x| x.0 == op).copied().unwrap_or((op, "?", "?"));
+        s += &format!("OXK({on}, {oc}, {tn}, {tc})\n");
+    }
+    s
+}
+
+/// Every kernel name in the module.
+pub fn names() -> Vec<String> {
+    let mut v = vec!["oxk_copy".to_string()];
+    v.extend(variants().into_iter().filter_map(|(t, op)| reduce_name(t, op)));
+    v
+}
+
+/// CUBINs compiled in this process, by architecture and defines.
+static CACHE: OnceLock<Mutex<HashMap<String, Arc<Vec<u8>>>>> = OnceLock::new();
+
+/// The kernels' CUBIN for `arch` with `defines`, compiled once per process.
+pub fn cubin(arch: &str, defines: &[String]) -> Result<Arc<Vec<u8>>, CudaError> {
+    let key = format!("{arch} {}", defines.join(" "));
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(c) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(c.clone());
+    }
+    let bin = Arc::new(nvrtc::compile(&source(), "oxccl_kernels.cu", arch, defines)?);
+    cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, bin.clone());
+    Ok(bin)
+}
+
+/// The kernels loaded on one device: every function resolved now, so no launch ever loads
+/// code (CUDA's lazy loading would, and that stalls behind a kernel that spins).
+pub struct Kernels {
+    dev_d: &'static super::driver::Driver,
+    /// The module, loaded for the life of the process (kernels are cached per process).
+    pub module: Handle,
+    copy: Handle,
+    reduce: HashMap<(DataType, ReduceOp), Handle>,
+    /// Blocks per launch (a few per multiprocessor).
+    pub blocks: u32,
+}
+
+// SAFETY: module and function handles may be used from any thread with the context current.
+unsafe impl Send for Kernels {}
+// SAFETY: as above; the handles are only passed to the driver.
+unsafe impl Sync for Kernels {}
+
+/// `#[repr(C)]` twin of the kernels' `Srcs`.
+#[repr(C)]
+struct Srcs {
+    p: [CuDevicePtr; MAX_SOURCES],
+}
+
+impl Kernels {
+    /// Compiles (or takes from the cache) and loads the kernels on `dev`.
+    pub fn load(dev: &Device, defines: &[String]) -> Result<Kernels, CudaError> {
+        let bin = cubin(&dev.arch(), defines)?;
+        let d = dev.d;
+        let mut module = std::ptr::null_mut();
+        // SAFETY: a CUBIN image from NVRTC; the driver copies what it needs.
+        d.check("cuModuleLoadData", unsafe { (d.module_load_data)(&mut module, bin.as_ptr().cast()) })?;
+        let func = |name: &str| -> Result<Handle, CudaError> {
+            let c = std::ffi::CString::new(name).map_err(|_| CudaError::Invalid(name.into()))?;
+            let mut f = std::ptr::null_mut();
+            // SAFETY: a loaded module and a NUL-terminated name.
+            d.check("cuModuleGetFunction", unsafe { (d.module_get_function)(&mut f, module, c.as_ptr()) })?;
+            Ok(f)
+        };
+        let copy = func("oxk_copy")?;
+        let mut reduce = HashMap::new();
+        for (t, op) in variants() {
+            let name = reduce_name(t, op).unwrap_or_default();
+            reduce.insert((t, op), func(&name)?);
+        }
+        Ok(Kernels { dev_d: d, module, copy, reduce, blocks: (dev.sms.max(1) as u32) * 4 })
+    }
+
+    fn launch(&self, f: Handle, s: &Stream, params: &mut [*mut std::ffi::c_void]) -> Result<(), CudaError> {
+        let d = self.dev_d;
+        // SAFETY: `params` point at values of the kernel's parameter types, alive for the call
+        // (the driver copies them at launch).
+        d.check("cuLaunchKernel", unsafe {
+            (d.launch_kernel)(
+                f,
+                self.blocks,
+                1,
+                1,
+                BLOCK_THREADS,
+                1,
+                1,
+                0,
+                s.h,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        })
+    }
+
+    /// Enqueues a copy of `bytes` from `src` to `dst` on `s`.
+    pub fn copy(
+        &self,
+        s: &Stream,
+        dst: CuDevicePtr,
+        src: CuDevicePtr,
+        bytes: usize,
+    ) -> Result<(), CudaError> {
+        let vec: i32 = ((dst | src) % 16 == 0) as i32;
+        let n = bytes as u64;
+        self.launch(self.copy, s, &mut [arg(&src), arg(&dst), arg(&n), arg(&vec)])
+    }
+
+    /// Enqueues `dst[i] = op(srcs[0][i], srcs[1][i], ...)` over `count` elements of `t`.
+    pub fn reduce(
+        &self,
+        s: &Stream,
+        t: DataType,
+        op: ReduceOp,
+        srcs: &[CuDevicePtr],
+        dst: CuDevicePtr,
+        count: usize,
+    ) -> Result<(), CudaError> {
+        if srcs.is_empty() || srcs.len() > MAX_SOURCES {
+            return Err(CudaError::Invalid(format!(
+                "a reduce-copy combines 1 to {MAX_SOURCES} sources, not {}",
+                srcs.len()
+            )));
+        }
+        let f = *self
+            .reduce
+            .get(&(t, op))
+            .ok_or_else(|| CudaError::Invalid(format!("no device kernel reduces {t:?} with {op:?}")))?;
+        let mut p = Srcs { p: [0; MAX_SOURCES] };
+        p.p[..srcs.len()].copy_from_slice(srcs);
+        let vec: i32 = (srcs.iter().fold(dst, |a, b| a | b) % 16 == 0) as i32;
+        let (nsrc, n) = (srcs.len() as i32, count as u64);
+        self.launch(f, s, &mut [arg(&p), arg(&nsrc), arg(&dst), arg(&n), arg(&vec)])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_operator_and_type_has_one_kernel_name() {
+        let v = variants();
+        // 10 types x 4 arithmetic operators, and the 3 bitwise ones on the 6 integer types.
+        assert_eq!(v.len(), 10 * 4 + 6 * 3);
+        let n = names();
+        assert_eq!(n.len(), v.len() + 1);
+        let mut uniq = n.clone();
+        uniq.sort();
+        uniq.dedup();
+        assert_eq!(uniq.len(), n.len());
+        assert_eq!(reduce_name(DataType::Bf16, ReduceOp::Sum).as_deref(), Some("oxk_sum_bf16"));
+        assert_eq!(reduce_name(DataType::F32, ReduceOp::BitXor), None);
+        assert_eq!(reduce_name(DataType::F8E4M3, ReduceOp::Sum), None);
+        let src = source();
+        for name in &n[1..] {
+            let (op, t) = name["oxk_".len()..].split_once('_').unwrap();
+            assert!(src.contains(&format!("OXK({op}, ")) && src.contains(&format!(", {t}, ")), "{name}");
+        }
+    }
+
+    /// Every kernel compiles with NVRTC for Hopper and Ampere, and each name is in the CUBIN.
+    /// CI installs NVRTC from PyPI and sets OXCCL_REQUIRE_NVRTC=1, so there a missing NVRTC
+    /// fails the test; elsewhere it says it did not run.
+    #[test]
+    fn every_kernel_compiles_with_nvrtc() {
+        let required = std::env::var("OXCCL_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
+        match nvrtc::version() {
+            Err(e) if !required => {
+                eprintln!(
+                    "SKIPPED: {e} (set OXCCL_NVRTC to a libnvrtc.so, or OXCCL_REQUIRE_NVRTC=1 to fail)"
+                );
+                return;
+            }
+            Err(e) => panic!("{e}; tried {:?}", nvrtc::candidates()),
+            Ok((lib, v)) => eprintln!("NVRTC {}.{} from {lib}", v.0, v.1),
+        }
+        for arch in ["sm_90", "sm_80"] {
+            for unroll in ["OX_UNROLL=8", "OX_UNROLL=1"] {
+                let bin = cubin(arch, &[unroll.to_string()]).unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(&bin[..4], b"\x7fELF", "{arch}: not an ELF image");
+                for name in names() {
+                    let found = bin
+                        .windows(name.len() + 1)
+                        .any(|w| &w[..name.len()] == name.as_bytes() && w[name.len()] == 0);
+                    assert!(found, "{arch} {unroll}: {name} is not in the CUBIN");
+                }
+            }
+        }
+        // A source error comes back as NVRTC's log, naming the line.
+        let e =
+            nvrtc::compile("extern \"C\" __global__ void k() { undefined_thing(); }", "bad.cu", "sm_90", &[])
+                .expect_err("a broken kernel must not compile");
+        assert!(e.to_string().contains("undefined_thing"), "{e}");
+    }
+}

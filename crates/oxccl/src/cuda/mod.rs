@@ -1,0 +1,254 @@
+//! CUDA, loaded at run time: the driver API (`libcuda.so.1`) and NVRTC (`libnvrtc.so.*`).
+//! Nothing here is needed to build, and a machine without CUDA gets [`CudaError::NoCuda`]
+//! from the first call, never a panic.
+//!
+//! - [`driver`]: the driver's entry points and checked calls;
+//! - [`nvrtc`]: CUDA C to CUBIN for a device architecture;
+//! - [`kernels`]: oxccl's copy and reduce-copy kernels, their source, and a module with every
+//!   kernel loaded at once (CUDA's lazy loading would otherwise load a kernel at its first
+//!   launch, which stalls behind a spinning kernel; see docs/architecture.md).
+
+mod dl;
+pub mod driver;
+pub mod kernels;
+pub mod nvrtc;
+
+use driver::{CuDevicePtr, Driver, Handle};
+use std::ffi::c_void;
+
+/// What went wrong with CUDA.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CudaError {
+    /// No usable CUDA here (no library, a missing symbol, no device, no driver).
+    #[error("no CUDA: {0}")]
+    NoCuda(String),
+    /// A CUDA call failed.
+    #[error("{op} failed: {reason} (CUDA error {code})")]
+    Call { op: &'static str, code: i32, reason: String },
+    /// NVRTC is missing or refused a kernel source (its log attached).
+    #[error("NVRTC: {0}")]
+    Nvrtc(String),
+    /// A request this layer refuses before calling CUDA.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// One device with its primary context current on the calling thread.
+pub struct Device {
+    pub d: &'static Driver,
+    pub ordinal: i32,
+    pub ctx: Handle,
+    pub name: String,
+    /// Compute capability, e.g. (9, 0).
+    pub cc: (i32, i32),
+    pub sms: i32,
+}
+
+// SAFETY: a primary context may be made current on any thread (cuCtxSetCurrent); the
+// handle is only passed to the driver.
+unsafe impl Send for Device {}
+// SAFETY: as above.
+unsafe impl Sync for Device {}
+
+impl Device {
+    /// Device `ordinal`, its primary context retained and made current on this thread.
+    pub fn open(ordinal: i32) -> Result<Device, CudaError> {
+        let d = driver::driver()?;
+        let n = d.device_count()?;
+        if ordinal < 0 || ordinal >= n {
+            return Err(CudaError::Invalid(format!("device {ordinal} does not exist: the driver sees {n}")));
+        }
+        let mut dev = 0;
+        // SAFETY: writes one device handle.
+        d.check("cuDeviceGet", unsafe { (d.device_get)(&mut dev, ordinal) })?;
+        let attr = |a: i32| -> Result<i32, CudaError> {
+            let mut v = 0;
+            // SAFETY: writes one int.
+            d.check("cuDeviceGetAttribute", unsafe { (d.device_attr)(&mut v, a, dev) })?;
+            Ok(v)
+        };
+        let cc =
+            (attr(driver::attr::COMPUTE_CAPABILITY_MAJOR)?, attr(driver::attr::COMPUTE_CAPABILITY_MINOR)?);
+        let sms = attr(driver::attr::MULTIPROCESSOR_COUNT)?;
+        let mut name = [0 as std::ffi::c_char; 128];
+        // SAFETY: writes at most 128 bytes, NUL-terminated.
+        d.check("cuDeviceGetName", unsafe { (d.device_name)(name.as_mut_ptr(), 128, dev) })?;
+        // SAFETY: NUL-terminated by the driver within the buffer.
+        let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: writes one context handle.
+        d.check("cuDevicePrimaryCtxRetain", unsafe { (d.primary_ctx_retain)(&mut ctx, dev) })?;
+        let me = Device { d, ordinal, ctx, name, cc, sms };
+        me.make_current()?;
+        Ok(me)
+    }
+
+    /// Makes this device's context current on the calling thread.
+    pub fn make_current(&self) -> Result<(), CudaError> {
+        // SAFETY: the context was retained and is never released while `self` lives.
+        self.d.check("cuCtxSetCurrent", unsafe { (self.d.ctx_set_current)(self.ctx) })
+    }
+
+    /// The NVRTC architecture name, e.g. `sm_90`.
+    pub fn arch(&self) -> String {
+        format!("sm_{}{}", self.cc.0, self.cc.1)
+    }
+}
+
+/// Device memory from `cuMemAlloc`, freed on drop.
+pub struct DevBuf {
+    d: &'static Driver,
+    pub ptr: CuDevicePtr,
+    pub bytes: usize,
+}
+
+impl DevBuf {
+    pub fn new(dev: &Device, bytes: usize) -> Result<DevBuf, CudaError> {
+        let mut ptr = 0;
+        // SAFETY: writes one device pointer; a context is current (Device::open).
+        dev.d.check("cuMemAlloc", unsafe { (dev.d.mem_alloc)(&mut ptr, bytes.max(1)) })?;
+        Ok(DevBuf { d: dev.d, ptr, bytes })
+    }
+
+    /// Copies `src` to the start of the buffer (blocking).
+    pub fn upload<T: bytemuck::Pod>(&self, src: &[T]) -> Result<(), CudaError> {
+        let b: &[u8] = bytemuck::cast_slice(src);
+        if b.len() > self.bytes {
+            return Err(CudaError::Invalid(format!(
+                "upload of {} bytes into a {}-byte buffer",
+                b.len(),
+                self.bytes
+            )));
+        }
+        // SAFETY: the host slice is valid for its length, which fits in the buffer.
+        self.d.check("cuMemcpyHtoD", unsafe { (self.d.memcpy_htod)(self.ptr, b.as_ptr().cast(), b.len()) })
+    }
+
+    /// Copies the start of the buffer into `dst` (blocking).
+    pub fn download<T: bytemuck::Pod>(&self, dst: &mut [T]) -> Result<(), CudaError> {
+        let b: &mut [u8] = bytemuck::cast_slice_mut(dst);
+        if b.len() > self.bytes {
+            return Err(CudaError::Invalid(format!(
+                "download of {} bytes from a {}-byte buffer",
+                b.len(),
+                self.bytes
+            )));
+        }
+        // SAFETY: the host slice is valid for writes of its length, which fits in the buffer.
+        self.d
+            .check("cuMemcpyDtoH", unsafe { (self.d.memcpy_dtoh)(b.as_mut_ptr().cast(), self.ptr, b.len()) })
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from cuMemAlloc and is freed once.
+        let _ = unsafe { (self.d.mem_free)(self.ptr) };
+    }
+}
+
+/// A non-blocking stream, destroyed on drop.
+pub struct Stream {
+    d: &'static Driver,
+    pub h: Handle,
+}
+
+impl Stream {
+    pub fn new(dev: &Device) -> Result<Stream, CudaError> {
+        let mut h = std::ptr::null_mut();
+        // SAFETY: writes one stream handle; flag 1 is CU_STREAM_NON_BLOCKING.
+        dev.d.check("cuStreamCreate", unsafe { (dev.d.stream_create)(&mut h, 1) })?;
+        Ok(Stream { d: dev.d, h })
+    }
+
+    pub fn sync(&self) -> Result<(), CudaError> {
+        // SAFETY: a live stream.
+        self.d.check("cuStreamSynchronize", unsafe { (self.d.stream_sync)(self.h) })
+    }
+
+    /// Enqueues a device-to-device copy.
+    pub fn copy(&self, dst: CuDevicePtr, src: CuDevicePtr, bytes: usize) -> Result<(), CudaError> {
+        // SAFETY: the caller passes device pointers valid for `bytes` while the copy runs.
+        self.d.check("cuMemcpyDtoDAsync", unsafe { (self.d.memcpy_dtod_async)(dst, src, bytes, self.h) })
+    }
+
+    /// Enqueues filling `bytes` at `dst` with `v`.
+    pub fn fill(&self, dst: CuDevicePtr, v: u8, bytes: usize) -> Result<(), CudaError> {
+        // SAFETY: as for `copy`.
+        self.d.check("cuMemsetD8Async", unsafe { (self.d.memset_d8_async)(dst, v, bytes, self.h) })
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // SAFETY: destroyed once.
+        let _ = unsafe { (self.d.stream_destroy)(self.h) };
+    }
+}
+
+/// A timing event, destroyed on drop.
+pub struct Event {
+    d: &'static Driver,
+    pub h: Handle,
+}
+
+impl Event {
+    pub fn new(dev: &Device) -> Result<Event, CudaError> {
+        let mut h = std::ptr::null_mut();
+        // SAFETY: writes one event handle; flags 0 (timing on).
+        dev.d.check("cuEventCreate", unsafe { (dev.d.event_create)(&mut h, 0) })?;
+        Ok(Event { d: dev.d, h })
+    }
+
+    pub fn record(&self, s: &Stream) -> Result<(), CudaError> {
+        // SAFETY: live event and stream.
+        self.d.check("cuEventRecord", unsafe { (self.d.event_record)(self.h, s.h) })
+    }
+
+    /// Milliseconds from `start` to this event (waits for this event).
+    pub fn since(&self, start: &Event) -> Result<f32, CudaError> {
+        // SAFETY: live event.
+        self.d.check("cuEventSynchronize", unsafe { (self.d.event_sync)(self.h) })?;
+        let mut ms = 0f32;
+        // SAFETY: both events were recorded; writes one float.
+        self.d.check("cuEventElapsedTime", unsafe { (self.d.event_elapsed)(&mut ms, start.h, self.h) })?;
+        Ok(ms)
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: destroyed once.
+        let _ = unsafe { (self.d.event_destroy)(self.h) };
+    }
+}
+
+/// Launch parameters as the driver takes them: pointers to each argument's value.
+pub(crate) fn arg<T>(v: &T) -> *mut c_void {
+    (v as *const T).cast_mut().cast()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without a driver (CI, this machine) every entry point is an error that says why; with
+    /// one, a device that does not exist is refused by number. Never a panic.
+    #[test]
+    fn opening_a_device_without_cuda_is_an_error_naming_why() {
+        match driver::driver() {
+            Err(CudaError::NoCuda(why)) => {
+                assert!(why.contains("libcuda.so.1"), "{why}");
+                let e = Device::open(0).err().expect("no driver, no device");
+                assert!(matches!(e, CudaError::NoCuda(_)), "{e}");
+            }
+            Err(e) => panic!("unexpected error kind: {e}"),
+            Ok(d) => {
+                let n = d.device_count().unwrap();
+                let e = Device::open(n).err().expect("one past the last device");
+                assert!(e.to_string().contains(&format!("device {n} does not exist")), "{e}");
+            }
+        }
+        assert!(Device::open(-1).is_err());
+    }
+}
