@@ -126,6 +126,77 @@ fn time(
     Ok(v[v.len() / 2])
 }
 
+/// All-reduce with 4 ranks as threads on device 0: exact results (small integers, so any
+/// order gives the same answer) at several sizes, then the time per call at each size against
+/// the bound of reading every input once and writing every output once at `copy_gbs`.
+fn threads_all_reduce(copy_gbs: f64) -> Result<usize, CudaError> {
+    let p = 4;
+    let members = oxccl::cuda::group::thread_group(p, 0)?;
+    let sizes: Vec<usize> = vec![8, 4096, 1 << 20, 64 << 20, 256 << 20, 1 << 30];
+    let types = [DataType::F32, DataType::Bf16];
+    let results = std::sync::Mutex::new(Vec::<String>::new());
+    let failed = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|sc| {
+        for m in members {
+            let (results, failed, sizes) = (&results, &failed, &sizes);
+            sc.spawn(move || {
+                let go = || -> Result<(), CudaError> {
+                    m.dev.make_current()?;
+                    let s = Stream::new(&m.dev)?;
+                    for t in types {
+                        for &bytes in sizes {
+                            let n = bytes / t.size_bytes();
+                            let send = DevBuf::new(&m.dev, bytes)?;
+                            let recv = DevBuf::new(&m.dev, bytes)?;
+                            // Check: rank r's element i is (i % 7) + r; the sum is 4 (i % 7) + 6.
+                            let check_n = n.min(1 << 22);
+                            let vals: Vec<i64> = (0..check_n).map(|i| (i % 7) as i64 + m.rank as i64).collect();
+                            send.upload(&encode(t, &vals))?;
+                            m.all_reduce(&s, t, ReduceOp::Sum, send.ptr, recv.ptr, check_n)?;
+                            s.sync()?;
+                            let mut got = vec![0u8; check_n * t.size_bytes()];
+                            recv.download(&mut got)?;
+                            let want = encode(t, &(0..check_n).map(|i| 4 * (i % 7) as i64 + 6).collect::<Vec<_>>());
+                            if got != want {
+                                failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                println!("WRONG threads all_reduce rank {} {t:?} {check_n} elements", m.rank);
+                            }
+                            // Time: warm-up, then `iters` calls between two events on rank 0's stream.
+                            let iters = if bytes <= 1 << 20 { 200 } else { 20 };
+                            for _ in 0..5 {
+                                m.all_reduce(&s, t, ReduceOp::Sum, send.ptr, recv.ptr, n)?;
+                            }
+                            let (a, b) = (Event::new(&m.dev)?, Event::new(&m.dev)?);
+                            a.record(&s)?;
+                            for _ in 0..iters {
+                                m.all_reduce(&s, t, ReduceOp::Sum, send.ptr, recv.ptr, n)?;
+                            }
+                            b.record(&s)?;
+                            let us = b.since(&a)? as f64 * 1e3 / iters as f64;
+                            if m.rank == 0 {
+                                let bound_us = (2 * p * bytes) as f64 / (copy_gbs * 1e9) * 1e6;
+                                results.lock().unwrap().push(format!(
+                                    "THREADS all_reduce P={p} {t:?} {bytes} B: {us:.2} us per call; bound {bound_us:.2} us (read each input once, write each output once at {copy_gbs:.0} GB/s); ratio {:.3}",
+                                    us / bound_us
+                                ));
+                            }
+                        }
+                    }
+                    Ok(())
+                };
+                if let Err(e) = go() {
+                    failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    println!("ERROR threads rank {}: {e}", m.rank);
+                }
+            });
+        }
+    });
+    for line in results.into_inner().unwrap_or_default() {
+        println!("{line}");
+    }
+    Ok(failed.into_inner())
+}
+
 fn run() -> Result<usize, CudaError> {
     let dev = Device::open(0)?;
     let (lib, nv) = oxccl::cuda::nvrtc::version()?;
@@ -189,7 +260,9 @@ fn run() -> Result<usize, CudaError> {
             );
         }
     }
-    Ok(failed)
+    let threads_failed = threads_all_reduce(copy_gbs)?;
+    println!("CHECK threads all_reduce: {threads_failed} wrong");
+    Ok(failed + threads_failed)
 }
 
 fn main() {

@@ -62,6 +62,7 @@ driver_table! {
     stream_create: fn(*mut Handle, c_uint) = [c"cuStreamCreate"];
     stream_sync: fn(Handle) = [c"cuStreamSynchronize"];
     stream_destroy: fn(Handle) = [c"cuStreamDestroy_v2"];
+    stream_wait_event: fn(Handle, Handle, c_uint) = [c"cuStreamWaitEvent"];
     event_create: fn(*mut Handle, c_uint) = [c"cuEventCreate"];
     event_record: fn(Handle, Handle) = [c"cuEventRecord"];
     event_sync: fn(Handle) = [c"cuEventSynchronize"];

@@ -24,7 +24,11 @@ struct __align__(16) V16 { u32 w[4]; };
 #define OX_UNROLL 8
 #endif
 #define OX_MAXSRC 8
+#define OX_MAXDST 8
 struct Srcs { const void* p[OX_MAXSRC]; };
+// Every destination receives the same result (a reduce-scatter that writes each slice
+// straight into every rank's output is an all-reduce that reads each input once).
+struct Dsts { void* p[OX_MAXDST]; };
 
 template <typename T> struct Acc { typedef T A; static __device__ __forceinline__ A ld(T v) { return v; } static __device__ __forceinline__ T st(A v) { return v; } };
 template <> struct Acc<i8> { typedef u32 A; static __device__ __forceinline__ A ld(i8 v) { return (u32)(i32)v; } static __device__ __forceinline__ i8 st(A v) { return (i8)(u8)v; } };
@@ -68,7 +72,7 @@ template <typename T> struct OpBor { template <typename A> static __device__ __f
 template <typename T> struct OpBxor { template <typename A> static __device__ __forceinline__ A f(A a, A b) { return a ^ b; } };
 
 template <typename T, typename Op>
-__device__ __forceinline__ void reduce_body(const Srcs& s, int nsrc, T* __restrict__ dst, u64 n, int vec) {
+__device__ __forceinline__ void reduce_body(const Srcs& s, int nsrc, const Dsts& d, int ndst, u64 n, int vec) {
   typedef typename Acc<T>::A A;
   constexpr int PER = 16 / sizeof(T);
   const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -105,14 +109,19 @@ __device__ __forceinline__ void reduce_body(const Srcs& s, int nsrc, T* __restri
         U o;
 #pragma unroll
         for (int k = 0; k < PER; k++) o.e[k] = Acc<T>::st(acc[r][k]);
-        ((V16*)dst)[v] = o.u;
+        if (ndst == 1) {
+          ((V16*)d.p[0])[v] = o.u;
+        } else {
+          for (int j = 0; j < ndst; j++) ((V16*)d.p[j])[v] = o.u;
+        }
       }
     }
   }
   for (u64 i = nv * PER + tid; i < n; i += stride) {
     A acc = Acc<T>::ld(((const T*)s.p[0])[i]);
     for (int j = 1; j < nsrc; j++) acc = Op::f(acc, Acc<T>::ld(((const T*)s.p[j])[i]));
-    dst[i] = Acc<T>::st(acc);
+    const T out = Acc<T>::st(acc);
+    for (int j = 0; j < ndst; j++) ((T*)d.p[j])[i] = out;
   }
 }
 
@@ -137,6 +146,6 @@ extern "C" __global__ void __launch_bounds__(512) oxk_copy(const u8* __restrict_
 }
 
 #define OXK(opname, Op, tname, T) \
-  extern "C" __global__ void __launch_bounds__(512) oxk_##opname##_##tname(Srcs s, int nsrc, T* __restrict__ dst, u64 n, int vec) { \
-    reduce_body<T, Op<T> >(s, nsrc, dst, n, vec); \
+  extern "C" __global__ void __launch_bounds__(512) oxk_##opname##_##tname(Srcs s, int nsrc, Dsts d, int ndst, u64 n, int vec) { \
+    reduce_body<T, Op<T> >(s, nsrc, d, ndst, n, vec); \
   }

@@ -115,9 +115,9 @@ unsafe impl Send for Kernels {}
 // SAFETY: as above; the handles are only passed to the driver.
 unsafe impl Sync for Kernels {}
 
-/// `#[repr(C)]` twin of the kernels' `Srcs`.
+/// `#[repr(C)]` twin of the kernels' `Srcs` and `Dsts`.
 #[repr(C)]
-struct Srcs {
+struct Ptrs {
     p: [CuDevicePtr; MAX_SOURCES],
 }
 
@@ -189,21 +189,37 @@ impl Kernels {
         dst: CuDevicePtr,
         count: usize,
     ) -> Result<(), CudaError> {
-        if srcs.is_empty() || srcs.len() > MAX_SOURCES {
+        self.reduce_multi(s, t, op, srcs, &[dst], count)
+    }
+
+    /// Like [`reduce`](Self::reduce), writing the result to every one of `dsts`.
+    pub fn reduce_multi(
+        &self,
+        s: &Stream,
+        t: DataType,
+        op: ReduceOp,
+        srcs: &[CuDevicePtr],
+        dsts: &[CuDevicePtr],
+        count: usize,
+    ) -> Result<(), CudaError> {
+        if srcs.is_empty() || srcs.len() > MAX_SOURCES || dsts.is_empty() || dsts.len() > MAX_SOURCES {
             return Err(CudaError::Invalid(format!(
-                "a reduce-copy combines 1 to {MAX_SOURCES} sources, not {}",
-                srcs.len()
+                "a reduce-copy combines 1 to {MAX_SOURCES} sources into 1 to {MAX_SOURCES} destinations, not {} into {}",
+                srcs.len(),
+                dsts.len()
             )));
         }
         let f = *self
             .reduce
             .get(&(t, op))
             .ok_or_else(|| CudaError::Invalid(format!("no device kernel reduces {t:?} with {op:?}")))?;
-        let mut p = Srcs { p: [0; MAX_SOURCES] };
-        p.p[..srcs.len()].copy_from_slice(srcs);
-        let vec: i32 = (srcs.iter().fold(dst, |a, b| a | b) % 16 == 0) as i32;
-        let (nsrc, n) = (srcs.len() as i32, count as u64);
-        self.launch(f, s, &mut [arg(&p), arg(&nsrc), arg(&dst), arg(&n), arg(&vec)])
+        let mut sp = Ptrs { p: [0; MAX_SOURCES] };
+        sp.p[..srcs.len()].copy_from_slice(srcs);
+        let mut dp = Ptrs { p: [0; MAX_SOURCES] };
+        dp.p[..dsts.len()].copy_from_slice(dsts);
+        let vec: i32 = (srcs.iter().chain(dsts).fold(0, |a, b| a | b) % 16 == 0) as i32;
+        let (nsrc, ndst, n) = (srcs.len() as i32, dsts.len() as i32, count as u64);
+        self.launch(f, s, &mut [arg(&sp), arg(&nsrc), arg(&dp), arg(&ndst), arg(&n), arg(&vec)])
     }
 }
 

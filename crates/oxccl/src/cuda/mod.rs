@@ -10,6 +10,7 @@
 
 mod dl;
 pub mod driver;
+pub mod group;
 pub mod kernels;
 pub mod nvrtc;
 
@@ -172,6 +173,12 @@ impl Stream {
         self.d.check("cuMemcpyDtoDAsync", unsafe { (self.d.memcpy_dtod_async)(dst, src, bytes, self.h) })
     }
 
+    /// Makes work enqueued later on this stream wait for `e`'s latest record.
+    pub fn wait(&self, e: &Event) -> Result<(), CudaError> {
+        // SAFETY: a live stream and a live event (borrowed for the call).
+        self.d.check("cuStreamWaitEvent", unsafe { (self.d.stream_wait_event)(self.h, e.h, 0) })
+    }
+
     /// Enqueues filling `bytes` at `dst` with `v`.
     pub fn fill(&self, dst: CuDevicePtr, v: u8, bytes: usize) -> Result<(), CudaError> {
         // SAFETY: as for `copy`.
@@ -194,9 +201,18 @@ pub struct Event {
 
 impl Event {
     pub fn new(dev: &Device) -> Result<Event, CudaError> {
+        Self::with_flags(dev, 0)
+    }
+
+    /// An event for ordering only (CU_EVENT_DISABLE_TIMING: cheaper to record and wait on).
+    pub fn sync_only(dev: &Device) -> Result<Event, CudaError> {
+        Self::with_flags(dev, 2)
+    }
+
+    fn with_flags(dev: &Device, flags: u32) -> Result<Event, CudaError> {
         let mut h = std::ptr::null_mut();
-        // SAFETY: writes one event handle; flags 0 (timing on).
-        dev.d.check("cuEventCreate", unsafe { (dev.d.event_create)(&mut h, 0) })?;
+        // SAFETY: writes one event handle.
+        dev.d.check("cuEventCreate", unsafe { (dev.d.event_create)(&mut h, flags) })?;
         Ok(Event { d: dev.d, h })
     }
 
@@ -215,6 +231,12 @@ impl Event {
         Ok(ms)
     }
 }
+
+// SAFETY: an event handle may be recorded, waited on and destroyed from any thread; the
+// driver serialises what needs it.
+unsafe impl Send for Event {}
+// SAFETY: as above.
+unsafe impl Sync for Event {}
 
 impl Drop for Event {
     fn drop(&mut self) {
