@@ -33,8 +33,14 @@ struct Round {
     out: Arc<Vec<Entry>>,
 }
 
+/// How long a rank spins for the others at a meeting before it sleeps (the meetings are two
+/// per call, so a sleep and wake-up at each would be most of a small call's cost).
+const MEET_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+
 struct Shared {
     p: usize,
+    /// `Round::generation`, readable without the lock (for the spin).
+    generation: std::sync::atomic::AtomicU64,
     round: Mutex<Round>,
     cv: Condvar,
     /// Each rank's (ready, done) events.
@@ -54,10 +60,18 @@ impl Shared {
             r.out = Arc::new(r.vals.clone());
             r.arrived = 0;
             r.generation += 1;
+            self.generation.store(r.generation, std::sync::atomic::Ordering::Release);
             self.cv.notify_all();
             return r.out.clone();
         }
         let g = r.generation;
+        drop(r);
+        // `out` stays this round's until every rank (this one too) has given its next value.
+        let t = std::time::Instant::now();
+        while self.generation.load(std::sync::atomic::Ordering::Acquire) == g && t.elapsed() < MEET_SPIN {
+            std::hint::spin_loop();
+        }
+        let mut r = self.round.lock().unwrap_or_else(|e| e.into_inner());
         while r.generation == g {
             r = self.cv.wait(r).unwrap_or_else(|e| e.into_inner());
         }
@@ -83,7 +97,13 @@ pub fn thread_group(p: usize, ordinal: i32) -> Result<Vec<Member>, CudaError> {
         .iter()
         .map(|d| Ok((Event::sync_only(d)?, Event::sync_only(d)?)))
         .collect::<Result<Vec<_>, CudaError>>()?;
-    let shared = Arc::new(Shared { p, round: Mutex::new(Round::default()), cv: Condvar::new(), events });
+    let shared = Arc::new(Shared {
+        p,
+        generation: Default::default(),
+        round: Mutex::new(Round::default()),
+        cv: Condvar::new(),
+        events,
+    });
     devs.into_iter()
         .enumerate()
         .map(|(rank, dev)| {
@@ -180,6 +200,7 @@ mod tests {
     fn exchange_gives_every_rank_every_entry_each_round() {
         let shared = Arc::new(Shared {
             p: 4,
+            generation: Default::default(),
             round: Mutex::new(Round::default()),
             cv: Condvar::new(),
             events: Vec::new(),

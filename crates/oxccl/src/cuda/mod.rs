@@ -111,7 +111,9 @@ impl DevBuf {
         Ok(DevBuf { d: dev.d, ptr, bytes })
     }
 
-    /// Copies `src` to the start of the buffer (blocking).
+    /// Copies `src` to the start of the buffer, complete on return: from pageable memory
+    /// cuMemcpyHtoD may return before its DMA lands, and work on a non-blocking stream does
+    /// not wait for it, so the context is synchronised after it.
     pub fn upload<T: bytemuck::Pod>(&self, src: &[T]) -> Result<(), CudaError> {
         let b: &[u8] = bytemuck::cast_slice(src);
         if b.len() > self.bytes {
@@ -122,7 +124,10 @@ impl DevBuf {
             )));
         }
         // SAFETY: the host slice is valid for its length, which fits in the buffer.
-        self.d.check("cuMemcpyHtoD", unsafe { (self.d.memcpy_htod)(self.ptr, b.as_ptr().cast(), b.len()) })
+        let r = unsafe { (self.d.memcpy_htod)(self.ptr, b.as_ptr().cast(), b.len()) };
+        self.d.check("cuMemcpyHtoD", r)?;
+        // SAFETY: no arguments; waits for the current context's work.
+        self.d.check("cuCtxSynchronize", unsafe { (self.d.ctx_synchronize)() })
     }
 
     /// Copies the start of the buffer into `dst` (blocking).
