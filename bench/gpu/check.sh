@@ -12,8 +12,10 @@ case "${1:-}" in
 build)
   set -e
   cargo build --release -p oxccl-perf --bin oxccl-gpucheck
+  cargo build --release -p oxccl-capi
   rm -rf gpu-bin && mkdir -p gpu-bin
   cp target/release/oxccl-gpucheck gpu-bin/
+  cp target/release/libnccl.so gpu-bin/libnccl.so.2
   strip gpu-bin/* 2>/dev/null || true
   ls -la gpu-bin
   ;;
@@ -29,7 +31,26 @@ device)
   fi
   nvidia-smi --query-gpu=name,driver_version,memory.used,utilization.gpu --format=csv | tee "$out/gpu.txt"
   status=0
-  ./gpu-bin/oxccl-gpucheck 2>&1 | tee "$out/gpucheck.txt" || status=1
+  if [ "${SKIP_GPUCHECK:-0}" != 1 ]; then
+    timeout 300 ./gpu-bin/oxccl-gpucheck 2>&1 | tee "$out/gpucheck.txt" || status=1
+  fi
+  lib="$PWD/gpu-bin/libnccl.so.2"
+  # The loader's word on who serves PyTorch's NCCL symbols: bind everything at load, log the
+  # bindings, and list each nccl* symbol libtorch_cuda.so binds with the library it got.
+  LD_PRELOAD="$lib" LD_BIND_NOW=1 LD_DEBUG=bindings LD_DEBUG_OUTPUT=/tmp/ld python3 -c 'import torch' || status=1
+  cat /tmp/ld.* | grep "libtorch_cuda.so" | grep -o "to [^ ]* \[[0-9]*\]: normal symbol \`p\?nccl[A-Za-z]*'" \
+    | sed "s/ \[[0-9]*\]: normal symbol / /" | sort -u | tee "$out/bindings.txt"
+  if grep -v "$lib" "$out/bindings.txt" | grep -q .; then
+    echo "SOME NCCL SYMBOLS BOUND ELSEWHERE"; status=1
+  fi
+  echo "$(wc -l < "$out/bindings.txt") nccl symbols of libtorch_cuda.so bound, all to $lib unless said above"
+  rm -f /tmp/ld.*
+  # PyTorch, unchanged, over oxccl: 4 processes on the one GPU.
+  PYTHONUNBUFFERED=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT LD_PRELOAD="$lib" \
+    timeout 400 python3 bench/gpu/torch_check.py 4 > "$out/torch.txt" 2>&1 || status=1
+  grep -v " NCCL INFO " "$out/torch.txt" | tail -40
+  echo "INFO lines from oxccl: $(grep -c "NCCL INFO" "$out/torch.txt"); first ones:"
+  grep "NCCL INFO" "$out/torch.txt" | head -5
   exit $status
   ;;
 *)

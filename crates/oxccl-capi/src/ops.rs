@@ -6,9 +6,11 @@
 //! communicators concurrently (one thread may drive several ranks, as with
 //! `ncclCommInitAll`), and queued inits and splits likewise.
 //!
-//! Memory kinds: every pointer that reaches here is host memory (this build has no CUDA), and
-//! a call on host memory completes before it returns, whatever the stream. The stream is
-//! kept in each call so the CUDA path can route device pointers onto it.
+//! Memory kinds: a call on host memory completes before it returns, whatever the stream. A
+//! call with device buffers (found by asking the CUDA driver, when the process has loaded
+//! it) runs staged: its inputs are copied into pinned host mirrors on the caller's stream,
+//! the collective runs on the mirrors, and the outputs go back on the same stream; the call
+//! returns once they have landed (see [`staged`]).
 
 use crate::handle::{invalid, lock, usage, CommState, Fail, PreMul, Scalar, St, R};
 use crate::premul;
@@ -44,8 +46,9 @@ pub struct Call {
     recv_len: usize,
     in_place: bool,
     premul: Option<Box<PreMul>>,
-    /// The caller's stream (unused on host memory).
-    _stream: usize,
+    /// The caller's stream (used to order device copies).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    stream: usize,
 }
 
 // SAFETY: a Call is addresses and sizes; nccl.h makes the caller keep the memory valid and
@@ -202,7 +205,7 @@ impl Call {
             recv_len,
             in_place,
             premul,
-            _stream: a.stream,
+            stream: a.stream,
         })
     }
 
@@ -294,6 +297,15 @@ impl Call {
 
 /// Runs `calls` on `comm` as one oxccl group (a single call is a group of one).
 pub fn run(comm: &Communicator, calls: &[Call]) -> R<()> {
+    #[cfg(feature = "cuda")]
+    if let Some(r) = staged::run_if_device(comm, calls) {
+        return r;
+    }
+    run_host(comm, calls)
+}
+
+/// Runs `calls`, every buffer of which is host memory.
+fn run_host(comm: &Communicator, calls: &[Call]) -> R<()> {
     if let [c] = calls {
         if c.premul.is_none() {
             let mut g = comm.group();
@@ -426,4 +438,236 @@ pub fn run_all<T: Send>(units: Vec<T>, f: impl Fn(T) -> R<()> + Sync) -> Vec<R<(
         }
         out
     })
+}
+
+/// Calls with device buffers, run over host mirrors (see the module's documentation).
+#[cfg(feature = "cuda")]
+mod staged {
+    use super::{run_host, Call};
+    use crate::handle::{Fail, PreMul, Scalar, R, UNHANDLED_CUDA_ERROR};
+    use oxccl::cuda::stage::{classify, MemKind, OnDevice, Pinned};
+    use oxccl::cuda::CudaError;
+    use oxccl::Communicator;
+
+    /// One device range of a call and its host mirror.
+    struct Mirror {
+        ordinal: i32,
+        dev: usize,
+        host: Pinned,
+        /// Holds an output: copied back after the collective.
+        out: bool,
+        /// The call's stream and name.
+        stream: usize,
+        func: &'static str,
+    }
+
+    fn cuda_fail(func: &str, what: &str, e: CudaError) -> Fail {
+        Fail { code: UNHANDLED_CUDA_ERROR, msg: format!("{func}: {what}: {e}") }
+    }
+
+    /// Runs `calls` staged if any buffer of theirs is device memory; `None` if all are host.
+    pub fn run_if_device(comm: &Communicator, calls: &[Call]) -> Option<R<()>> {
+        oxccl::cuda::driver::driver_if_loaded()?;
+        let kinds: Vec<(MemKind, MemKind, Option<MemKind>)> = calls
+            .iter()
+            .map(|c| {
+                let scalar = match c.premul.as_deref() {
+                    Some(PreMul { scalar: Scalar::Pointer(p), .. }) => Some(classify(*p as *const u8)),
+                    _ => None,
+                };
+                let s = if c.send_len > 0 { classify(c.send) } else { MemKind::Host };
+                let r = if c.recv_len > 0 { classify(c.recv) } else { MemKind::Host };
+                (s, r, scalar)
+            })
+            .collect();
+        let host = |k: &MemKind| *k == MemKind::Host;
+        if kinds.iter().all(|(s, r, p)| host(s) && host(r) && p.as_ref().is_none_or(host)) {
+            return None;
+        }
+        Some(run_staged(comm, calls, &kinds))
+    }
+
+    fn ordinal(k: MemKind) -> Option<i32> {
+        match k {
+            MemKind::Device { ordinal } => Some(ordinal),
+            _ => None,
+        }
+    }
+
+    /// Waits for `stream` if `k` is managed memory (the CPU then touches it in place).
+    fn settle(k: MemKind, stream: usize, func: &str) -> R<()> {
+        if let MemKind::Managed { ordinal } = k {
+            let on = OnDevice::push(ordinal).map_err(|e| cuda_fail(func, "managed buffer", e))?;
+            on.sync(stream).map_err(|e| cuda_fail(func, "waiting for the stream", e))?;
+        }
+        Ok(())
+    }
+
+    /// A mirror of `[dev, dev + len)` on device `ordinal`, filled from the device if `input`.
+    fn mirror(c: &Call, ordinal: i32, dev: usize, len: usize, input: bool, out: bool) -> R<Mirror> {
+        let mut host = Pinned::take(len).map_err(|e| cuda_fail(c.func, "pinned host mirror", e))?;
+        if input {
+            let on = OnDevice::push(ordinal).map_err(|e| cuda_fail(c.func, "device context", e))?;
+            on.download(c.stream, host.as_mut_slice(), dev as u64)
+                .map_err(|e| cuda_fail(c.func, &format!("copying {len} input bytes from the device"), e))?;
+        }
+        Ok(Mirror { ordinal, dev, host, out, stream: c.stream, func: c.func })
+    }
+
+    /// A device range of a call that gets a host mirror.
+    #[derive(Debug, PartialEq, Eq)]
+    pub(super) struct Span {
+        pub start: usize,
+        pub len: usize,
+        /// Copied in before the collective / back after it.
+        pub input: bool,
+        pub output: bool,
+        /// Which of the call's pointers lie in it.
+        pub send: bool,
+        pub recv: bool,
+    }
+
+    /// The ranges of `c` to mirror, given which of its buffers are device memory. An in-place
+    /// call is one range (the larger of the two, from its lower start, as `in_place_slice`),
+    /// copied both ways; otherwise the input is copied in and the output back (every
+    /// collective writes the whole of its output range, so nothing of it is copied in).
+    pub(super) fn spans(c: &Call, send_dev: bool, recv_dev: bool) -> Vec<Span> {
+        let (s, r) = (c.send as usize, c.recv as usize);
+        if c.in_place {
+            let (start, len) = if c.send_len >= c.recv_len { (s, c.send_len) } else { (r, c.recv_len) };
+            return if send_dev {
+                vec![Span { start, len, input: true, output: true, send: true, recv: true }]
+            } else {
+                Vec::new()
+            };
+        }
+        let mut v = Vec::new();
+        if send_dev && c.send_len > 0 {
+            v.push(Span { start: s, len: c.send_len, input: true, output: false, send: true, recv: false });
+        }
+        if recv_dev && c.recv_len > 0 {
+            v.push(Span { start: r, len: c.recv_len, input: false, output: true, send: false, recv: true });
+        }
+        v
+    }
+
+    fn run_staged(
+        comm: &Communicator,
+        calls: &[Call],
+        kinds: &[(MemKind, MemKind, Option<MemKind>)],
+    ) -> R<()> {
+        let mut mirrors: Vec<Mirror> = Vec::new();
+        let mut host_calls: Vec<Call> = Vec::with_capacity(calls.len());
+        for (c, &(sk, rk, pk)) in calls.iter().zip(kinds) {
+            settle(sk, c.stream, c.func)?;
+            settle(rk, c.stream, c.func)?;
+            let (s, r) = (c.send as usize, c.recv as usize);
+            let (mut send, mut recv) = (c.send, c.recv);
+            for sp in spans(c, ordinal(sk).is_some(), ordinal(rk).is_some()) {
+                let o = if sp.send { ordinal(sk) } else { ordinal(rk) }.unwrap_or(0);
+                let mut m = mirror(c, o, sp.start, sp.len, sp.input, sp.output)?;
+                let base = m.host.as_mut_ptr() as usize;
+                if sp.send {
+                    send = (base + (s - sp.start)) as *const u8;
+                }
+                if sp.recv {
+                    recv = (base + (r - sp.start)) as *mut u8;
+                }
+                mirrors.push(m);
+            }
+            let mut premul = c.premul.clone();
+            if let (Some(pm), Some(MemKind::Device { ordinal })) = (premul.as_deref_mut(), pk) {
+                if let Scalar::Pointer(p) = pm.scalar {
+                    let es = pm.dtype.size_bytes();
+                    let mut m = mirror(c, ordinal, p, es, true, false)?;
+                    pm.scalar = Scalar::Value(m.host.as_mut_slice().to_vec());
+                }
+            }
+            host_calls.push(Call { send, recv, premul, ..c.shallow() });
+        }
+        run_host(comm, &host_calls)?;
+        for m in mirrors.iter_mut().filter(|m| m.out) {
+            let on = OnDevice::push(m.ordinal).map_err(|e| cuda_fail(m.func, "device context", e))?;
+            let len = m.host.as_mut_slice().len();
+            on.upload(m.stream, m.dev as u64, m.host.as_mut_slice())
+                .map_err(|e| cuda_fail(m.func, &format!("copying {len} output bytes to the device"), e))?;
+        }
+        Ok(())
+    }
+
+    impl Call {
+        /// A copy of the call's description without its PreMulSum operator.
+        fn shallow(&self) -> Call {
+            Call {
+                func: self.func,
+                kind: self.kind,
+                dtype: self.dtype,
+                send: self.send,
+                recv: self.recv,
+                send_len: self.send_len,
+                recv_len: self.recv_len,
+                in_place: self.in_place,
+                premul: None,
+                stream: self.stream,
+            }
+        }
+    }
+}
+
+#[cfg(all(test, feature = "cuda"))]
+mod tests {
+    use super::staged::*;
+    use super::*;
+
+    fn call(kind: Kind, send: usize, recv: usize, send_len: usize, recv_len: usize, in_place: bool) -> Call {
+        Call {
+            func: "test",
+            kind,
+            dtype: DataType::F32,
+            send: send as *const u8,
+            recv: recv as *mut u8,
+            send_len,
+            recv_len,
+            in_place,
+            premul: None,
+            stream: 0,
+        }
+    }
+
+    /// Which device ranges a call mirrors and which way each is copied: in-place layouts are
+    /// one range copied both ways (pointers inside it at their offsets), inputs are copied in
+    /// only, outputs back only, and host buffers and empty ranges not at all.
+    #[test]
+    fn device_buffers_are_mirrored_by_range_and_direction() {
+        // In-place AllGather, rank 1 of 4, 256 bytes per rank: one 1 KiB range at recvbuff.
+        let c = call(Kind::AllGather, 0x1100, 0x1000, 256, 1024, true);
+        let v = spans(&c, true, true);
+        assert_eq!(v.len(), 1);
+        assert_eq!((v[0].start, v[0].len, v[0].input, v[0].output), (0x1000, 1024, true, true));
+        assert!(v[0].send && v[0].recv);
+        // In-place ReduceScatter: the range is the larger send buffer.
+        let c = call(Kind::ReduceScatter(ReduceOp::Sum), 0x2000, 0x2200, 1024, 256, true);
+        let v = spans(&c, true, true);
+        assert_eq!((v[0].start, v[0].len), (0x2000, 1024));
+        // Out of place, both on the device: input in, output back.
+        let c = call(Kind::AllReduce(ReduceOp::Max), 0x3000, 0x9000, 64, 64, false);
+        let v = spans(&c, true, true);
+        assert_eq!(v.len(), 2);
+        assert_eq!((v[0].start, v[0].input, v[0].output, v[0].send), (0x3000, true, false, true));
+        assert_eq!((v[1].start, v[1].input, v[1].output, v[1].recv), (0x9000, false, true, true));
+        // Device input, host output: only the input is mirrored.
+        let v = spans(&c, true, false);
+        assert_eq!(v.len(), 1);
+        assert!(v[0].send && !v[0].recv);
+        // A non-root Reduce has no output range; a Recv no input range.
+        let c = call(Kind::Reduce(ReduceOp::Sum, Rank::new(0)), 0x3000, 0x9000, 64, 0, false);
+        assert_eq!(spans(&c, true, true).len(), 1);
+        let c = call(Kind::Recv(Rank::new(0)), 0, 0x9000, 0, 64, false);
+        let v = spans(&c, true, true);
+        assert_eq!(v.len(), 1);
+        assert!(v[0].recv && v[0].output && !v[0].input);
+        // Host memory everywhere: nothing.
+        let c = call(Kind::AllToAll, 0x3000, 0x9000, 64, 64, false);
+        assert!(spans(&c, false, false).is_empty());
+    }
 }

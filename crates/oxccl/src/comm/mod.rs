@@ -37,6 +37,33 @@ use std::time::{Duration, Instant};
 pub use group::{Blocking, Group, Scoped};
 pub use scope::{Scope, Work};
 
+/// `b` bytes in the largest binary unit that divides it (`64 KiB`), else in bytes.
+fn bytes_text(b: usize) -> String {
+    for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if b >= 1 << shift && b % (1 << shift) == 0 {
+            return format!("{} {unit}", b >> shift);
+        }
+    }
+    format!("{b} B")
+}
+
+/// `[(up_to_bytes, what)]` as people read it: `Direct up to 64 KiB, then Tree`, or
+/// `Ring at every size`.
+fn size_steps<T: std::fmt::Debug>(steps: &[(usize, T)]) -> String {
+    let mut out = String::new();
+    for (i, (b, a)) in steps.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", then ");
+        }
+        if *b == usize::MAX {
+            out.push_str(&format!("{a:?}{}", if i == 0 { " at every size" } else { "" }));
+        } else {
+            out.push_str(&format!("{a:?} up to {}", bytes_text(*b)));
+        }
+    }
+    out
+}
+
 /// Bootstrap message tags (high byte: purpose).
 const TAG_SPLIT: u64 = 1 << 56;
 const TAG_SPLIT_ADDR: u64 = 2 << 56;
@@ -396,7 +423,7 @@ impl Communicator {
                 if s.all_reduce.is_empty() {
                     "by the built-in rules".to_string()
                 } else {
-                    format!("{:?}", s.all_reduce)
+                    size_steps(&s.all_reduce)
                 },
                 s.direct,
                 s.refuse.iter().flatten().collect::<Vec<_>>()

@@ -73,6 +73,22 @@ driver_table! {
     module_get_function: fn(*mut Handle, Handle, *const c_char) = [c"cuModuleGetFunction"];
     launch_kernel: fn(Handle, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Handle, *mut *mut c_void, *mut *mut c_void) = [c"cuLaunchKernel"];
     error_string: fn(CuResult, *mut *const c_char) = [c"cuGetErrorString"];
+    pointer_attr: fn(*mut c_void, c_int, CuDevicePtr) = [c"cuPointerGetAttribute"];
+    ctx_push: fn(Handle) = [c"cuCtxPushCurrent_v2"];
+    ctx_pop: fn(*mut Handle) = [c"cuCtxPopCurrent_v2"];
+    memcpy_dtoh_async: fn(*mut c_void, CuDevicePtr, usize, Handle) = [c"cuMemcpyDtoHAsync_v2"];
+    memcpy_htod_async: fn(CuDevicePtr, *const c_void, usize, Handle) = [c"cuMemcpyHtoDAsync_v2"];
+    mem_alloc_host: fn(*mut *mut c_void, usize) = [c"cuMemAllocHost_v2"];
+    mem_free_host: fn(*mut c_void) = [c"cuMemFreeHost"];
+}
+
+/// `CU_POINTER_ATTRIBUTE_*` and `CU_MEMORYTYPE_*` values from cuda.h.
+pub mod ptr_attr {
+    pub const MEMORY_TYPE: i32 = 2;
+    pub const IS_MANAGED: i32 = 8;
+    pub const DEVICE_ORDINAL: i32 = 9;
+    pub const MEMORYTYPE_HOST: u32 = 1;
+    pub const MEMORYTYPE_DEVICE: u32 = 2;
 }
 
 static DRIVER: OnceLock<Result<Driver, String>> = OnceLock::new();
@@ -94,6 +110,31 @@ pub fn driver() -> Result<&'static Driver, CudaError> {
         })
         .as_ref()
         .map_err(|e| CudaError::NoCuda(e.clone()))
+}
+
+/// The driver, only if this process has already loaded `libcuda.so.1` (or `libcuda.so`)
+/// for its own use: before that no device pointer can exist in it, so a program that never
+/// touches CUDA never has the driver loaded and initialised by oxccl.
+pub fn driver_if_loaded() -> Option<&'static Driver> {
+    static SEEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SEEN.load(std::sync::atomic::Ordering::Acquire) {
+        let loaded = [c"libcuda.so.1", c"libcuda.so"].iter().any(|n| {
+            // SAFETY: RTLD_NOLOAD only looks the name up among loaded objects; the reference it
+            // takes on a hit is dropped at once.
+            unsafe {
+                let h = libc::dlopen(n.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+                if !h.is_null() {
+                    libc::dlclose(h);
+                }
+                !h.is_null()
+            }
+        });
+        if !loaded {
+            return None;
+        }
+        SEEN.store(true, std::sync::atomic::Ordering::Release);
+    }
+    driver().ok()
 }
 
 impl Driver {

@@ -1,0 +1,158 @@
+"""PyTorch, unchanged, over whichever libnccl.so.2 the loader gives it.
+
+    python3 bench/gpu/torch_check.py [WORLD]
+
+Starts WORLD processes (default 4) on GPU 0 with backend "nccl" and checks every collective
+PyTorch offers against exact references: values are small integers, so every reduction order
+gives the same answer in every type. Prints one line per check, then which libnccl each process
+had mapped; exits 1 if any check failed. Run it with LD_PRELOAD=.../libnccl.so.2 to test oxccl.
+"""
+
+import datetime
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+TYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.uint8]
+
+
+def mapped_nccl():
+    with open("/proc/self/maps") as f:
+        libs = {line.split()[-1] for line in f if "libnccl" in line}
+    return sorted(libs)
+
+
+def worker(rank, world, port, failures):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 0)
+    dist.init_process_group("nccl", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    bad = []
+
+    def check(name, got, want):
+        ok = torch.equal(got.cpu(), want.cpu())
+        if not ok:
+            diff = (got.cpu().double() - want.cpu().double()).abs()
+            bad.append(f"{name}: rank {rank}: {int((diff != 0).sum())} of {want.numel()} wrong")
+        return ok
+
+    def base(n, r, dt):
+        # Small non-negative integers: exact in every type, sums of 4 stay below 256.
+        return ((torch.arange(n, device=dev) % 13) + r + 1).to(dt)
+
+    n = 4099  # not a multiple of anything convenient
+    for dt in TYPES:
+        # AllReduce: sum, max, min, product (out of place on a clone, in place on the tensor).
+        x = base(n, rank, dt)
+        dist.all_reduce(x)
+        check(f"all_reduce sum {dt}", x, sum(base(n, r, torch.int64) for r in range(world)).to(dt))
+        x = base(n, rank, dt)
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+        check(f"all_reduce max {dt}", x, base(n, world - 1, dt))
+        x = base(n, rank, dt)
+        dist.all_reduce(x, op=dist.ReduceOp.MIN)
+        check(f"all_reduce min {dt}", x, base(n, 0, dt))
+        x = torch.full((n,), 1 + (rank % 2), device=dev).to(dt)
+        dist.all_reduce(x, op=dist.ReduceOp.PRODUCT)
+        check(f"all_reduce prod {dt}", x, torch.full((n,), 2 ** (world // 2), device=dev).to(dt))
+        if dt.is_floating_point:
+            x = (base(n, rank, torch.int64) * world).to(dt)
+            dist.all_reduce(x, op=dist.ReduceOp.AVG)
+            check(f"all_reduce avg {dt}", x, sum(base(n, r, torch.int64) for r in range(world)).to(dt))
+
+        # Broadcast from the last rank.
+        root = world - 1
+        x = base(n, rank, dt)
+        dist.broadcast(x, src=root)
+        check(f"broadcast {dt}", x, base(n, root, dt))
+
+        # Reduce to rank 1.
+        x = base(n, rank, dt)
+        dist.reduce(x, dst=1 % world)
+        if rank == 1 % world:
+            check(f"reduce {dt}", x, sum(base(n, r, torch.int64) for r in range(world)).to(dt))
+
+        # AllGather: into one tensor, and into a list.
+        out = torch.empty(world * n, device=dev, dtype=dt)
+        dist.all_gather_into_tensor(out, base(n, rank, dt))
+        want = torch.cat([base(n, r, dt) for r in range(world)])
+        check(f"all_gather_into_tensor {dt}", out, want)
+        outs = [torch.empty(n, device=dev, dtype=dt) for _ in range(world)]
+        dist.all_gather(outs, base(n, rank, dt))
+        check(f"all_gather list {dt}", torch.cat(outs), want)
+
+        # ReduceScatter.
+        inp = torch.cat([base(n, rank + 10 * b, torch.int64) for b in range(world)]).to(dt) if dt != torch.uint8 else \
+            torch.cat([base(n, rank + b, torch.int64) for b in range(world)]).to(dt)
+        out = torch.empty(n, device=dev, dtype=dt)
+        dist.reduce_scatter_tensor(out, inp)
+        step = 10 if dt != torch.uint8 else 1
+        want = sum(base(n, r + step * rank, torch.int64) for r in range(world)).to(dt)
+        check(f"reduce_scatter_tensor {dt}", out, want)
+
+        # AllToAll: equal splits, then unequal ones (PyTorch sends those as grouped send/recv).
+        inp = torch.cat([base(n, 7 * rank + b, torch.int64) for b in range(world)]).to(dt)
+        out = torch.empty(world * n, device=dev, dtype=dt)
+        dist.all_to_all_single(out, inp)
+        want = torch.cat([base(n, 7 * r + rank, torch.int64) for r in range(world)]).to(dt)
+        check(f"all_to_all_single {dt}", out, want)
+        sizes = [r + 1 for r in range(world)]  # rank r gets r+1 elements from each peer
+        send_splits = [sizes[p] for p in range(world)]
+        recv_splits = [sizes[rank]] * world
+        inp = torch.cat([base(sizes[p], rank * 3 + p, torch.int64) for p in range(world)]).to(dt)
+        out = torch.empty(sum(recv_splits), device=dev, dtype=dt)
+        dist.all_to_all_single(out, inp, recv_splits, send_splits)
+        want = torch.cat([base(sizes[rank], r * 3 + rank, torch.int64) for r in range(world)]).to(dt)
+        check(f"all_to_all_single uneven {dt}", out, want)
+
+        # Send/recv: a ring of batched isend/irecv, then a blocking pair.
+        nxt, prv = (rank + 1) % world, (rank - 1) % world
+        got = torch.empty(n, device=dev, dtype=dt)
+        ops = [dist.P2POp(dist.isend, base(n, rank, dt), nxt), dist.P2POp(dist.irecv, got, prv)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        check(f"batch_isend_irecv ring {dt}", got, base(n, prv, dt))
+        if world >= 2:
+            if rank == 0:
+                dist.send(base(n, 42 % 200, dt), dst=1)
+            elif rank == 1:
+                got = torch.empty(n, device=dev, dtype=dt)
+                dist.recv(got, src=0)
+                check(f"send/recv {dt}", got, base(n, 42 % 200, dt))
+
+    # Large: 64 MiB of float32 and bf16 all-reduce.
+    big = 16 << 20
+    for dt in (torch.float32, torch.bfloat16):
+        x = base(big, rank, dt)
+        dist.all_reduce(x)
+        check(f"all_reduce 64MiB-class {dt}", x, sum(base(big, r, torch.int64) for r in range(world)).to(dt))
+    dist.barrier()
+    torch.cuda.synchronize()
+    print(f"rank {rank}: {len(bad)} failures; libnccl mapped: {' '.join(mapped_nccl()) or 'none'}", flush=True)
+    for b in bad:
+        print("FAIL", b, flush=True)
+    if bad:
+        failures.put(rank)
+    dist.destroy_process_group()
+
+
+def main():
+    world = int(sys.argv[1]) if len(sys.argv) > 1 else 4
+    port = 29500 + os.getpid() % 1000
+    ctx = mp.get_context("spawn")
+    failures = ctx.SimpleQueue()
+    mp.start_processes(worker, args=(world, port, failures), nprocs=world, start_method="spawn")
+    n_bad = 0
+    while not failures.empty():
+        failures.get()
+        n_bad += 1
+    print(f"torch {torch.__version__}: {world} processes on one GPU, {n_bad} with failures")
+    sys.exit(1 if n_bad else 0)
+
+
+if __name__ == "__main__":
+    main()
