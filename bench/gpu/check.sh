@@ -49,6 +49,21 @@ device)
   PYTHONUNBUFFERED=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT LD_PRELOAD="$lib" \
     timeout 400 python3 bench/gpu/torch_check.py 4 > "$out/torch.txt" 2>&1 || status=1
   grep -v " NCCL INFO " "$out/torch.txt" | tail -40
+  # Timing: calls on device buffers complete before they return (the default), and with
+  # OXCCL_ASYNC_STREAMS=1 return once enqueued (then the correctness run again that way).
+  for mode in blocking async; do
+    a=0; [ "$mode" = async ] && a=1
+    echo "== torch timing, $mode (OXCCL_ASYNC_STREAMS=$a)"
+    PYTHONUNBUFFERED=1 OXCCL_ASYNC_STREAMS=$a LD_PRELOAD="$lib" \
+      timeout 200 python3 bench/gpu/torch_check.py 4 --timing 2>&1 | tee "$out/timing-$mode.txt" \
+      | grep -E "timing|failures|FAIL" || status=1
+  done
+  if [ "${ASYNC_CHECK:-0}" = 1 ]; then
+    echo "== torch correctness, OXCCL_ASYNC_STREAMS=1"
+    PYTHONUNBUFFERED=1 OXCCL_ASYNC_STREAMS=1 LD_PRELOAD="$lib" \
+      timeout 200 python3 bench/gpu/torch_check.py 4 > "$out/torch-async.txt" 2>&1 || status=1
+    grep -E "failures|FAIL|SeqNum" "$out/torch-async.txt" | head -8
+  fi
   echo "INFO lines from oxccl: $(grep -c "NCCL INFO" "$out/torch.txt"); first ones:"
   grep "NCCL INFO" "$out/torch.txt" | head -5
   exit $status

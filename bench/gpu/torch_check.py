@@ -1,11 +1,13 @@
 """PyTorch, unchanged, over whichever libnccl.so.2 the loader gives it.
 
-    python3 bench/gpu/torch_check.py [WORLD]
+    python3 bench/gpu/torch_check.py [WORLD] [--timing]
 
 Starts WORLD processes (default 4) on GPU 0 with backend "nccl" and checks every collective
 PyTorch offers against exact references: values are small integers, so every reduction order
 gives the same answer in every type. Prints one line per check, then which libnccl each process
 had mapped; exits 1 if any check failed. Run it with LD_PRELOAD=.../libnccl.so.2 to test oxccl.
+With --timing it only times all-reduce (rank 0 prints, per size, how long a call takes to
+return and how long an op takes to complete on the stream), checking the last result.
 """
 
 import datetime
@@ -25,7 +27,7 @@ def mapped_nccl():
     return sorted(libs)
 
 
-def worker(rank, world, port, failures):
+def worker(rank, world, port, failures, timing_only):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.cuda.set_device(0)
@@ -43,6 +45,20 @@ def worker(rank, world, port, failures):
     def base(n, r, dt):
         # Small non-negative integers: exact in every type, sums of 4 stay below 256.
         return ((torch.arange(n, device=dev) % 13) + r + 1).to(dt)
+
+    if timing_only:
+        timing(rank, world, dev, check)
+        finish(rank, bad, failures)
+        return
+
+    # Chained on the stream, no host sync between: each all-reduce reads what the kernel
+    # before it wrote, and the kernel after it reads its result (sum of ones is world; minus
+    # world - 1 is one again).
+    x = torch.ones(4099, device=dev)
+    for _ in range(50):
+        dist.all_reduce(x)
+        x.sub_(world - 1)
+    check("50 chained all_reduce + kernel, no sync", x, torch.ones(4099, device=dev))
 
     n = 4099  # not a multiple of anything convenient
     for dt in TYPES:
@@ -130,6 +146,10 @@ def worker(rank, world, port, failures):
         x = base(big, rank, dt)
         dist.all_reduce(x)
         check(f"all_reduce 64MiB-class {dt}", x, sum(base(big, r, torch.int64) for r in range(world)).to(dt))
+    finish(rank, bad, failures)
+
+
+def finish(rank, bad, failures):
     dist.barrier()
     torch.cuda.synchronize()
     print(f"rank {rank}: {len(bad)} failures; libnccl mapped: {' '.join(mapped_nccl()) or 'none'}", flush=True)
@@ -140,12 +160,43 @@ def worker(rank, world, port, failures):
     dist.destroy_process_group()
 
 
+def timing(rank, world, dev, check):
+    """All-reduce sum of float32 ones, back to back: time until the calls return, and until
+    the stream has finished them (host clock around a synchronize)."""
+    import time
+
+    for nbytes, iters in ((8, 200), (1 << 20, 50), (64 << 20, 10)):
+        n = nbytes // 4
+        x = torch.ones(n, device=dev)
+        for _ in range(3):
+            dist.all_reduce(x)
+            x.fill_(1.0)
+        torch.cuda.synchronize()
+        dist.barrier()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(x)
+            x.div_(world)
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        check(f"timing all_reduce {nbytes} B", x, torch.ones(n, device=dev))
+        if rank == 0:
+            print(f"timing all_reduce {nbytes} B x{iters}: calls return in {(t1 - t0) / iters * 1e6:.1f} us, "
+                  f"ops complete in {(t2 - t0) / iters * 1e6:.1f} us each (incl. one div kernel)", flush=True)
+
+
+TIMING = "--timing" in sys.argv
+
+
 def main():
-    world = int(sys.argv[1]) if len(sys.argv) > 1 else 4
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    world = int(args[0]) if args else 4
     port = 29500 + os.getpid() % 1000
     ctx = mp.get_context("spawn")
     failures = ctx.SimpleQueue()
-    mp.start_processes(worker, args=(world, port, failures), nprocs=world, start_method="spawn")
+    mp.start_processes(worker, args=(world, port, failures, TIMING), nprocs=world, start_method="spawn")
     n_bad = 0
     while not failures.empty():
         failures.get()

@@ -126,6 +126,8 @@ pub struct CommState {
     pub next_op: AtomicI32,
     /// Registered buffers (`ncclCommRegister`) and windows, by handle: `(address, bytes, kind)`.
     pub regs: Mutex<HashMap<usize, (usize, usize, crate::mem::RegKind)>>,
+    /// Runs the communicator's stream-ordered calls (device buffers) after they returned.
+    pub proxy: crate::proxy::Proxy,
 }
 
 /// A communicator state, borrowed for the life of the process.
@@ -258,6 +260,7 @@ pub fn new_comm(device: i32, name: Option<String>, blocking: bool) -> St {
         premul: Mutex::new(HashMap::new()),
         next_op: AtomicI32::new(5),
         regs: Mutex::new(HashMap::new()),
+        proxy: Default::default(),
     }));
     registry().write().unwrap_or_else(|e| e.into_inner()).insert(handle, st);
     st

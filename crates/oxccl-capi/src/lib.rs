@@ -16,6 +16,7 @@ pub mod handle;
 pub mod mem;
 pub mod ops;
 pub mod premul;
+pub mod proxy;
 
 use handle::{
     invalid, lock, ncclResult_t, phase, ready, state, usage, Fail, PreMul, Scalar, St, INTERNAL_ERROR,
@@ -352,7 +353,8 @@ entry! {
 
     fn ncclCommFinalize / pncclCommFinalize(comm: ncclComm_t) {
         let (st, _c) = ready(comm)?;
-        // Host-memory calls complete before they return: nothing is left to flush.
+        // Host-memory calls complete before they return; stream-ordered ones finish here.
+        st.proxy.drain();
         if st.phase.compare_exchange(phase::READY, phase::FINALIZED, Ordering::AcqRel, Ordering::Acquire).is_err() {
             st.ready()?;
         }
@@ -368,6 +370,8 @@ entry! {
         match st.destroy() {
             phase::DESTROYED => Err(usage(format!("communicator {comm:p} was already destroyed"))),
             _ => {
+                // Stream-ordered calls still queued finish first (each releases its stream).
+                st.proxy.drain();
                 if let Some(c) = st.comm.get() {
                     c.close();
                 }
@@ -387,6 +391,8 @@ entry! {
             _ => {
                 if let Some(c) = st.comm.get() {
                     c.abort();
+                    // Queued stream-ordered calls now fail at once, releasing their streams.
+                    st.proxy.drain();
                     c.close();
                 }
                 Ok(SUCCESS)
@@ -474,6 +480,7 @@ entry! {
             phase::INIT => IN_PROGRESS,
             phase::FAILED => st.failure.get().map_or(INTERNAL_ERROR, |f| f.code),
             phase::DESTROYED => return Err(usage(format!("communicator {comm:p} was destroyed"))),
+            _ if st.proxy.error().is_some() => st.proxy.error().map_or(INTERNAL_ERROR, |f| f.code),
             _ => match st.comm.get().map(|c| c.check()) {
                 Some(Ok(())) => SUCCESS,
                 Some(Err(e)) => {
@@ -560,7 +567,7 @@ entry! {
         for r in ops::run_all(ended.jobs, |j| j()) {
             r?;
         }
-        let results = ops::run_all(ended.per_comm.iter().collect(), |(_, c, calls)| ops::run(c, calls));
+        let results = ops::run_all(ended.per_comm.iter().collect(), |(st, c, calls)| ops::run(st, c, calls));
         let mut first = None;
         for ((st, _, _), r) in ended.per_comm.iter().zip(results) {
             if let Err(f) = r {
@@ -674,7 +681,7 @@ fn collective(
     if ops::in_group() {
         ops::queue(st, c, call);
     } else {
-        ops::run(c, std::slice::from_ref(&call))?;
+        ops::run(st, c, std::slice::from_ref(&call))?;
     }
     Ok(SUCCESS)
 }

@@ -10,7 +10,9 @@
 //! call with device buffers (found by asking the CUDA driver, when the process has loaded
 //! it) runs staged: its inputs are copied into pinned host mirrors on the caller's stream,
 //! the collective runs on the mirrors, and the outputs go back on the same stream; the call
-//! returns once they have landed (see [`staged`]).
+//! returns once they are enqueued: the communicator's proxy thread runs the collective when the
+//! inputs have landed, and the stream waits for it before the outputs go back (see [`staged`]
+//! and [`crate::proxy`]).
 
 use crate::handle::{invalid, lock, usage, CommState, Fail, PreMul, Scalar, St, R};
 use crate::premul;
@@ -295,11 +297,22 @@ impl Call {
     }
 }
 
-/// Runs `calls` on `comm` as one oxccl group (a single call is a group of one).
-pub fn run(comm: &Communicator, calls: &[Call]) -> R<()> {
+/// Runs `calls` on `comm` (whose state is `st`) as one oxccl group (a single call is a
+/// group of one). Calls on host memory run now, after any stream-ordered ones still queued
+/// on the communicator's proxy (the order every rank made them in).
+pub fn run(st: St, comm: &'static Communicator, calls: &[Call]) -> R<()> {
     #[cfg(feature = "cuda")]
-    if let Some(r) = staged::run_if_device(comm, calls) {
+    if let Some(r) = staged::run_if_device(st, comm, calls) {
         return r;
+    }
+    if st.proxy.pending() > 0 {
+        st.proxy.drain();
+    }
+    if let Some(f) = st.proxy.error() {
+        return Err(Fail {
+            code: f.code,
+            msg: format!("an earlier call enqueued on a stream failed: {}", f.msg),
+        });
     }
     run_host(comm, calls)
 }
@@ -440,14 +453,16 @@ pub fn run_all<T: Send>(units: Vec<T>, f: impl Fn(T) -> R<()> + Sync) -> Vec<R<(
     })
 }
 
-/// Calls with device buffers, run over host mirrors (see the module's documentation).
+/// Calls with device buffers, run over host mirrors by the communicator's proxy (see the
+/// module's documentation).
 #[cfg(feature = "cuda")]
 mod staged {
     use super::{run_host, Call};
-    use crate::handle::{Fail, PreMul, Scalar, R, UNHANDLED_CUDA_ERROR};
-    use oxccl::cuda::stage::{classify, MemKind, OnDevice, Pinned};
+    use crate::handle::{Fail, PreMul, Scalar, St, R, UNHANDLED_CUDA_ERROR};
+    use oxccl::cuda::stage::{classify, stream_flag, MemKind, OnDevice, Pinned, StreamEvent};
     use oxccl::cuda::CudaError;
     use oxccl::Communicator;
+    use std::sync::atomic::Ordering;
 
     /// One device range of a call and its host mirror.
     struct Mirror {
@@ -466,7 +481,7 @@ mod staged {
     }
 
     /// Runs `calls` staged if any buffer of theirs is device memory; `None` if all are host.
-    pub fn run_if_device(comm: &Communicator, calls: &[Call]) -> Option<R<()>> {
+    pub fn run_if_device(st: St, comm: &'static Communicator, calls: &[Call]) -> Option<R<()>> {
         oxccl::cuda::driver::driver_if_loaded()?;
         let kinds: Vec<(MemKind, MemKind, Option<MemKind>)> = calls
             .iter()
@@ -484,7 +499,7 @@ mod staged {
         if kinds.iter().all(|(s, r, p)| host(s) && host(r) && p.as_ref().is_none_or(host)) {
             return None;
         }
-        Some(run_staged(comm, calls, &kinds))
+        Some(run_staged(st, comm, calls, &kinds))
     }
 
     fn ordinal(k: MemKind) -> Option<i32> {
@@ -494,24 +509,11 @@ mod staged {
         }
     }
 
-    /// Waits for `stream` if `k` is managed memory (the CPU then touches it in place).
-    fn settle(k: MemKind, stream: usize, func: &str) -> R<()> {
-        if let MemKind::Managed { ordinal } = k {
-            let on = OnDevice::push(ordinal).map_err(|e| cuda_fail(func, "managed buffer", e))?;
-            on.sync(stream).map_err(|e| cuda_fail(func, "waiting for the stream", e))?;
+    fn any_ordinal(k: MemKind) -> Option<i32> {
+        match k {
+            MemKind::Device { ordinal } | MemKind::Managed { ordinal } => Some(ordinal),
+            MemKind::Host => None,
         }
-        Ok(())
-    }
-
-    /// A mirror of `[dev, dev + len)` on device `ordinal`, filled from the device if `input`.
-    fn mirror(c: &Call, ordinal: i32, dev: usize, len: usize, input: bool, out: bool) -> R<Mirror> {
-        let mut host = Pinned::take(len).map_err(|e| cuda_fail(c.func, "pinned host mirror", e))?;
-        if input {
-            let on = OnDevice::push(ordinal).map_err(|e| cuda_fail(c.func, "device context", e))?;
-            on.download(c.stream, host.as_mut_slice(), dev as u64)
-                .map_err(|e| cuda_fail(c.func, &format!("copying {len} input bytes from the device"), e))?;
-        }
-        Ok(Mirror { ordinal, dev, host, out, stream: c.stream, func: c.func })
     }
 
     /// A device range of a call that gets a host mirror.
@@ -551,47 +553,289 @@ mod staged {
         v
     }
 
+    /// Calls with device buffers, set up: mirrors with their input copies enqueued, the
+    /// calls rewritten onto the mirrors, and each stream's event after its input copies.
+    struct Staged {
+        proxy: &'static crate::proxy::Proxy,
+        mirrors: Vec<Mirror>,
+        host_calls: Vec<Call>,
+        /// Each distinct stream of the calls, with the device whose context serves it.
+        streams: Vec<(usize, i32)>,
+        ready: Vec<StreamEvent>,
+        done: Vec<StreamEvent>,
+    }
+
+    impl Staged {
+        fn stream(&mut self, stream: usize, ordinal: i32) {
+            if !self.streams.iter().any(|s| s.0 == stream) {
+                self.streams.push((stream, ordinal));
+            }
+        }
+
+        /// A mirror of `[dev, dev + len)` on device `ordinal`, its input copy enqueued if
+        /// `input`; returns its host address.
+        fn mirror(
+            &mut self,
+            c: &Call,
+            ordinal: i32,
+            dev: usize,
+            len: usize,
+            input: bool,
+            out: bool,
+        ) -> R<usize> {
+            // A new pinned allocation (or a trim of the pool) waits for the whole context, and
+            // may hold the driver's context lock meanwhile: it is made only once no job of
+            // the communicator is in flight, so no stream waits for the proxy then.
+            let mut host = match Pinned::pooled(len) {
+                Some(p) => p,
+                None => {
+                    self.proxy.drain();
+                    Pinned::take(len).map_err(|e| cuda_fail(c.func, "pinned host mirror", e))?
+                }
+            };
+            let base = host.as_mut_ptr();
+            // Kept before the copy is enqueued, so a failure below still waits for it.
+            self.mirrors.push(Mirror { ordinal, dev, host, out, stream: c.stream, func: c.func });
+            self.stream(c.stream, ordinal);
+            if input {
+                let on = OnDevice::push(ordinal).map_err(|e| cuda_fail(c.func, "device context", e))?;
+                // SAFETY: the mirror holds `len` bytes and lives in `self` until the copy is
+                // known complete (the job waits on the stream's events; failures sync it).
+                unsafe { on.download_async(c.stream, base, dev as u64, len) }.map_err(|e| {
+                    cuda_fail(c.func, &format!("copying {len} input bytes from the device"), e)
+                })?;
+            }
+            Ok(base as usize)
+        }
+
+        /// Waits for every stream, so nothing enqueued still uses the mirrors (failure paths).
+        fn settle(&self) {
+            for &(s, o) in &self.streams {
+                if let Ok(on) = OnDevice::push(o) {
+                    let _ = on.sync(s);
+                }
+            }
+        }
+
+        /// On each stream, an event after what is enqueued on it so far.
+        fn record(&self) -> R<Vec<StreamEvent>> {
+            let mut v = Vec::with_capacity(self.streams.len());
+            for &(s, o) in &self.streams {
+                let f = |e| cuda_fail(self.host_calls[0].func, "stream event", e);
+                let on = OnDevice::push(o).map_err(f)?;
+                v.push(on.record(s).map_err(f)?);
+            }
+            Ok(v)
+        }
+
+        /// Enqueues each output's copy back to the device, on its call's stream.
+        fn enqueue_outputs(&mut self) -> R<()> {
+            for m in self.mirrors.iter_mut().filter(|m| m.out) {
+                let on = OnDevice::push(m.ordinal).map_err(|e| cuda_fail(m.func, "device context", e))?;
+                let len = m.host.as_mut_slice().len();
+                // SAFETY: the mirror lives until the job has waited for the `done` events
+                // recorded after these copies.
+                unsafe { on.upload_async(m.stream, m.dev as u64, m.host.as_mut_ptr(), len) }.map_err(
+                    |e| cuda_fail(m.func, &format!("copying {len} output bytes to the device"), e),
+                )?;
+            }
+            Ok(())
+        }
+
+        /// The collective, once the inputs have landed (run by the proxy, or inline).
+        fn execute(&self, comm: &Communicator) -> R<()> {
+            for ev in &self.ready {
+                ev.wait()
+                    .map_err(|e| cuda_fail(self.host_calls[0].func, "waiting for the input copies", e))?;
+            }
+            run_host(comm, &self.host_calls)
+        }
+    }
+
+    /// Calls on device buffers return once they have completed, unless
+    /// `OXCCL_ASYNC_STREAMS=1`: then they return once enqueued. Not yet the default: on the
+    /// lent H200, 4 processes on one GPU with the asynchronous path still hung once in a
+    /// 50-call chain on the legacy stream (see docs/capi.md).
+    fn blocking() -> bool {
+        static B: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *B.get_or_init(|| !std::env::var("OXCCL_ASYNC_STREAMS").is_ok_and(|v| v == "1"))
+    }
+
+    /// Stream-ordered calls a communicator keeps in flight before a new one waits.
+    const MAX_IN_FLIGHT: usize = 8;
+
+    fn trace() -> bool {
+        static T: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *T.get_or_init(|| std::env::var("OXCCL_TRACE_STREAMS").is_ok_and(|v| v == "1"))
+    }
+
+    fn flag(st: St, func: &str) -> R<(usize, u64)> {
+        if let Some(f) = st.proxy.flag.get() {
+            return Ok(*f);
+        }
+        let f = stream_flag().map_err(|e| cuda_fail(func, "stream flag", e))?;
+        // A racing thread's flag wins; this one is leaked (64 bytes, once).
+        Ok(*st.proxy.flag.get_or_init(|| f))
+    }
+
+    /// Enqueues `calls` on their streams: input copies, a wait on the communicator's flag,
+    /// output copies. The proxy runs the collective once the inputs have landed, then sets
+    /// the flag, which releases the output copies and all later work on the streams.
     fn run_staged(
-        comm: &Communicator,
+        st: St,
+        comm: &'static Communicator,
         calls: &[Call],
         kinds: &[(MemKind, MemKind, Option<MemKind>)],
     ) -> R<()> {
-        let mut mirrors: Vec<Mirror> = Vec::new();
-        let mut host_calls: Vec<Call> = Vec::with_capacity(calls.len());
+        let func = calls[0].func;
+        if let Some(f) = st.proxy.error() {
+            return Err(Fail {
+                code: f.code,
+                msg: format!("an earlier call enqueued on a stream failed: {}", f.msg),
+            });
+        }
+        // Bounded depth: the mirrors of calls in flight are pinned memory.
+        st.proxy.wait_below(MAX_IN_FLIGHT);
+        let (flag_host, flag_dev) = flag(st, func)?;
+        let mut sg = Staged {
+            proxy: &st.proxy,
+            mirrors: Vec::new(),
+            host_calls: Vec::new(),
+            streams: Vec::new(),
+            ready: Vec::new(),
+            done: Vec::new(),
+        };
+        if let Err(f) = prepare(&mut sg, calls, kinds) {
+            sg.settle();
+            return Err(f);
+        }
+        let seq = st.proxy.seq.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
+        let set_flag = move || {
+            // SAFETY: the communicator's flag, never freed; only the proxy (one thread at a
+            // time, in sequence order) stores to it.
+            unsafe { std::ptr::write_volatile(flag_host as *mut u32, seq) };
+            std::sync::atomic::fence(Ordering::SeqCst);
+        };
+        // Each stream waits for the flag; a device where that cannot be enqueued makes the
+        // call run inline instead.
+        let mut waiting = 0;
+        let asynchronous = !blocking();
+        let mut all_wait = asynchronous;
+        for &(s, o) in sg.streams.iter().filter(|_| asynchronous) {
+            match OnDevice::push(o).and_then(|on| on.wait_flag(o, s, flag_dev, seq)) {
+                Ok(()) => waiting += 1,
+                Err(_) => {
+                    all_wait = false;
+                    break;
+                }
+            }
+        }
+        let queued = all_wait
+            && sg.enqueue_outputs().is_ok()
+            && match sg.record() {
+                Ok(d) => {
+                    sg.done = d;
+                    true
+                }
+                Err(_) => false,
+            };
+        if queued {
+            let tr = trace();
+            if tr {
+                eprintln!(
+                    "oxccl-trace pid {} seq {seq}: enqueued {} stream(s) {:?}",
+                    std::process::id(),
+                    sg.streams.len(),
+                    sg.streams
+                );
+            }
+            return st.proxy.submit(Box::new(move || {
+                let pid = std::process::id();
+                if tr {
+                    eprintln!("oxccl-trace pid {pid} seq {seq}: proxy starts");
+                }
+                let r = sg.execute(comm);
+                if tr {
+                    eprintln!(
+                        "oxccl-trace pid {pid} seq {seq}: collective {}",
+                        if r.is_ok() { "ok" } else { "FAILED" }
+                    );
+                }
+                set_flag();
+                for ev in &sg.done {
+                    let _ = ev.wait();
+                }
+                if tr {
+                    eprintln!("oxccl-trace pid {pid} seq {seq}: outputs landed");
+                }
+                drop(sg);
+                r.inspect_err(|f| crate::handle::record(func, Some(st), f))
+            }));
+        }
+        // Inline: after every queued call, then the outputs copied back and waited for. (No
+        // stream wait on this device, or the asynchronous path is off, or enqueueing failed.)
+        st.proxy.drain();
+        let r = sg.execute(comm);
+        if waiting > 0 {
+            set_flag();
+        }
+        if let Err(f) = r {
+            sg.settle();
+            return Err(f);
+        }
+        let mut out = Ok(());
+        for m in sg.mirrors.iter_mut().filter(|m| m.out) {
+            let on = OnDevice::push(m.ordinal).map_err(|e| cuda_fail(m.func, "device context", e))?;
+            let len = m.host.as_mut_slice().len();
+            if let Err(e) = on.upload(m.stream, m.dev as u64, m.host.as_mut_slice()) {
+                out = Err(cuda_fail(m.func, &format!("copying {len} output bytes to the device"), e));
+                break;
+            }
+        }
+        sg.settle();
+        out
+    }
+
+    /// Mirrors every device range of `calls` (input copies enqueued), rewrites the calls onto
+    /// the mirrors, and records each stream's `ready` event.
+    fn prepare(sg: &mut Staged, calls: &[Call], kinds: &[(MemKind, MemKind, Option<MemKind>)]) -> R<()> {
         for (c, &(sk, rk, pk)) in calls.iter().zip(kinds) {
-            settle(sk, c.stream, c.func)?;
-            settle(rk, c.stream, c.func)?;
+            // Managed memory is used in place, once the stream's earlier work is done (the
+            // proxy waits for the stream's `ready` event before it touches anything).
+            for k in [sk, rk].into_iter().chain(pk) {
+                if let MemKind::Managed { ordinal } = k {
+                    sg.stream(c.stream, ordinal);
+                }
+            }
             let (s, r) = (c.send as usize, c.recv as usize);
             let (mut send, mut recv) = (c.send, c.recv);
             for sp in spans(c, ordinal(sk).is_some(), ordinal(rk).is_some()) {
                 let o = if sp.send { ordinal(sk) } else { ordinal(rk) }.unwrap_or(0);
-                let mut m = mirror(c, o, sp.start, sp.len, sp.input, sp.output)?;
-                let base = m.host.as_mut_ptr() as usize;
+                let base = sg.mirror(c, o, sp.start, sp.len, sp.input, sp.output)?;
                 if sp.send {
                     send = (base + (s - sp.start)) as *const u8;
                 }
                 if sp.recv {
                     recv = (base + (r - sp.start)) as *mut u8;
                 }
-                mirrors.push(m);
             }
             let mut premul = c.premul.clone();
             if let (Some(pm), Some(MemKind::Device { ordinal })) = (premul.as_deref_mut(), pk) {
                 if let Scalar::Pointer(p) = pm.scalar {
                     let es = pm.dtype.size_bytes();
-                    let mut m = mirror(c, ordinal, p, es, true, false)?;
-                    pm.scalar = Scalar::Value(m.host.as_mut_slice().to_vec());
+                    // Read by the proxy after the stream's `ready` event.
+                    pm.scalar = Scalar::Pointer(sg.mirror(c, ordinal, p, es, true, false)?);
                 }
             }
-            host_calls.push(Call { send, recv, premul, ..c.shallow() });
+            if sg.streams.is_empty() {
+                // Only a device scalar or managed memory elsewhere: still ordered on the stream.
+                if let Some(o) = [sk, rk].into_iter().chain(pk).find_map(any_ordinal) {
+                    sg.stream(c.stream, o);
+                }
+            }
+            sg.host_calls.push(Call { send, recv, premul, ..c.shallow() });
         }
-        run_host(comm, &host_calls)?;
-        for m in mirrors.iter_mut().filter(|m| m.out) {
-            let on = OnDevice::push(m.ordinal).map_err(|e| cuda_fail(m.func, "device context", e))?;
-            let len = m.host.as_mut_slice().len();
-            on.upload(m.stream, m.dev as u64, m.host.as_mut_slice())
-                .map_err(|e| cuda_fail(m.func, &format!("copying {len} output bytes to the device"), e))?;
-        }
+        sg.ready = sg.record()?;
         Ok(())
     }
 

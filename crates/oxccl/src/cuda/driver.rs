@@ -80,6 +80,8 @@ driver_table! {
     memcpy_htod_async: fn(CuDevicePtr, *const c_void, usize, Handle) = [c"cuMemcpyHtoDAsync_v2"];
     mem_alloc_host: fn(*mut *mut c_void, usize) = [c"cuMemAllocHost_v2"];
     mem_free_host: fn(*mut c_void) = [c"cuMemFreeHost"];
+    stream_wait_value32: fn(Handle, CuDevicePtr, u32, c_uint) = [c"cuStreamWaitValue32_v2", c"cuStreamWaitValue32"];
+    mem_host_get_device_pointer: fn(*mut CuDevicePtr, *mut c_void, c_uint) = [c"cuMemHostGetDevicePointer_v2"];
 }
 
 /// `CU_POINTER_ATTRIBUTE_*` and `CU_MEMORYTYPE_*` values from cuda.h.

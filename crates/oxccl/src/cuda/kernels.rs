@@ -276,6 +276,12 @@ mod tests {
                 }
             }
         }
+        // The stream-wait kernel of the staged path, likewise.
+        for arch in ["sm_90", "sm_80"] {
+            let bin = nvrtc::compile(super::super::stage::WAIT_SOURCE, "oxccl_wait.cu", arch, &[])
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(bin.windows(16).any(|w| w == b"oxccl_wait_flag\0"), "{arch}: no oxccl_wait_flag");
+        }
         // A source error comes back as NVRTC's log, naming the line.
         let e =
             nvrtc::compile("extern \"C\" __global__ void k() { undefined_thing(); }", "bad.cu", "sm_90", &[])
