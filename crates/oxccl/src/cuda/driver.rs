@@ -173,6 +173,22 @@ impl Driver {
         Ok(v)
     }
 
+    /// The handle of device `ordinal`.
+    pub fn device(&self, ordinal: i32) -> Result<CuDevice, CudaError> {
+        let mut dev = 0;
+        // SAFETY: writes one device handle.
+        self.check("cuDeviceGet", unsafe { (self.device_get)(&mut dev, ordinal) })?;
+        Ok(dev)
+    }
+
+    /// Attribute `a` (one of [`attr`]'s) of device `dev`.
+    pub fn attribute(&self, dev: CuDevice, a: i32) -> Result<i32, CudaError> {
+        let mut v = 0;
+        // SAFETY: writes one int.
+        self.check("cuDeviceGetAttribute", unsafe { (self.device_attr)(&mut v, a, dev) })?;
+        Ok(v)
+    }
+
     /// How many devices the driver sees.
     pub fn device_count(&self) -> Result<i32, CudaError> {
         let mut n = 0;

@@ -63,15 +63,8 @@ impl Device {
         if ordinal < 0 || ordinal >= n {
             return Err(CudaError::Invalid(format!("device {ordinal} does not exist: the driver sees {n}")));
         }
-        let mut dev = 0;
-        // SAFETY: writes one device handle.
-        d.check("cuDeviceGet", unsafe { (d.device_get)(&mut dev, ordinal) })?;
-        let attr = |a: i32| -> Result<i32, CudaError> {
-            let mut v = 0;
-            // SAFETY: writes one int.
-            d.check("cuDeviceGetAttribute", unsafe { (d.device_attr)(&mut v, a, dev) })?;
-            Ok(v)
-        };
+        let dev = d.device(ordinal)?;
+        let attr = |a: i32| d.attribute(dev, a);
         let cc =
             (attr(driver::attr::COMPUTE_CAPABILITY_MAJOR)?, attr(driver::attr::COMPUTE_CAPABILITY_MINOR)?);
         let sms = attr(driver::attr::MULTIPROCESSOR_COUNT)?;

@@ -64,9 +64,7 @@ fn primary(d: &'static Driver, ordinal: i32) -> Result<usize, CudaError> {
     if let Some(c) = m.get(&ordinal) {
         return Ok(*c);
     }
-    let mut dev = 0;
-    // SAFETY: writes one device handle.
-    d.check("cuDeviceGet", unsafe { (d.device_get)(&mut dev, ordinal) })?;
+    let dev = d.device(ordinal)?;
     let mut ctx: Handle = std::ptr::null_mut();
     // SAFETY: writes one context handle; retained for the process's life.
     d.check("cuDevicePrimaryCtxRetain", unsafe { (d.primary_ctx_retain)(&mut ctx, dev) })?;
@@ -236,15 +234,8 @@ fn wait_kernel(d: &'static Driver, ordinal: i32) -> Result<usize, CudaError> {
         return r.clone().map_err(CudaError::Invalid);
     }
     let r = (|| {
-        let mut dev = 0;
-        // SAFETY: writes one device handle.
-        d.check("cuDeviceGet", unsafe { (d.device_get)(&mut dev, ordinal) })?;
-        let attr = |a: i32| -> Result<i32, CudaError> {
-            let mut v = 0;
-            // SAFETY: writes one int.
-            d.check("cuDeviceGetAttribute", unsafe { (d.device_attr)(&mut v, a, dev) })?;
-            Ok(v)
-        };
+        let dev = d.device(ordinal)?;
+        let attr = |a: i32| d.attribute(dev, a);
         let arch = format!(
             "sm_{}{}",
             attr(driver::attr::COMPUTE_CAPABILITY_MAJOR)?,
