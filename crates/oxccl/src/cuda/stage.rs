@@ -87,20 +87,6 @@ impl OnDevice {
         Ok(OnDevice { d })
     }
 
-    /// Copies `dst.len()` bytes from device address `src` into `dst`, ordered after the work
-    /// already on `stream`, and waits for it.
-    pub fn download(&self, stream: usize, dst: &mut [u8], src: CuDevicePtr) -> Result<(), CudaError> {
-        if dst.is_empty() {
-            return Ok(());
-        }
-        let s = stream as Handle;
-        // SAFETY: `dst` is writable for its length and outlives the copy (waited for below);
-        // the caller passes a device range of that length.
-        let r = unsafe { (self.d.memcpy_dtoh_async)(dst.as_mut_ptr().cast(), src, dst.len(), s) };
-        self.d.check("cuMemcpyDtoHAsync", r)?;
-        self.sync(stream)
-    }
-
     /// Copies `src` to device address `dst`, ordered after the work already on `stream` and
     /// before any later, and waits for it (so `src` may be reused on return).
     pub fn upload(&self, stream: usize, dst: CuDevicePtr, src: &[u8]) -> Result<(), CudaError> {
