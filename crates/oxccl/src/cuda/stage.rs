@@ -5,7 +5,8 @@
 //! engine does not serve it (processes on one GPU, hosts over TCP): its inputs are copied
 //! into host memory on the caller's stream (so after every earlier kernel on that stream),
 //! the collective runs on the mirrors, and the outputs are copied back on the same stream (so
-//! before every later kernel). The calling thread waits for both copies.
+//! before every later kernel). The copies are only enqueued here; who waits for them, and
+//! when, is the caller's choice (libnccl's `ops::staged`: inline, or on its proxy thread).
 
 use super::driver::{self, ptr_attr, CuDevicePtr, Driver, Handle};
 use super::CudaError;
