@@ -10,9 +10,10 @@
 //! call with device buffers (found by asking the CUDA driver, when the process has loaded
 //! it) runs staged: its inputs are copied into pinned host mirrors on the caller's stream,
 //! the collective runs on the mirrors, and the outputs go back on the same stream; the call
-//! returns once they are enqueued: the communicator's proxy thread runs the collective when the
-//! inputs have landed, and the stream waits for it before the outputs go back (see [`staged`]
-//! and [`crate::proxy`]).
+//! returns once they have landed. With `OXCCL_ASYNC_STREAMS=1` it returns once they are
+//! enqueued: the communicator's proxy thread runs the collective when the inputs have landed,
+//! and the stream waits for it before the outputs go back (see [`staged`] and
+//! [`crate::proxy`]).
 
 use crate::handle::{invalid, lock, usage, CommState, Fail, PreMul, Scalar, St, R};
 use crate::premul;
@@ -308,12 +309,7 @@ pub fn run(st: St, comm: &'static Communicator, calls: &[Call]) -> R<()> {
     if st.proxy.pending() > 0 {
         st.proxy.drain();
     }
-    if let Some(f) = st.proxy.error() {
-        return Err(Fail {
-            code: f.code,
-            msg: format!("an earlier call enqueued on a stream failed: {}", f.msg),
-        });
-    }
+    st.proxy.check()?;
     run_host(comm, calls)
 }
 
@@ -608,13 +604,17 @@ mod staged {
             Ok(base as usize)
         }
 
-        /// Waits for every stream, so nothing enqueued still uses the mirrors (failure paths).
-        fn settle(&self) {
+        /// Waits for every stream (all of them, even after a failure), so nothing enqueued
+        /// still uses the mirrors; the first failure, if any.
+        fn sync_all(&self, func: &str) -> R<()> {
+            let mut first = Ok(());
             for &(s, o) in &self.streams {
-                if let Ok(on) = OnDevice::push(o) {
-                    let _ = on.sync(s);
+                let r = OnDevice::push(o).and_then(|on| on.sync(s));
+                if let (Err(e), Ok(())) = (r, &first) {
+                    first = Err(cuda_fail(func, "waiting for the stream", e));
                 }
             }
+            first
         }
 
         /// On each stream, an event after what is enqueued on it so far.
@@ -688,15 +688,12 @@ mod staged {
         kinds: &[(MemKind, MemKind, Option<MemKind>)],
     ) -> R<()> {
         let func = calls[0].func;
-        if let Some(f) = st.proxy.error() {
-            return Err(Fail {
-                code: f.code,
-                msg: format!("an earlier call enqueued on a stream failed: {}", f.msg),
-            });
+        st.proxy.check()?;
+        let asynchronous = !blocking();
+        if asynchronous {
+            // Bounded depth: the mirrors of calls in flight are pinned memory.
+            st.proxy.wait_below(MAX_IN_FLIGHT);
         }
-        // Bounded depth: the mirrors of calls in flight are pinned memory.
-        st.proxy.wait_below(MAX_IN_FLIGHT);
-        let (flag_host, flag_dev) = flag(st, func)?;
         let mut sg = Staged {
             proxy: &st.proxy,
             mirrors: Vec::new(),
@@ -706,29 +703,33 @@ mod staged {
             done: Vec::new(),
         };
         if let Err(f) = prepare(&mut sg, calls, kinds) {
-            sg.settle();
+            let _ = sg.sync_all(func);
             return Err(f);
         }
-        let seq = st.proxy.seq.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
-        let set_flag = move || {
-            // SAFETY: the communicator's flag, never freed; only the proxy (one thread at a
-            // time, in sequence order) stores to it.
-            unsafe { std::ptr::write_volatile(flag_host as *mut u32, seq) };
-            std::sync::atomic::fence(Ordering::SeqCst);
-        };
-        // Each stream waits for the flag; a device where that cannot be enqueued makes the
-        // call run inline instead.
-        let mut waiting = 0;
-        let asynchronous = !blocking();
-        let mut all_wait = asynchronous;
-        for &(s, o) in sg.streams.iter().filter(|_| asynchronous) {
-            match OnDevice::push(o).and_then(|on| on.wait_flag(o, s, flag_dev, seq)) {
-                Ok(()) => waiting += 1,
-                Err(_) => {
-                    all_wait = false;
-                    break;
+        // Asynchronous: each stream waits for the flag to reach this call's number; a device
+        // where that cannot be enqueued makes the call run inline instead.
+        let mut set_flag = None;
+        let mut all_wait = false;
+        let mut seq = 0;
+        if asynchronous {
+            let (flag_host, flag_dev) = match flag(st, func) {
+                Ok(f) => f,
+                Err(f) => {
+                    let _ = sg.sync_all(func);
+                    return Err(f);
                 }
-            }
+            };
+            seq = st.proxy.seq.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
+            set_flag = Some(move || {
+                // SAFETY: the communicator's flag, never freed; only the thread running the
+                // communicator's jobs (one at a time, in sequence order) stores to it.
+                unsafe { std::ptr::write_volatile(flag_host as *mut u32, seq) };
+                std::sync::atomic::fence(Ordering::SeqCst);
+            });
+            all_wait = sg.streams.iter().all(|&(s, o)| {
+                let r = OnDevice::push(o).and_then(|on| on.wait_flag(o, s, flag_dev, seq));
+                r.is_ok()
+            });
         }
         let queued = all_wait
             && sg.enqueue_outputs().is_ok()
@@ -761,7 +762,9 @@ mod staged {
                         if r.is_ok() { "ok" } else { "FAILED" }
                     );
                 }
-                set_flag();
+                if let Some(set) = set_flag {
+                    set();
+                }
                 for ev in &sg.done {
                     let _ = ev.wait();
                 }
@@ -776,24 +779,14 @@ mod staged {
         // stream wait on this device, or the asynchronous path is off, or enqueueing failed.)
         st.proxy.drain();
         let r = sg.execute(comm);
-        if waiting > 0 {
-            set_flag();
+        // Streams that already wait for this call are released whatever its outcome.
+        if let Some(set) = set_flag {
+            set();
         }
-        if let Err(f) = r {
-            sg.settle();
-            return Err(f);
-        }
-        let mut out = Ok(());
-        for m in sg.mirrors.iter_mut().filter(|m| m.out) {
-            let on = OnDevice::push(m.ordinal).map_err(|e| cuda_fail(m.func, "device context", e))?;
-            let len = m.host.as_mut_slice().len();
-            if let Err(e) = on.upload(m.stream, m.dev as u64, m.host.as_mut_slice()) {
-                out = Err(cuda_fail(m.func, &format!("copying {len} output bytes to the device"), e));
-                break;
-            }
-        }
-        sg.settle();
-        out
+        let r = r.and_then(|()| sg.enqueue_outputs());
+        // Outputs (if any) landed and no copy still uses a mirror.
+        let synced = sg.sync_all(func);
+        r.and(synced)
     }
 
     /// Mirrors every device range of `calls` (input copies enqueued), rewrites the calls onto

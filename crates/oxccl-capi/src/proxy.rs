@@ -137,6 +137,17 @@ impl Proxy {
         }
     }
 
+    /// `Err` naming the first failed job, if one failed: the communicator then refuses calls.
+    pub fn check(&self) -> R<()> {
+        match self.error() {
+            None => Ok(()),
+            Some(f) => Err(Fail {
+                code: f.code,
+                msg: format!("an earlier call enqueued on a stream failed: {}", f.msg),
+            }),
+        }
+    }
+
     /// The first failure of a job, if one failed.
     pub fn error(&self) -> Option<Fail> {
         if !self.failed.load(Ordering::Acquire) {

@@ -88,19 +88,6 @@ impl OnDevice {
         Ok(OnDevice { d })
     }
 
-    /// Copies `src` to device address `dst`, ordered after the work already on `stream` and
-    /// before any later, and waits for it (so `src` may be reused on return).
-    pub fn upload(&self, stream: usize, dst: CuDevicePtr, src: &[u8]) -> Result<(), CudaError> {
-        if src.is_empty() {
-            return Ok(());
-        }
-        let s = stream as Handle;
-        // SAFETY: `src` is readable for its length and outlives the copy (waited for below).
-        let r = unsafe { (self.d.memcpy_htod_async)(dst, src.as_ptr().cast(), src.len(), s) };
-        self.d.check("cuMemcpyHtoDAsync", r)?;
-        self.sync(stream)
-    }
-
     /// Waits for the work on `stream`.
     pub fn sync(&self, stream: usize) -> Result<(), CudaError> {
         // SAFETY: the caller's stream handle (0, the legacy and per-thread handles included).
