@@ -131,54 +131,71 @@ fn time(
 /// the bound of reading every input once and writing every output once at `copy_gbs`.
 fn threads_all_reduce(copy_gbs: f64) -> Result<usize, CudaError> {
     let p = 4;
-    let members = oxccl::cuda::group::thread_group(p, 0)?;
+    let timeout = Some(std::time::Duration::from_secs(20));
+    let members = oxccl::cuda::group::thread_group(p, 0, timeout)?;
     let sizes: Vec<usize> = vec![8, 4096, 1 << 20, 64 << 20, 256 << 20, 1 << 30];
     let types = [DataType::F32, DataType::Bf16];
     let results = std::sync::Mutex::new(Vec::<String>::new());
     let failed = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|sc| {
-        for m in members {
+        for mut m in members {
             let (results, failed, sizes) = (&results, &failed, &sizes);
             sc.spawn(move || {
-                let go = || -> Result<(), CudaError> {
+                let mut go = || -> Result<(), CudaError> {
                     m.dev.make_current()?;
                     let s = Stream::new(&m.dev)?;
+                    // A second stream: every other call switches to it and back.
+                    let s2 = Stream::new(&m.dev)?;
                     for t in types {
                         for &bytes in sizes {
                             let n = bytes / t.size_bytes();
                             let send = DevBuf::new(&m.dev, bytes)?;
                             let recv = DevBuf::new(&m.dev, bytes)?;
-                            // Check: rank r's element i is (i % 7) + r; the sum is 4 (i % 7) + 6.
-                            let check_n = n.min(1 << 22);
-                            let vals: Vec<i64> = (0..check_n).map(|i| (i % 7) as i64 + m.rank as i64).collect();
-                            send.upload(&encode(t, &vals))?;
-                            m.all_reduce(&s, t, ReduceOp::Sum, send.ptr, recv.ptr, check_n)?;
-                            s.sync()?;
-                            let mut got = vec![0u8; check_n * t.size_bytes()];
-                            recv.download(&mut got)?;
-                            let want = encode(t, &(0..check_n).map(|i| 4 * (i % 7) as i64 + 6).collect::<Vec<_>>());
-                            if got != want {
-                                failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                println!("WRONG threads all_reduce rank {} {t:?} {check_n} elements", m.rank);
-                            }
-                            // Time: warm-up, then `iters` calls between two events on rank 0's stream.
-                            let iters = if bytes <= 1 << 20 { 200 } else { 20 };
-                            for _ in 0..5 {
-                                m.all_reduce(&s, t, ReduceOp::Sum, send.ptr, recv.ptr, n)?;
-                            }
-                            let (a, b) = (Event::new(&m.dev)?, Event::new(&m.dev)?);
-                            a.record(&s)?;
-                            for _ in 0..iters {
-                                m.all_reduce(&s, t, ReduceOp::Sum, send.ptr, recv.ptr, n)?;
-                            }
-                            b.record(&s)?;
-                            let us = b.since(&a)? as f64 * 1e3 / iters as f64;
-                            if m.rank == 0 {
-                                let bound_us = (2 * p * bytes) as f64 / (copy_gbs * 1e9) * 1e6;
-                                results.lock().unwrap().push(format!(
-                                    "THREADS all_reduce P={p} {t:?} {bytes} B: {us:.2} us per call; bound {bound_us:.2} us (read each input once, write each output once at {copy_gbs:.0} GB/s); ratio {:.3}",
-                                    us / bound_us
-                                ));
+                            for bps in [1u32, 2] {
+                                m.set_blocks_per_sm(bps);
+                                // Check: rank r's element i is (i % 7) + r; the sum is 4 (i % 7) + 6.
+                                // Then in place on the result: 4 (4 (i % 7) + 6).
+                                let check_n = n.min(1 << 22);
+                                let vals: Vec<i64> =
+                                    (0..check_n).map(|i| (i % 7) as i64 + m.rank as i64).collect();
+                                send.upload(&encode(t, &vals))?;
+                                m.all_reduce(&s, t, ReduceOp::Sum, send.ptr, recv.ptr, check_n)?;
+                                m.all_reduce(&s2, t, ReduceOp::Sum, recv.ptr, recv.ptr, check_n)?;
+                                s2.sync()?;
+                                let mut got = vec![0u8; check_n * t.size_bytes()];
+                                recv.download(&mut got)?;
+                                let want = encode(
+                                    t,
+                                    &(0..check_n).map(|i| 4 * (4 * (i % 7) as i64 + 6)).collect::<Vec<_>>(),
+                                );
+                                if got != want {
+                                    failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                    let first = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+                                    println!(
+                                        "WRONG threads all_reduce rank {} {t:?} {check_n} elements blocks/SM {bps}: first differing byte {first}",
+                                        m.rank
+                                    );
+                                }
+                                // Time: warm-up, then `iters` calls between two events on each stream.
+                                let iters = if bytes <= 1 << 20 { 200 } else { 20 };
+                                for _ in 0..5 {
+                                    m.all_reduce(&s, t, ReduceOp::Sum, send.ptr, recv.ptr, n)?;
+                                }
+                                let (a, b) = (Event::new(&m.dev)?, Event::new(&m.dev)?);
+                                a.record(&s)?;
+                                for _ in 0..iters {
+                                    m.all_reduce(&s, t, ReduceOp::Sum, send.ptr, recv.ptr, n)?;
+                                }
+                                b.record(&s)?;
+                                let us = b.since(&a)? as f64 * 1e3 / iters as f64;
+                                m.check()?;
+                                if m.rank == 0 {
+                                    let bound_us = (2 * p * bytes) as f64 / (copy_gbs * 1e9) * 1e6;
+                                    results.lock().unwrap().push(format!(
+                                        "THREADS all_reduce P={p} {t:?} {bytes} B blocks/SM {bps}: {us:.2} us per call; bound {bound_us:.2} us (read each input once, write each output once at {copy_gbs:.0} GB/s); ratio {:.3}",
+                                        us / bound_us
+                                    ));
+                                }
                             }
                         }
                     }
@@ -194,6 +211,58 @@ fn threads_all_reduce(copy_gbs: f64) -> Result<usize, CudaError> {
     for line in results.into_inner().unwrap_or_default() {
         println!("{line}");
     }
+    Ok(failed.into_inner())
+}
+
+/// A rank whose stream is held up: rank 1's stream waits on a host flag before its call, so
+/// rank 0's kernel gives up after the group's 300 ms timeout; the flag is then released and
+/// every rank's next call must refuse, naming rank 1. Returns the number of failures.
+fn threads_timeout() -> Result<usize, CudaError> {
+    let members = oxccl::cuda::group::thread_group(2, 0, Some(std::time::Duration::from_millis(300)))?;
+    let (host, dev_flag) = oxccl::cuda::stage::stream_flag()?;
+    let failed = std::sync::atomic::AtomicUsize::new(0);
+    let host = host as *mut u32 as usize;
+    let first = std::sync::Barrier::new(2);
+    std::thread::scope(|sc| {
+        for m in members {
+            let (failed, first) = (&failed, &first);
+            sc.spawn(move || {
+                let go = || -> Result<(), CudaError> {
+                    m.dev.make_current()?;
+                    let s = Stream::new(&m.dev)?;
+                    let buf = DevBuf::new(&m.dev, 4096)?;
+                    s.fill(buf.ptr, 0, 4096)?;
+                    if m.rank == 1 {
+                        let on = oxccl::cuda::stage::OnDevice::push(0)?;
+                        on.wait_flag(0, s.h as usize, dev_flag, 1)?;
+                    }
+                    m.all_reduce(&s, DataType::F32, ReduceOp::Sum, buf.ptr, buf.ptr, 1024)?;
+                    if m.rank == 0 {
+                        s.sync()?;
+                        let e = m.check().err();
+                        println!("TIMEOUT rank 0 after its kernel ended: {e:?}");
+                        // SAFETY: the pinned flag word (leaked, so alive).
+                        unsafe { (host as *mut u32).write_volatile(1) };
+                    }
+                    s.sync()?;
+                    first.wait();
+                    let e = m.all_reduce(&s, DataType::F32, ReduceOp::Sum, buf.ptr, buf.ptr, 1024).err();
+                    let named =
+                        e.as_ref().is_some_and(|e| e.to_string().contains("for rank 1's kernel to start"));
+                    println!("TIMEOUT rank {} next call: {e:?}", m.rank);
+                    if !named {
+                        failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        println!("WRONG timeout rank {}: the next call did not name rank 1", m.rank);
+                    }
+                    Ok(())
+                };
+                if let Err(e) = go() {
+                    failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    println!("ERROR timeout rank {}: {e}", m.rank);
+                }
+            });
+        }
+    });
     Ok(failed.into_inner())
 }
 
@@ -262,7 +331,9 @@ fn run() -> Result<usize, CudaError> {
     }
     let threads_failed = threads_all_reduce(copy_gbs)?;
     println!("CHECK threads all_reduce: {threads_failed} wrong");
-    Ok(failed + threads_failed)
+    let timeout_failed = threads_timeout()?;
+    println!("CHECK threads timeout names the held-up rank: {timeout_failed} wrong");
+    Ok(failed + threads_failed + timeout_failed)
 }
 
 fn main() {

@@ -82,6 +82,7 @@ driver_table! {
     mem_free_host: fn(*mut c_void) = [c"cuMemFreeHost"];
     stream_wait_value32: fn(Handle, CuDevicePtr, u32, c_uint) = [c"cuStreamWaitValue32_v2", c"cuStreamWaitValue32"];
     mem_host_get_device_pointer: fn(*mut CuDevicePtr, *mut c_void, c_uint) = [c"cuMemHostGetDevicePointer_v2"];
+    occupancy_blocks: fn(*mut c_int, Handle, c_int, usize) = [c"cuOccupancyMaxActiveBlocksPerMultiprocessor"];
 }
 
 /// `CU_POINTER_ATTRIBUTE_*` and `CU_MEMORYTYPE_*` values from cuda.h.

@@ -145,7 +145,90 @@ extern "C" __global__ void __launch_bounds__(512) oxk_copy(const u8* __restrict_
   for (u64 i = nv * 16 + tid; i < n; i += stride) dst[i] = src[i];
 }
 
+// A barrier across the kernels of several ranks (threads of one process, one context, one
+// launch each per call, every block of all of them co-resident), met at the kernel's start
+// and end. `arr` is null for a plain reduce-copy.
+// - Arrival: block 0 of `rank` raises arr[rank] to `seq` (this call's number, counted from 1
+//   by every rank alike); thread 0 of every block waits until every rank's arr is >= seq, so
+//   every rank's stream has reached this call: its input is written and its output free.
+// - Departure: every block adds 1 to *dep after its writes; block 0 waits until *dep reaches
+//   `depart` (the sum of every rank's blocks over all calls so far), so when the kernel ends
+//   every rank has finished reading this rank's input and writing this rank's output.
+// - A wait longer than `timeout_ns` (0: forever), or a failure already recorded, stops it:
+//   the first failure is recorded in *fail (device) and in host[0..3] (host-mapped: code,
+//   0, seq) for the host to read without waiting for the stream; the code is
+//   1 | waiting rank << 8 | missing rank << 16 (0xff: unknown) | phase << 24 (0 arrival,
+//   1 departure). A failed block skips its work, and every later call sees *fail and skips.
+struct Bar {
+  u64* arr;
+  u64* dep;
+  u32* fail;
+  u32* host;
+  u64 seq;
+  u64 depart;
+  u64 timeout_ns;
+  int rank;
+  int p;
+};
+
+__device__ __forceinline__ u64 ld_acq(const u64* a) { u64 v; asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(a) : "memory"); return v; }
+__device__ __forceinline__ u32 ld_acq32(const u32* a) { u32 v; asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(a) : "memory"); return v; }
+__device__ __forceinline__ u64 now_ns() { u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
+
+__device__ void bar_fail(const Bar& b, u32 code) {
+  if (atomicCAS(b.fail, 0u, code) == 0u) {
+    volatile u32* h = (volatile u32*)b.host;
+    h[2] = (u32)b.seq;
+    h[3] = (u32)(b.seq >> 32);
+    __threadfence_system();
+    h[0] = code;
+    __threadfence_system();
+  }
+}
+
+// Thread 0 waits until *a >= want; false (and the failure recorded) if it gave up.
+__device__ bool bar_wait(const Bar& b, const u64* a, u64 want, u32 phase, int missing) {
+  u64 t0 = 0;
+  while (ld_acq(a) < want) {
+    if (ld_acq32(b.fail) != 0u) return false;
+    const u64 t = now_ns();
+    if (t0 == 0) t0 = t;
+    else if (b.timeout_ns != 0 && t - t0 > b.timeout_ns) {
+      bar_fail(b, 1u | ((u32)b.rank << 8) | ((u32)(missing & 0xff) << 16) | (phase << 24));
+      return false;
+    }
+    __nanosleep(200);
+  }
+  return true;
+}
+
+__device__ bool bar_arrive(const Bar& b) {
+  __shared__ int ok;
+  if (threadIdx.x == 0) {
+    if (blockIdx.x == 0) {
+      __threadfence();
+      atomicMax(&b.arr[b.rank], b.seq);
+    }
+    bool good = ld_acq32(b.fail) == 0u;
+    for (int q = 0; q < b.p && good; q++) good = bar_wait(b, &b.arr[q], b.seq, 0, q);
+    ok = good;
+  }
+  __syncthreads();
+  return ok != 0;
+}
+
+__device__ void bar_depart(const Bar& b) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(b.dep, 1ull);
+    if (blockIdx.x == 0) bar_wait(b, b.dep, b.depart, 1, 0xff);
+  }
+}
+
 #define OXK(opname, Op, tname, T) \
-  extern "C" __global__ void __launch_bounds__(512) oxk_##opname##_##tname(Srcs s, int nsrc, Dsts d, int ndst, u64 n, int vec) { \
-    reduce_body<T, Op<T> >(s, nsrc, d, ndst, n, vec); \
+  extern "C" __global__ void __launch_bounds__(512) oxk_##opname##_##tname(Srcs s, int nsrc, Dsts d, int ndst, u64 n, int vec, Bar b) { \
+    if (b.arr == 0) { reduce_body<T, Op<T> >(s, nsrc, d, ndst, n, vec); return; } \
+    if (bar_arrive(b)) reduce_body<T, Op<T> >(s, nsrc, d, ndst, n, vec); \
+    bar_depart(b); \
   }

@@ -121,6 +121,30 @@ struct Ptrs {
     p: [CuDevicePtr; MAX_SOURCES],
 }
 
+/// `#[repr(C)]` twin of the kernels' `Bar`: the barrier a reduce-copy meets with the same
+/// call's kernels on the other ranks' streams (see kernels.cu for the protocol). All zero:
+/// no barrier.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bar {
+    /// Device address of `u64[p]`: each rank's latest call to have started.
+    pub arr: CuDevicePtr,
+    /// Device address of one `u64`: blocks finished, over all calls.
+    pub dep: CuDevicePtr,
+    /// Device address of one `u32`: the first failure's code, 0 while none.
+    pub fail: CuDevicePtr,
+    /// Device address of host-mapped `u32[4]`: the failure's code, 0, and its call number.
+    pub host: CuDevicePtr,
+    /// This call's number, from 1.
+    pub seq: u64,
+    /// Blocks of every rank over all calls up to this one.
+    pub depart: u64,
+    /// Longest wait in nanoseconds; 0: forever.
+    pub timeout_ns: u64,
+    pub rank: i32,
+    pub p: i32,
+}
+
 impl Kernels {
     /// Compiles (or takes from the cache) and loads the kernels on `dev`.
     pub fn load(dev: &Device, defines: &[String]) -> Result<Kernels, CudaError> {
@@ -146,13 +170,23 @@ impl Kernels {
     }
 
     fn launch(&self, f: Handle, s: &Stream, params: &mut [*mut std::ffi::c_void]) -> Result<(), CudaError> {
+        self.launch_blocks(f, self.blocks, s, params)
+    }
+
+    fn launch_blocks(
+        &self,
+        f: Handle,
+        blocks: u32,
+        s: &Stream,
+        params: &mut [*mut std::ffi::c_void],
+    ) -> Result<(), CudaError> {
         let d = self.dev_d;
         // SAFETY: `params` point at values of the kernel's parameter types, alive for the call
         // (the driver copies them at launch).
         d.check("cuLaunchKernel", unsafe {
             (d.launch_kernel)(
                 f,
-                self.blocks,
+                blocks,
                 1,
                 1,
                 BLOCK_THREADS,
@@ -202,6 +236,24 @@ impl Kernels {
         dsts: &[CuDevicePtr],
         count: usize,
     ) -> Result<(), CudaError> {
+        self.reduce_met(s, t, op, srcs, dsts, count, self.blocks, &Bar::default())
+    }
+
+    /// Like [`reduce_multi`](Self::reduce_multi) on `blocks` blocks, meeting the same call's
+    /// kernels on the other ranks' streams at `bar` (which every block of every rank's
+    /// kernel must be able to reach at once: see [`max_blocks_per_sm`](Self::max_blocks_per_sm)).
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce_met(
+        &self,
+        s: &Stream,
+        t: DataType,
+        op: ReduceOp,
+        srcs: &[CuDevicePtr],
+        dsts: &[CuDevicePtr],
+        count: usize,
+        blocks: u32,
+        bar: &Bar,
+    ) -> Result<(), CudaError> {
         if srcs.is_empty() || srcs.len() > MAX_SOURCES || dsts.is_empty() || dsts.len() > MAX_SOURCES {
             return Err(CudaError::Invalid(format!(
                 "a reduce-copy combines 1 to {MAX_SOURCES} sources into 1 to {MAX_SOURCES} destinations, not {} into {}",
@@ -219,7 +271,23 @@ impl Kernels {
         dp.p[..dsts.len()].copy_from_slice(dsts);
         let vec: i32 = (srcs.iter().chain(dsts).fold(0, |a, b| a | b) % 16 == 0) as i32;
         let (nsrc, ndst, n) = (srcs.len() as i32, dsts.len() as i32, count as u64);
-        self.launch(f, s, &mut [arg(&sp), arg(&nsrc), arg(&dp), arg(&ndst), arg(&n), arg(&vec)])
+        let params = &mut [arg(&sp), arg(&nsrc), arg(&dp), arg(&ndst), arg(&n), arg(&vec), arg(bar)];
+        self.launch_blocks(f, blocks.max(1), s, params)
+    }
+
+    /// How many blocks of the `(t, op)` reduce-copy one multiprocessor holds at once.
+    pub fn max_blocks_per_sm(&self, t: DataType, op: ReduceOp) -> Result<u32, CudaError> {
+        let f = *self
+            .reduce
+            .get(&(t, op))
+            .ok_or_else(|| CudaError::Invalid(format!("no device kernel reduces {t:?} with {op:?}")))?;
+        let d = self.dev_d;
+        let mut n: i32 = 0;
+        // SAFETY: a resolved function; writes one int.
+        d.check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
+            (d.occupancy_blocks)(&mut n, f, BLOCK_THREADS as i32, 0)
+        })?;
+        Ok(n.max(0) as u32)
     }
 }
 
