@@ -86,16 +86,90 @@ pub fn names() -> Vec<String> {
 /// CUBINs compiled in this process, by architecture and defines.
 static CACHE: OnceLock<Mutex<HashMap<String, Arc<Vec<u8>>>>> = OnceLock::new();
 
-/// The kernels' CUBIN for `arch` with `defines`, compiled once per process.
+/// The kernels' CUBIN for `arch` with `defines`: compiled once per process, and kept on disk
+/// (see [`disk_cache_dir`]) so later processes skip NVRTC (tens of seconds for every variant).
 pub fn cubin(arch: &str, defines: &[String]) -> Result<Arc<Vec<u8>>, CudaError> {
+    cubin_from(arch, defines, true)
+}
+
+fn cubin_from(arch: &str, defines: &[String], use_disk: bool) -> Result<Arc<Vec<u8>>, CudaError> {
     let key = format!("{arch} {}", defines.join(" "));
     let cache = CACHE.get_or_init(Default::default);
     if let Some(c) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(c.clone());
     }
-    let bin = Arc::new(nvrtc::compile(&source(), "oxccl_kernels.cu", arch, defines)?);
+    let src = source();
+    let file = disk_cache_dir().map(|d| d.join(disk_name(&src, arch, defines)));
+    let from_disk = file
+        .as_ref()
+        .filter(|_| use_disk)
+        .and_then(|f| std::fs::read(f).ok())
+        .filter(|b| b.len() > 4 && b.starts_with(b"\x7fELF"));
+    let bin = match from_disk {
+        Some(b) => Arc::new(b),
+        None => {
+            let b = nvrtc::compile(&src, "oxccl_kernels.cu", arch, defines)?;
+            if let Some(f) = file.as_ref().filter(|_| use_disk) {
+                store(f, &b);
+            }
+            Arc::new(b)
+        }
+    };
     cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, bin.clone());
     Ok(bin)
+}
+
+/// Forgets `arch`/`defines`' CUBIN in this process and on disk (one the driver refused).
+fn forget(arch: &str, defines: &[String]) {
+    let key = format!("{arch} {}", defines.join(" "));
+    if let Some(c) = CACHE.get() {
+        c.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+    }
+    if let Some(d) = disk_cache_dir() {
+        let _ = std::fs::remove_file(d.join(disk_name(&source(), arch, defines)));
+    }
+}
+
+/// Where CUBINs are kept between processes: `OXCCL_KERNEL_CACHE` (a directory; `0` or empty:
+/// none), else `$XDG_CACHE_HOME/oxccl`, else `$HOME/.cache/oxccl`.
+pub fn disk_cache_dir() -> Option<std::path::PathBuf> {
+    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    if let Some(v) = std::env::var_os("OXCCL_KERNEL_CACHE") {
+        return (!v.is_empty() && v != "0").then(|| v.into());
+    }
+    if let Some(x) = var("XDG_CACHE_HOME") {
+        return Some(std::path::PathBuf::from(x).join("oxccl"));
+    }
+    var("HOME").map(|h| std::path::PathBuf::from(h).join(".cache").join("oxccl"))
+}
+
+/// The cache file's name: the architecture and a 64-bit FNV-1a hash of everything the CUBIN
+/// depends on (the source, the architecture, the defines).
+fn disk_name(src: &str, arch: &str, defines: &[String]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in [src, "\0", arch, "\0", &defines.join("\0")] {
+        for b in part.bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    format!("kernels-{arch}-{h:016x}.cubin")
+}
+
+/// Writes `bin` to `f` through a temporary file and a rename, so a reader never sees part of
+/// one; failures are ignored (the cache is an optimisation).
+fn store(f: &std::path::Path, bin: &[u8]) {
+    let Some(dir) = f.parent() else { return };
+    if std::fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    let tmp = dir.join(format!(
+        ".{}.{}",
+        f.file_name().and_then(|n| n.to_str()).unwrap_or("k"),
+        std::process::id()
+    ));
+    if std::fs::write(&tmp, bin).is_ok() && std::fs::rename(&tmp, f).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
 }
 
 /// The kernels loaded on one device: every function resolved now, so no launch ever loads
@@ -148,11 +222,19 @@ pub struct Bar {
 impl Kernels {
     /// Compiles (or takes from the cache) and loads the kernels on `dev`.
     pub fn load(dev: &Device, defines: &[String]) -> Result<Kernels, CudaError> {
-        let bin = cubin(&dev.arch(), defines)?;
+        let arch = dev.arch();
         let d = dev.d;
         let mut module = std::ptr::null_mut();
-        // SAFETY: a CUBIN image from NVRTC; the driver copies what it needs.
-        d.check("cuModuleLoadData", unsafe { (d.module_load_data)(&mut module, bin.as_ptr().cast()) })?;
+        let bin = cubin(&arch, defines)?;
+        // SAFETY: a CUBIN image (from NVRTC or the disk cache); the driver copies what it needs.
+        let r = unsafe { (d.module_load_data)(&mut module, bin.as_ptr().cast()) };
+        if d.check("cuModuleLoadData", r).is_err() {
+            // A cached image this driver refuses (say, from a newer NVRTC): compile afresh.
+            forget(&arch, defines);
+            let bin = cubin_from(&arch, defines, false)?;
+            // SAFETY: as above.
+            d.check("cuModuleLoadData", unsafe { (d.module_load_data)(&mut module, bin.as_ptr().cast()) })?;
+        }
         let func = |name: &str| -> Result<Handle, CudaError> {
             let c = std::ffi::CString::new(name).map_err(|_| CudaError::Invalid(name.into()))?;
             let mut f = std::ptr::null_mut();
@@ -316,6 +398,26 @@ mod tests {
         }
     }
 
+    /// The cache file name changes with everything the CUBIN depends on, and a stored file
+    /// is read back whole.
+    #[test]
+    fn the_disk_cache_names_each_build_apart_and_stores_whole_files() {
+        let d = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let a = disk_name("src", "sm_90", &d(&["OX_UNROLL=8"]));
+        assert!(a.starts_with("kernels-sm_90-") && a.ends_with(".cubin"), "{a}");
+        assert_ne!(a, disk_name("src2", "sm_90", &d(&["OX_UNROLL=8"])));
+        assert_ne!(a, disk_name("src", "sm_80", &d(&["OX_UNROLL=8"])));
+        assert_ne!(a, disk_name("src", "sm_90", &d(&["OX_UNROLL=4"])));
+        assert_ne!(a, disk_name("src", "sm_90", &d(&["OX_UNROLL=8", "X"])));
+        assert_eq!(a, disk_name("src", "sm_90", &d(&["OX_UNROLL=8"])));
+        let dir = std::env::temp_dir().join(format!("oxccl-kcache-{}", std::process::id()));
+        let f = dir.join(&a);
+        store(&f, b"\x7fELF-test");
+        assert_eq!(std::fs::read(&f).unwrap(), b"\x7fELF-test");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temporary file left behind");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// Every kernel compiles with NVRTC for Hopper and Ampere, and each name is in the CUBIN.
     /// CI installs NVRTC from PyPI and sets OXCCL_REQUIRE_NVRTC=1, so there a missing NVRTC
     /// fails the test; elsewhere it says it did not run.
@@ -334,7 +436,8 @@ mod tests {
         }
         for arch in ["sm_90", "sm_80"] {
             for unroll in ["OX_UNROLL=8", "OX_UNROLL=1"] {
-                let bin = cubin(arch, &[unroll.to_string()]).unwrap_or_else(|e| panic!("{e}"));
+                // Compiled here, never taken from the disk cache.
+                let bin = cubin_from(arch, &[unroll.to_string()], false).unwrap_or_else(|e| panic!("{e}"));
                 assert_eq!(&bin[..4], b"\x7fELF", "{arch}: not an ELF image");
                 for name in names() {
                     let found = bin
