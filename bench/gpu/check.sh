@@ -49,12 +49,14 @@ device)
   PYTHONUNBUFFERED=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT LD_PRELOAD="$lib" \
     timeout 400 python3 bench/gpu/torch_check.py 4 > "$out/torch.txt" 2>&1 || status=1
   grep -v " NCCL INFO " "$out/torch.txt" | tail -40
-  # Timing: calls on device buffers complete before they return (the default), and with
-  # OXCCL_ASYNC_STREAMS=1 return once enqueued (then the correctness run again that way).
-  for mode in blocking async; do
-    a=0; [ "$mode" = async ] && a=1
-    echo "== torch timing, $mode (OXCCL_ASYNC_STREAMS=$a)"
-    PYTHONUNBUFFERED=1 OXCCL_ASYNC_STREAMS=$a LD_PRELOAD="$lib" \
+  # Timing, side by side in one run: all-reduce by CUDA IPC (the default for a single call on
+  # one host), then staged through host mirrors (OXCCL_CUDA_IPC=0), blocking and asynchronous.
+  for mode in ipc staged-blocking staged-async; do
+    ipc=0; a=0
+    [ "$mode" = ipc ] && ipc=1
+    [ "$mode" = staged-async ] && a=1
+    echo "== torch timing, $mode (OXCCL_CUDA_IPC=$ipc OXCCL_ASYNC_STREAMS=$a)"
+    PYTHONUNBUFFERED=1 OXCCL_CUDA_IPC=$ipc OXCCL_ASYNC_STREAMS=$a LD_PRELOAD="$lib" \
       timeout 200 python3 bench/gpu/torch_check.py 4 --timing 2>&1 | tee "$out/timing-$mode.txt" \
       | grep -E "timing|failures|FAIL" || status=1
   done

@@ -449,6 +449,10 @@ pub fn run_all<T: Send>(units: Vec<T>, f: impl Fn(T) -> R<()> + Sync) -> Vec<R<(
     })
 }
 
+#[cfg(feature = "cuda")]
+#[path = "ipc.rs"]
+mod ipc;
+
 /// Calls with device buffers, run over host mirrors by the communicator's proxy (see the
 /// module's documentation).
 #[cfg(feature = "cuda")]
@@ -495,7 +499,32 @@ mod staged {
         if kinds.iter().all(|(s, r, p)| host(s) && host(r) && p.as_ref().is_none_or(host)) {
             return None;
         }
+        if let [c] = calls {
+            let same = match kinds[0] {
+                (MemKind::Device { ordinal: a }, MemKind::Device { ordinal: b }, None) if a == b => Some(a),
+                _ => None,
+            };
+            if let Some((o, op)) = super::ipc::eligible(comm, c, same).filter(|_| ipc_enabled()) {
+                if st.proxy.pending() > 0 {
+                    st.proxy.drain();
+                }
+                if let Err(e) = st.proxy.check() {
+                    return Some(Err(e));
+                }
+                match super::ipc::all_reduce(st, comm, c, o, op) {
+                    Ok(true) => return Some(Ok(())),
+                    Ok(false) => {}
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+        }
         Some(run_staged(st, comm, calls, &kinds))
+    }
+
+    /// `OXCCL_CUDA_IPC=0` stages every device call (CUDA IPC is on by default).
+    fn ipc_enabled() -> bool {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| std::env::var("OXCCL_CUDA_IPC").map_or(true, |v| v.trim() != "0"))
     }
 
     fn ordinal(k: MemKind) -> Option<i32> {

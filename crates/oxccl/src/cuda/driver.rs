@@ -11,6 +11,11 @@ pub type CuDevice = c_int;
 pub type CuDevicePtr = u64;
 pub type Handle = *mut c_void;
 
+/// `CUipcMemHandle` / `CUipcEventHandle`: 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct IpcHandle(pub [u8; 64]);
+
 /// `CU_DEVICE_ATTRIBUTE_*` values from cuda.h.
 pub mod attr {
     pub const MULTIPROCESSOR_COUNT: i32 = 16;
@@ -83,6 +88,11 @@ driver_table! {
     stream_wait_value32: fn(Handle, CuDevicePtr, u32, c_uint) = [c"cuStreamWaitValue32_v2", c"cuStreamWaitValue32"];
     mem_host_get_device_pointer: fn(*mut CuDevicePtr, *mut c_void, c_uint) = [c"cuMemHostGetDevicePointer_v2"];
     occupancy_blocks: fn(*mut c_int, Handle, c_int, usize) = [c"cuOccupancyMaxActiveBlocksPerMultiprocessor"];
+    mem_get_address_range: fn(*mut CuDevicePtr, *mut usize, CuDevicePtr) = [c"cuMemGetAddressRange_v2"];
+    ipc_get_mem_handle: fn(*mut IpcHandle, CuDevicePtr) = [c"cuIpcGetMemHandle"];
+    ipc_open_mem_handle: fn(*mut CuDevicePtr, IpcHandle, c_uint) = [c"cuIpcOpenMemHandle_v2", c"cuIpcOpenMemHandle"];
+    ipc_get_event_handle: fn(*mut IpcHandle, Handle) = [c"cuIpcGetEventHandle"];
+    ipc_open_event_handle: fn(*mut Handle, IpcHandle) = [c"cuIpcOpenEventHandle"];
 }
 
 /// `CU_POINTER_ATTRIBUTE_*` and `CU_MEMORYTYPE_*` values from cuda.h.

@@ -9,11 +9,13 @@
 //!   launch, which stalls behind a spinning kernel; see docs/architecture.md);
 //! - [`stage`]: what memory a pointer is, and stream-ordered copies to and from pinned host
 //!   mirrors (device buffers over the host transports);
-//! - [`group`]: ranks as threads on one GPU.
+//! - [`group`]: ranks as threads on one GPU;
+//! - [`ipc`]: device buffers of other processes mapped here (CUDA IPC).
 
 mod dl;
 pub mod driver;
 pub mod group;
+pub mod ipc;
 pub mod kernels;
 pub mod nvrtc;
 pub mod stage;
@@ -164,6 +166,12 @@ impl Stream {
         Ok(Stream { d: dev.d, h })
     }
 
+    /// The caller's stream `h` (any handle the driver takes, 0 included), never destroyed
+    /// by this value.
+    pub fn borrowed(dev: &Device, h: Handle) -> std::mem::ManuallyDrop<Stream> {
+        std::mem::ManuallyDrop::new(Stream { d: dev.d, h })
+    }
+
     pub fn sync(&self) -> Result<(), CudaError> {
         // SAFETY: a live stream.
         self.d.check("cuStreamSynchronize", unsafe { (self.d.stream_sync)(self.h) })
@@ -209,6 +217,33 @@ impl Event {
     /// An event for ordering only (CU_EVENT_DISABLE_TIMING: cheaper to record and wait on).
     pub fn sync_only(dev: &Device) -> Result<Event, CudaError> {
         Self::with_flags(dev, 2)
+    }
+
+    /// An event other processes may wait on (CU_EVENT_INTERPROCESS, without timing).
+    pub fn interprocess(dev: &Device) -> Result<Event, CudaError> {
+        Self::with_flags(dev, 2 | 4)
+    }
+
+    /// An event of another process, opened from its IPC handle; destroyed on drop.
+    pub fn open_ipc(dev: &Device, h: driver::IpcHandle) -> Result<Event, CudaError> {
+        let mut e = std::ptr::null_mut();
+        // SAFETY: writes one event handle; the handle bytes came from cuIpcGetEventHandle.
+        dev.d.check("cuIpcOpenEventHandle", unsafe { (dev.d.ipc_open_event_handle)(&mut e, h) })?;
+        Ok(Event { d: dev.d, h: e })
+    }
+
+    /// This (interprocess) event's IPC handle.
+    pub fn ipc_handle(&self) -> Result<driver::IpcHandle, CudaError> {
+        let mut h = driver::IpcHandle([0; 64]);
+        // SAFETY: a live event; writes 64 bytes.
+        self.d.check("cuIpcGetEventHandle", unsafe { (self.d.ipc_get_event_handle)(&mut h, self.h) })?;
+        Ok(h)
+    }
+
+    /// Records this event on the caller's stream, given by its handle's value.
+    pub fn record_raw(&self, stream: usize) -> Result<(), CudaError> {
+        // SAFETY: a live event; the driver validates the caller's stream handle.
+        self.d.check("cuEventRecord", unsafe { (self.d.event_record)(self.h, stream as Handle) })
     }
 
     fn with_flags(dev: &Device, flags: u32) -> Result<Event, CudaError> {
