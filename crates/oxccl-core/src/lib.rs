@@ -20,6 +20,7 @@ pub mod ifname;
 pub mod json;
 pub mod launch;
 pub mod plan;
+pub mod premul;
 pub mod proto;
 pub mod reduce;
 pub mod topo;

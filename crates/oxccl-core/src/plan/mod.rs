@@ -20,6 +20,7 @@
 //! Nothing here knows which transport carries a connection; [`sim`] executes plans in memory.
 
 mod det;
+pub mod device;
 mod direct;
 pub mod exec;
 pub mod hostdirect;
