@@ -4,25 +4,38 @@
 #                                    gpu-bin/ (git-ignored), the folder that travels to the device;
 #   bash bench/gpu/check.sh device   on the device machine (the `device` tool's run, with
 #                                    carry ["gpu-bin"]): runs the whole check there, writing each
-#                                    program's output under $OUT (or /tmp/gpu-out).
-# The device machine has no Rust toolchain, so nothing is built there.
+#                                    part's output under $OUT (or /tmp/gpu-out).
+# The device machine has no Rust toolchain, so nothing is built there. Parts can be skipped:
+# SKIP_GPUCHECK=1 (kernels, bandwidth, thread-group timing), SKIP_PERF=1 (oxccl-perf on device
+# buffers: every benchmark, type and operator, ranks as threads and as processes),
+# SKIP_TORCH=1 (PyTorch over our libnccl.so.2); ASYNC_CHECK=1 adds the staged asynchronous path.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 case "${1:-}" in
 build)
   set -e
-  cargo build --release -p oxccl-perf --bin oxccl-gpucheck
+  cargo build --release -p oxccl-perf --bin oxccl-gpucheck --bin oxccl-perf
   cargo build --release -p oxccl-capi
   rm -rf gpu-bin && mkdir -p gpu-bin
-  cp target/release/oxccl-gpucheck gpu-bin/
+  cp target/release/oxccl-gpucheck target/release/oxccl-perf gpu-bin/
   cp target/release/libnccl.so gpu-bin/libnccl.so.2
   strip gpu-bin/* 2>/dev/null || true
+  # Every kernel compiled here for Hopper (NVRTC from OXCCL_NVRTC, as CI gets it) into the
+  # kernel cache that travels along: the device then loads it instead of spending minutes of
+  # its time in NVRTC (a CUBIN its driver refuses is compiled afresh there).
+  if [ -n "${OXCCL_NVRTC:-}" ]; then
+    OXCCL_KERNEL_CACHE="$PWD/gpu-bin/kcache" ./target/release/oxccl-gpucheck --cubin sm_90 /dev/null
+  else
+    echo "OXCCL_NVRTC unset: kernels will be compiled on the device"
+  fi
   ls -la gpu-bin
   ;;
 device)
-  out="${OUT:-/tmp/gpu-out}"
-  mkdir -p "$out"
+  final="${OUT:-/tmp/gpu-out}"
+  out=/tmp/gpu-logs
+  rm -rf "$out" && mkdir -p "$out" "$final"
   export NCCL_NVLS_ENABLE=0
+  [ -d gpu-bin/kcache ] && export OXCCL_KERNEL_CACHE="$PWD/gpu-bin/kcache"
   # NVRTC: the CUDA toolkit's, else the one PyTorch's wheels bring.
   if [ -z "${OXCCL_NVRTC:-}" ]; then
     for f in /usr/local/cuda/lib64/libnvrtc.so.13 /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13; do
@@ -31,43 +44,91 @@ device)
   fi
   nvidia-smi --query-gpu=name,driver_version,memory.used,utilization.gpu --format=csv | tee "$out/gpu.txt"
   status=0
+  summary="$out/summary.txt"
+  : > "$summary"
   if [ "${SKIP_GPUCHECK:-0}" != 1 ]; then
-    timeout 300 ./gpu-bin/oxccl-gpucheck 2>&1 | tee "$out/gpucheck.txt" || status=1
+    # QUICK=1: only the thread group's timing and checks (no kernel check, no bandwidth).
+    timeout 300 ./gpu-bin/oxccl-gpucheck ${QUICK:+--threads-only} > "$out/gpucheck.txt" 2>&1 || status=1
+    grep -E "^(kernels|CHECK|BW|THREADS|TIMEOUT|GPU CHECK|WRONG|ERROR)" "$out/gpucheck.txt" | grep -v "^WRONG" | head -80
+    echo "gpucheck: $(grep -c '^WRONG' "$out/gpucheck.txt") WRONG lines; $(tail -1 "$out/gpucheck.txt")" >> "$summary"
+  fi
+  perf=./gpu-bin/oxccl-perf
+  if [ "${QUICK:-0}" = 1 ]; then
+    # Small all-reduces (the LL path among threads), every type and operator, both configurations.
+    for mode in "-t 4" "-np 4"; do
+      tag=$(echo "$mode" | tr -d ' -')
+      f="$out/perf-quick-$tag.txt"
+      timeout 90 $perf all_reduce_perf $mode --mem device -b 8 -e 16K -f 8 -d all -o all -c 1 -n 2 -w 1 -T 30 > "$f" 2>&1
+      rc=$?
+      echo "perf-quick $tag all_reduce: rc=$rc $(grep -h 'Out of bounds' "$f" | tail -1)" | tee -a "$summary"
+      [ $rc = 0 ] || status=1
+    done
+    SKIP_PERF=1
+    SKIP_TORCH=1
+  fi
+  if [ "${SKIP_PERF:-0}" != 1 ]; then
+    # Correctness: every benchmark, every type and operator (and root), out of place and in
+    # place, checked (-c 1): 4 ranks as threads of one process, then 4 processes (CUDA IPC).
+    for mode in "-t 4" "-np 4"; do
+      tag=$(echo "$mode" | tr -d ' -')
+      for b in all_reduce all_gather broadcast reduce_scatter reduce alltoall gather scatter sendrecv hypercube; do
+        extra="-d all"
+        case $b in all_reduce|reduce|reduce_scatter) extra="-d all -o all" ;; esac
+        case $b in broadcast|reduce|gather|scatter) extra="$extra -r all" ;; esac
+        f="$out/perf-check-$tag.txt"
+        echo "== ${b}_perf $mode --mem device -b 8 -e 1M -f 64 $extra -c 1 -n 2 -w 1" >> "$f"
+        timeout 60 $perf ${b}_perf $mode --mem device -b 8 -e 1M -f 64 $extra -c 1 -n 2 -w 1 -T 30 >> "$f" 2>&1
+        rc=$?
+        line="perf-check $tag $b: rc=$rc $(grep -h 'Out of bounds' "$f" | tail -1)"
+        echo "$line" | tee -a "$summary"
+        [ $rc = 0 ] || status=1
+      done
+    done
+    # Speed, ranks as threads: all-reduce float and bfloat16 from 8 B to 1 GiB, CUDA-event-free
+    # nccl-tests timing (host clock around -n calls, then a stream sync).
+    for t in float bfloat16; do
+      timeout 240 $perf all_reduce_perf -t 4 --mem device -b 8 -e 1G -f 4 -d $t -n 50 -w 5 -c 1 \
+        -J "$out/perf-allreduce-t4-$t.json" > "$out/perf-allreduce-t4-$t.txt" 2>&1 || status=1
+      grep -v "^# \[" "$out/perf-allreduce-t4-$t.txt" | tail -24
+    done
   fi
   lib="$PWD/gpu-bin/libnccl.so.2"
-  # The loader's word on who serves PyTorch's NCCL symbols: bind everything at load, log the
-  # bindings, and list each nccl* symbol libtorch_cuda.so binds with the library it got.
-  LD_PRELOAD="$lib" LD_BIND_NOW=1 LD_DEBUG=bindings LD_DEBUG_OUTPUT=/tmp/ld python3 -c 'import torch' || status=1
-  cat /tmp/ld.* | grep "libtorch_cuda.so" | grep -o "to [^ ]* \[[0-9]*\]: normal symbol \`p\?nccl[A-Za-z]*'" \
-    | sed "s/ \[[0-9]*\]: normal symbol / /" | sort -u | tee "$out/bindings.txt"
-  if grep -v "$lib" "$out/bindings.txt" | grep -q .; then
-    echo "SOME NCCL SYMBOLS BOUND ELSEWHERE"; status=1
+  if [ "${SKIP_TORCH:-0}" != 1 ]; then
+    # The loader's word on who serves PyTorch's NCCL symbols: bind everything at load, log the
+    # bindings, and list each nccl* symbol libtorch_cuda.so binds with the library it got.
+    LD_PRELOAD="$lib" LD_BIND_NOW=1 LD_DEBUG=bindings LD_DEBUG_OUTPUT=/tmp/ld python3 -c 'import torch' || status=1
+    cat /tmp/ld.* | grep "libtorch_cuda.so" | grep -o "to [^ ]* \[[0-9]*\]: normal symbol \`p\?nccl[A-Za-z]*'" \
+      | sed "s/ \[[0-9]*\]: normal symbol / /" | sort -u > "$out/bindings.txt"
+    if grep -v "$lib" "$out/bindings.txt" | grep -q .; then
+      echo "SOME NCCL SYMBOLS BOUND ELSEWHERE"; status=1
+    fi
+    echo "loader: $(wc -l < "$out/bindings.txt") nccl symbols of libtorch_cuda.so bound, $(grep -vc "$lib" "$out/bindings.txt") elsewhere" | tee -a "$summary"
+    rm -f /tmp/ld.*
+    # PyTorch, unchanged, over oxccl: 4 processes on the one GPU (the CUDA IPC engine).
+    PYTHONUNBUFFERED=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT LD_PRELOAD="$lib" \
+      timeout 400 python3 bench/gpu/torch_check.py 4 > "$out/torch.txt" 2>&1 || status=1
+    grep -v " NCCL INFO " "$out/torch.txt" | grep -E "FAIL|failures|Error|error" | tail -12
+    echo "torch: $(grep -h 'processes on one GPU' "$out/torch.txt" | tail -1); INFO lines from oxccl: $(grep -c 'NCCL INFO' "$out/torch.txt")" | tee -a "$summary"
+    for mode in ipc staged-blocking; do
+      ipc=0
+      [ "$mode" = ipc ] && ipc=1
+      PYTHONUNBUFFERED=1 OXCCL_CUDA_IPC=$ipc LD_PRELOAD="$lib" \
+        timeout 200 python3 bench/gpu/torch_check.py 4 --timing > "$out/timing-$mode.txt" 2>&1 || status=1
+      grep -h "^timing" "$out/timing-$mode.txt" | sed "s/^/torch $mode: /" | tee -a "$summary"
+    done
+    if [ "${ASYNC_CHECK:-0}" = 1 ]; then
+      PYTHONUNBUFFERED=1 OXCCL_CUDA_IPC=0 OXCCL_ASYNC_STREAMS=1 LD_PRELOAD="$lib" \
+        timeout 200 python3 bench/gpu/torch_check.py 4 > "$out/torch-async.txt" 2>&1 || status=1
+      echo "torch staged-async: $(grep -h 'processes on one GPU' "$out/torch-async.txt" | tail -1)" | tee -a "$summary"
+    fi
   fi
-  echo "$(wc -l < "$out/bindings.txt") nccl symbols of libtorch_cuda.so bound, all to $lib unless said above"
-  rm -f /tmp/ld.*
-  # PyTorch, unchanged, over oxccl: 4 processes on the one GPU.
-  PYTHONUNBUFFERED=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT LD_PRELOAD="$lib" \
-    timeout 400 python3 bench/gpu/torch_check.py 4 > "$out/torch.txt" 2>&1 || status=1
-  grep -v " NCCL INFO " "$out/torch.txt" | tail -40
-  # Timing, side by side in one run: all-reduce by CUDA IPC (the default for a single call on
-  # one host), then staged through host mirrors (OXCCL_CUDA_IPC=0), blocking and asynchronous.
-  for mode in ipc staged-blocking staged-async; do
-    ipc=0; a=0
-    [ "$mode" = ipc ] && ipc=1
-    [ "$mode" = staged-async ] && a=1
-    echo "== torch timing, $mode (OXCCL_CUDA_IPC=$ipc OXCCL_ASYNC_STREAMS=$a)"
-    PYTHONUNBUFFERED=1 OXCCL_CUDA_IPC=$ipc OXCCL_ASYNC_STREAMS=$a LD_PRELOAD="$lib" \
-      timeout 200 python3 bench/gpu/torch_check.py 4 --timing 2>&1 | tee "$out/timing-$mode.txt" \
-      | grep -E "timing|failures|FAIL" || status=1
-  done
-  if [ "${ASYNC_CHECK:-0}" = 1 ]; then
-    echo "== torch correctness, OXCCL_ASYNC_STREAMS=1"
-    PYTHONUNBUFFERED=1 OXCCL_ASYNC_STREAMS=1 LD_PRELOAD="$lib" \
-      timeout 200 python3 bench/gpu/torch_check.py 4 > "$out/torch-async.txt" 2>&1 || status=1
-    grep -E "failures|FAIL|SeqNum" "$out/torch-async.txt" | head -8
-  fi
-  echo "INFO lines from oxccl: $(grep -c "NCCL INFO" "$out/torch.txt"); first ones:"
-  grep "NCCL INFO" "$out/torch.txt" | head -5
+  echo "== summary (status $status)"
+  cat "$summary"
+  # What comes back is at most 8 files: the summary, the kernel check, and everything in one
+  # archive.
+  cp "$summary" "$final/summary.txt"
+  [ -f "$out/gpucheck.txt" ] && cp "$out/gpucheck.txt" "$final/gpucheck.txt"
+  tar czf "$final/logs.tgz" -C "$out" .
   exit $status
   ;;
 *)

@@ -128,6 +128,9 @@ pub struct CommState {
     pub regs: Mutex<HashMap<usize, (usize, usize, crate::mem::RegKind)>>,
     /// Runs the communicator's stream-ordered calls (device buffers) after they returned.
     pub proxy: crate::proxy::Proxy,
+    /// The device engine of the communicator's calls on device buffers, made at the first.
+    #[cfg(feature = "cuda")]
+    pub dev: OnceLock<Result<oxccl::cuda::DevComm<'static>, Fail>>,
 }
 
 /// A communicator state, borrowed for the life of the process.
@@ -261,6 +264,8 @@ pub fn new_comm(device: i32, name: Option<String>, blocking: bool) -> St {
         next_op: AtomicI32::new(5),
         regs: Mutex::new(HashMap::new()),
         proxy: Default::default(),
+        #[cfg(feature = "cuda")]
+        dev: OnceLock::new(),
     }));
     registry().write().unwrap_or_else(|e| e.into_inner()).insert(handle, st);
     st

@@ -107,6 +107,8 @@ pub struct Opts {
     pub plot: Option<String>,
     /// JSON files to overlay in `--plot` (besides this run's).
     pub plot_inputs: Vec<String>,
+    /// Buffers in CUDA device memory (`--mem device`).
+    pub device: bool,
 }
 
 /// Parses nccl-tests' sizes: a number with an optional K, M or G suffix (powers of 1024).
@@ -131,8 +133,10 @@ pub const USAGE: &str =
               alltoall_perf gather_perf scatter_perf sendrecv_perf hypercube_perf
   -np <ranks>                 start this many local rank processes (oxccl); without it, each
                               process started by mpirun/srun/torchrun is one rank
-  -t,--nthreads <1>           threads per process (1)
-  -g,--ngpus <1>              devices per thread (1; host memory)
+  -t,--nthreads <1>           ranks per process, each a thread (1)
+  -g,--ngpus <1>              devices per thread (1)
+  --mem <host/device>         buffers in host memory (host) or on CUDA device
+                              (local rank index % devices) with oxccl's device engines
   -b,--minbytes <size>        minimum size (32M)
   -e,--maxbytes <size>        maximum size (32M)
   -i,--stepbytes <size>       fixed increment (1M)
@@ -196,6 +200,7 @@ pub fn parse(args: &[String], bench: Option<Bench>) -> Result<Opts, String> {
         np: None,
         plot: None,
         plot_inputs: Vec::new(),
+        device: false,
     };
     let mut have_bench = bench.is_some();
     let mut i = 0;
@@ -298,12 +303,24 @@ pub fn parse(args: &[String], bench: Option<Bench>) -> Result<Opts, String> {
             "K" | "per_iter_skip" => o.per_iter_skip = num("-K", &value()?)?,
             "np" => o.np = Some(num("-np", &value()?)?),
             "plot" => o.plot = Some(value()?),
+            "mem" => {
+                o.device = match value()?.as_str() {
+                    "device" => true,
+                    "host" => false,
+                    v => return Err(format!("invalid value {v:?} for --mem (host or device)")),
+                }
+            }
             _ => return Err(format!("invalid option {a:?}\n{USAGE}")),
         }
         i += 1;
     }
-    if o.nthreads != 1 || o.ngpus != 1 {
-        return Err("oxccl-perf runs one rank per process on host memory: -t and -g must be 1 (use -np for more ranks)".into());
+    if o.ngpus != 1 {
+        return Err(
+            "oxccl-perf gives each rank one device: -g must be 1 (use -t or -np for more ranks)".into()
+        );
+    }
+    if o.nthreads == 0 || o.nthreads > 64 {
+        return Err(format!("-t takes 1..=64 threads per process, not {}", o.nthreads));
     }
     if o.min_bytes > o.max_bytes {
         return Err(format!(
@@ -370,6 +387,9 @@ mod tests {
         assert_eq!(o.bench, Bench::SendRecv);
         assert_eq!(o.sizes(), vec![1024, 2048, 3072]);
         assert_eq!(Bench::parse("/usr/bin/oxccl-alltoall_perf"), Some(Bench::AllToAll));
+        let o = p("all_reduce_perf -t 4 --mem device").unwrap();
+        assert_eq!((o.nthreads, o.device), (4, true));
+        assert!(!p("all_reduce_perf --mem=host").unwrap().device);
     }
 
     #[test]
@@ -377,6 +397,8 @@ mod tests {
         assert!(p("all_reduce_perf -b 64M -e 8").is_err());
         assert!(p("all_reduce_perf -d bogus").is_err());
         assert!(p("all_reduce_perf -g 2").is_err());
+        assert!(p("all_reduce_perf -t 0").is_err());
+        assert!(p("all_reduce_perf --mem gpu").is_err());
         assert!(p("nosuch_perf").is_err());
         assert!(p("all_reduce_perf -q 1").is_err());
         assert_eq!(parse_size("1.5K"), Some(1536));

@@ -125,15 +125,31 @@ impl std::ops::DerefMut for Mem {
     }
 }
 
-/// A rank's buffers: send, and one receive buffer per aggregated call.
+/// A rank's buffers: send, and one receive buffer per aggregated call; with `--mem device`
+/// their device twins too (the host ones then hold inputs and checked results).
 struct Buffers {
     send: Mem,
     recvs: Vec<Mem>,
     offset: usize,
+    dsend: Option<oxccl::cuda::DevBuf>,
+    drecvs: Vec<oxccl::cuda::DevBuf>,
+}
+
+/// The device side of a run (`--mem device`): the communicator's device calls, the rank's
+/// device and the stream every call is enqueued on.
+pub struct Dev<'c> {
+    pub dc: oxccl::cuda::DevComm<'c>,
+    pub dev: oxccl::cuda::Device,
+    pub stream: oxccl::cuda::Stream,
+}
+
+fn dev_err(e: impl std::fmt::Display) -> oxccl::Error {
+    oxccl::Error::InvalidUsage(format!("device: {e}"))
 }
 
 pub struct Runner<'c> {
     comm: &'c Communicator,
+    dev: Option<Dev<'c>>,
     o: Opts,
     out: bool,
     json_results: Vec<Json>,
@@ -145,10 +161,11 @@ pub struct Runner<'c> {
 }
 
 impl<'c> Runner<'c> {
-    pub fn new(comm: &'c Communicator, o: Opts, init_rss: i64) -> Runner<'c> {
+    pub fn new(comm: &'c Communicator, o: Opts, init_rss: i64, dev: Option<Dev<'c>>) -> Runner<'c> {
         let out = comm.rank().0 == 0;
         Runner {
             comm,
+            dev,
             o,
             out,
             json_results: Vec::new(),
@@ -209,8 +226,8 @@ impl<'c> Runner<'c> {
             o.bench.program()
         ));
         self.print(&format!(
-            "# nThread 1 nGpus 1 minBytes {} maxBytes {} step: {step} warmup iters: {} iters: {} agg iters: {} validation: {} graph: 0 unalign: {}\n",
-            o.min_bytes, o.max_bytes, o.warmup, o.iters, o.agg, o.check, o.unalign
+            "# nThread {} nGpus 1 minBytes {} maxBytes {} step: {step} warmup iters: {} iters: {} agg iters: {} validation: {} graph: 0 unalign: {}\n",
+            o.nthreads, o.min_bytes, o.max_bytes, o.warmup, o.iters, o.agg, o.check, o.unalign
         ));
         match o.blocking {
             1 => self.print("# Blocking Enabled: wait and barrier after each inner iteration (-m) \n"),
@@ -222,23 +239,37 @@ impl<'c> Runner<'c> {
             self.print("# Per-Iteration Report: wall-clock timing; i_* uses max over process rows \n");
         }
         let transport = if self.comm.config().shm_disable { "tcp" } else { "shm/tcp by host" };
-        self.print(&format!(
-            "# Buffers: {}; transport: {transport}\n#\n# Using devices\n",
-            if o.register { "oxccl shared memory (registered, -R 1)" } else { "process heap (-R 0)" }
-        ));
+        let buffers = match &self.dev {
+            Some(d) => format!("CUDA device memory, device engine: {:?}", d.dc.engine()),
+            None if o.register => "oxccl shared memory (registered, -R 1)".to_string(),
+            None => "process heap (-R 0)".to_string(),
+        };
+        self.print(&format!("# Buffers: {buffers}; transport: {transport}\n#\n# Using devices\n"));
         // Every rank's line, sent to all (fixed 256-byte records) by an all-to-all, which no
         // NCCL_ALGO / NCCL_PROTO setting restricts (the benchmarked collective may be the only
         // one the settings allow).
         let me = &self.comm.peers()[self.comm.rank().idx()];
-        let line = format!(
-            "#  Rank {:2} Group {:2} Pid {:6} on {:>10} device cpu [{}] {}",
-            self.comm.rank().0,
-            0,
-            std::process::id(),
-            me.hostname,
-            affinity(),
-            cpu_model()
-        );
+        let line = match &self.dev {
+            Some(d) => format!(
+                "#  Rank {:2} Group {:2} Pid {:6} on {:>10} device {:2} [{}] {}",
+                self.comm.rank().0,
+                0,
+                std::process::id(),
+                me.hostname,
+                d.dev.ordinal,
+                d.dev.name,
+                d.dev.arch()
+            ),
+            None => format!(
+                "#  Rank {:2} Group {:2} Pid {:6} on {:>10} device cpu [{}] {}",
+                self.comm.rank().0,
+                0,
+                std::process::id(),
+                me.hostname,
+                affinity(),
+                cpu_model()
+            ),
+        };
         let mut rec = [0u8; 256];
         let n = line.len().min(255);
         rec[..n].copy_from_slice(&line.as_bytes()[..n]);
@@ -309,24 +340,68 @@ impl<'c> Runner<'c> {
         }
     }
 
-    fn alloc(&self, dtype: DataType) -> Buffers {
+    fn alloc(&self, dtype: DataType) -> oxccl::Result<Buffers> {
         let p = self.comm.size();
         let c = colls::counts(self.o.bench, self.o.max_bytes, dtype, p);
         let es = dtype.size_bytes();
         let offset = self.o.unalign * es;
         let bytes = c.send.max(c.recv) * es + offset + 64;
-        let shared = self.o.register;
-        Buffers {
+        let shared = self.o.register && self.dev.is_none();
+        let (dsend, drecvs) = match &self.dev {
+            Some(d) => {
+                let nb = |_| oxccl::cuda::DevBuf::new(&d.dev, bytes).map_err(dev_err);
+                (Some(nb(())?), (0..self.o.agg).map(|_| nb(())).collect::<oxccl::Result<Vec<_>>>()?)
+            }
+            None => (None, Vec::new()),
+        };
+        Ok(Buffers {
             send: Mem::new(bytes, shared),
             recvs: (0..self.o.agg).map(|_| Mem::new(bytes, shared)).collect(),
             offset,
-        }
+            dsend,
+            drecvs,
+        })
     }
 
     fn call_once(&self, call: &Call, b: &mut Buffers) -> oxccl::Result<()> {
         let off = b.offset;
+        if let (Some(d), Some(s)) = (&self.dev, &b.dsend) {
+            let recvs: Vec<u64> = b.drecvs.iter().map(|r| r.ptr + off as u64).collect();
+            return colls::run_device(&d.dc, &d.stream, call, s.ptr + off as u64, &recvs).map_err(
+                |e| match e {
+                    oxccl::cuda::DevError::Comm(c) => c,
+                    e => dev_err(e),
+                },
+            );
+        }
         let mut recvs: Vec<&mut [u8]> = b.recvs.iter_mut().map(|r| &mut r[off..]).collect();
         colls::run(self.comm, call, &b.send[off..], &mut recvs)
+    }
+
+    /// Waits for the device calls enqueued so far (nothing on host memory).
+    fn sync(&self) -> oxccl::Result<()> {
+        match &self.dev {
+            Some(d) => d.stream.sync().map_err(dev_err),
+            None => Ok(()),
+        }
+    }
+
+    /// Copies the host send buffer and first receive buffer (the inputs `colls::init` wrote)
+    /// to their device twins.
+    fn upload(&self, b: &Buffers) -> oxccl::Result<()> {
+        if let (Some(d), Some(s)) = (&self.dev, &b.dsend) {
+            d.stream.upload(s.ptr, &b.send).map_err(dev_err)?;
+            d.stream.upload(b.drecvs[0].ptr, &b.recvs[0]).map_err(dev_err)?;
+        }
+        Ok(())
+    }
+
+    /// Copies the first device receive buffer back to its host twin.
+    fn download(&self, b: &mut Buffers) -> oxccl::Result<()> {
+        if let Some(d) = &self.dev {
+            d.stream.download(&mut b.recvs[0], b.drecvs[0].ptr).map_err(dev_err)?;
+        }
+        Ok(())
     }
 
     fn measure(&mut self, call: &Call, b: &mut Buffers) -> oxccl::Result<Measured> {
@@ -336,8 +411,10 @@ impl<'c> Runner<'c> {
         if o.check > 0 {
             let (s, r) = (&mut b.send[off..], &mut b.recvs[0][off..]);
             colls::init(self.comm, call, 99, s, r);
+            self.upload(b)?;
         }
         self.call_once(call, b)?;
+        self.sync()?;
         barrier(self.comm)?;
         let cpu0 = cpu_time();
         let start = Instant::now();
@@ -346,6 +423,9 @@ impl<'c> Runner<'c> {
         for _ in 0..o.iters {
             let t0 = Instant::now();
             self.call_once(call, b)?;
+            if o.per_iter || o.blocking != 0 {
+                self.sync()?;
+            }
             if o.per_iter {
                 per_iter.push(t0.elapsed().as_secs_f64());
             }
@@ -359,6 +439,7 @@ impl<'c> Runner<'c> {
                 _ => {}
             }
         }
+        self.sync()?;
         let ops = (o.iters * o.agg) as f64;
         let mut sec = [(start.elapsed().as_secs_f64() - excluded) / ops];
         let cpu_sec = (cpu_time() - cpu0) / ops;
@@ -392,7 +473,10 @@ impl<'c> Runner<'c> {
                 let (s, r) = (&mut b.send[off..], &mut b.recvs[0][off..]);
                 colls::init(self.comm, call, seed, s, r);
             }
+            self.upload(b)?;
             self.call_once(call, b)?;
+            self.sync()?;
+            self.download(b)?;
             if let Some((at, want)) = colls::expected(self.comm, call, seed) {
                 let got = &mut b.recvs[0][off + at..off + at + want.len()];
                 if std::env::var_os(CORRUPT_ENV).is_some() && self.comm.rank().0 == 0 && !got.is_empty() {
@@ -460,7 +544,7 @@ impl<'c> Runner<'c> {
                 "hypercube_perf needs a power-of-two rank count, not {p}"
             )));
         }
-        let mut b = self.alloc(dtype);
+        let mut b = self.alloc(dtype)?;
         self.mem[1] = self.mem[1].max(rss());
         let call_for = |bytes: usize, in_place: bool| Call {
             bench,
@@ -477,6 +561,7 @@ impl<'c> Runner<'c> {
             for _ in 0..self.o.warmup {
                 self.call_once(&call_for(size, false), &mut b)?;
             }
+            self.sync()?;
             size = size.saturating_mul(2);
         }
         let sizes = self.o.sizes();

@@ -211,6 +211,71 @@ pub fn run(comm: &Communicator, c: &Call, sends: &[u8], recvs: &mut [&mut [u8]])
     g.end()
 }
 
+/// Runs `c` once on device buffers (`send` and one receive buffer per aggregated call, device
+/// addresses) with the same layouts as [`run`], enqueued on `stream`.
+pub fn run_device(
+    dc: &oxccl::cuda::DevComm<'_>,
+    stream: &oxccl::cuda::Stream,
+    c: &Call,
+    send: u64,
+    recvs: &[u64],
+) -> std::result::Result<(), oxccl::cuda::DevError> {
+    use oxccl::cuda::call::DevCall;
+    use oxccl_core::plan::device::Coll;
+    let comm = dc.comm();
+    let (p, r, e) = (comm.size(), comm.rank().idx(), es(c));
+    let n = c.counts.param;
+    let (dt, op, root) = (c.dtype, c.op, c.root);
+    let blk = |k: usize| (k * n * e) as u64;
+    if c.bench == Bench::HyperCube {
+        for &recv in recvs {
+            if !c.in_place && n > 0 {
+                stream.copy(recv + blk(r), send, n * e)?;
+            }
+            let mut mask = 1;
+            while mask < p {
+                let s0 = r & !(mask - 1);
+                let t0 = s0 ^ mask;
+                let peer = r ^ mask;
+                let calls = [
+                    DevCall::send(peer, dt, n * mask, recv + blk(s0)),
+                    DevCall::recv(peer, dt, n * mask, recv + blk(t0)),
+                ];
+                dc.run(stream.h as usize, &calls)?;
+                mask <<= 1;
+            }
+        }
+        return Ok(());
+    }
+    let mut calls = Vec::with_capacity(recvs.len() * 2);
+    for &recv in recvs {
+        let coll = |k: Coll, s: u64, d: u64| DevCall::coll(k, dt, op, n, s, d);
+        match (c.bench, c.in_place) {
+            (Bench::AllReduce, false) => calls.push(coll(Coll::AllReduce, send, recv)),
+            (Bench::AllReduce, true) => calls.push(coll(Coll::AllReduce, recv, recv)),
+            (Bench::Broadcast, false) => calls.push(coll(Coll::Broadcast(root), send, recv)),
+            (Bench::Broadcast, true) => calls.push(coll(Coll::Broadcast(root), recv, recv)),
+            (Bench::Reduce, false) => calls.push(coll(Coll::Reduce(root), send, recv)),
+            (Bench::Reduce, true) => calls.push(coll(Coll::Reduce(root), recv, recv)),
+            (Bench::AllGather, false) => calls.push(coll(Coll::AllGather, send, recv)),
+            (Bench::AllGather, true) => calls.push(coll(Coll::AllGather, recv + blk(r), recv)),
+            (Bench::ReduceScatter, false) => calls.push(coll(Coll::ReduceScatter, send, recv)),
+            (Bench::ReduceScatter, true) => calls.push(coll(Coll::ReduceScatter, recv, recv + blk(r))),
+            (Bench::AllToAll, _) => calls.push(coll(Coll::AllToAll, send, recv)),
+            (Bench::Gather, false) => calls.push(coll(Coll::Gather(root), send, recv)),
+            (Bench::Gather, true) => calls.push(coll(Coll::Gather(root), recv + blk(r), recv)),
+            (Bench::Scatter, false) => calls.push(coll(Coll::Scatter(root), send, recv)),
+            (Bench::Scatter, true) => calls.push(coll(Coll::Scatter(root), recv, recv + blk(r))),
+            (Bench::SendRecv, _) => {
+                calls.push(DevCall::send((r + 1) % p, dt, n, send));
+                calls.push(DevCall::recv((r + p - 1) % p, dt, n, recv));
+            }
+            (Bench::HyperCube, _) => unreachable!("handled above"),
+        }
+    }
+    dc.run(stream.h as usize, &calls)
+}
+
 /// nccl-tests' hypercube all-gather: log2(P) rounds of pairwise exchanges of doubling blocks.
 fn hypercube(comm: &Communicator, c: &Call, send: &[u8], recv: &mut [u8]) -> Result<()> {
     let (p, r, e) = (comm.size(), comm.rank().idx(), es(c));

@@ -6,8 +6,10 @@
 //! (f32 and bf16), as read + write bytes per second and as a ratio to the driver's copy.
 //! Exit status 1 if any check fails; without CUDA it says so and exits 2.
 
+use oxccl::cuda::kernels::{Kop, Sync};
 use oxccl::cuda::{kernels, CudaError, DevBuf, Device, Event, Stream};
-use oxccl_core::reduce::{reduce_many, ReduceCtx};
+use oxccl_core::plan::device::Task;
+use oxccl_core::reduce::{finalize, reduce_many, ReduceCtx};
 use oxccl_core::{DataType, ReduceOp};
 
 fn encode(t: DataType, vals: &[i64]) -> Vec<u8> {
@@ -21,68 +23,117 @@ fn encode(t: DataType, vals: &[i64]) -> Vec<u8> {
             DataType::Bf16 => out.extend_from_slice(&half::bf16::from_f64(v as f64).to_le_bytes()),
             DataType::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
             DataType::F64 => out.extend_from_slice(&(v as f64).to_le_bytes()),
-            _ => unreachable!("no kernel for {t:?}"),
+            DataType::F8E4M3 => out.push(oxccl_core::fp8::F8E4M3::from_f32(v as f32).0),
+            DataType::F8E5M2 => out.push(oxccl_core::fp8::F8E5M2::from_f32(v as f32).0),
         }
     }
     out
 }
 
 /// Source `j`'s element `i`: small integers, exact in every type and in any order of
-/// combination (products of at most 8 values in {1, 2}).
-fn value(op: ReduceOp, i: usize, j: usize) -> i64 {
+/// combination (products of at most 8 values in {1, 2}; fp8 sums of at most 8 values in
+/// {-1, 0, 1}).
+fn value(t: DataType, op: ReduceOp, i: usize, j: usize) -> i64 {
     match op {
         ReduceOp::Prod => 1 + ((i + j) % 2) as i64,
+        _ if matches!(t, DataType::F8E4M3 | DataType::F8E5M2) => ((i * 7 + j * 13) % 3) as i64 - 1,
         _ => ((i * 7 + j * 13) % 9) as i64 - 4,
     }
 }
 
+/// The CPU's answer for a launch of `(t, kop)` over `srcs`: PreMulSum scales each source
+/// (oxccl-core's rule), Avg divides by the source count (`finalize`).
+fn reference(t: DataType, kop: Kop, srcs: &[Vec<u8>], scalar: &[u8]) -> Vec<u8> {
+    let (op, scaled): (ReduceOp, Vec<Vec<u8>>) = match kop {
+        Kop::Op(o) => (o, srcs.to_vec()),
+        Kop::PreMulSum => {
+            (ReduceOp::Sum, srcs.iter().map(|s| oxccl_core::premul::scaled(t, scalar, s)).collect())
+        }
+    };
+    let ctx = ReduceCtx::new(t, op, srcs.len() as u32).expect("a valid operator");
+    let mut out = vec![0u8; srcs[0].len()];
+    let refs: Vec<&[u8]> = scaled.iter().map(|v| v.as_slice()).collect();
+    reduce_many(&ctx, &mut out, &refs);
+    finalize(&ctx, &mut out);
+    out
+}
+
 fn check_kernels(dev: &Device, k: &kernels::Kernels, s: &Stream) -> Result<usize, CudaError> {
     let mut failed = 0;
-    let count = (1 << 20) + 3;
-    for (t, op) in kernels::variants() {
-        let ctx = ReduceCtx::new(t, op, 8).map_err(|e| CudaError::Invalid(e.to_string()))?;
-        for nsrc in [1usize, 2, 4, 8] {
+    let count = (1 << 18) + 3;
+    let es_max = 8;
+    let bufs: Vec<DevBuf> =
+        (0..9).map(|_| DevBuf::new(dev, (count + 1) * es_max)).collect::<Result<_, _>>()?;
+    for (t, kop) in kernels::variants() {
+        let op = match kop {
+            Kop::Op(o) => o,
+            Kop::PreMulSum => ReduceOp::Sum,
+        };
+        let es = t.size_bytes();
+        let scalar = encode(t, &[2]);
+        let mut bits = [0u8; 8];
+        bits[..es].copy_from_slice(&scalar);
+        for nsrc in [1usize, 2, 3, 8] {
             for offset in [0usize, 1] {
                 let n = count - offset;
                 let hosts: Vec<Vec<u8>> = (0..nsrc)
-                    .map(|j| encode(t, &(0..n).map(|i| value(op, i, j)).collect::<Vec<_>>()))
+                    .map(|j| encode(t, &(0..n).map(|i| value(t, op, i, j)).collect::<Vec<_>>()))
                     .collect();
-                let mut want = vec![0u8; n * t.size_bytes()];
-                let refs: Vec<&[u8]> = hosts.iter().map(|h| h.as_slice()).collect();
-                reduce_many(&ctx, &mut want, &refs);
+                let want = reference(t, kop, &hosts, &scalar);
                 // Each source (and the output) starts `offset` elements into its buffer.
-                let bufs: Vec<DevBuf> = hosts
-                    .iter()
-                    .map(|h| {
-                        let b = DevBuf::new(dev, (count + 1) * t.size_bytes())?;
-                        let mut padded = vec![0u8; offset * t.size_bytes()];
-                        padded.extend_from_slice(h);
-                        b.upload(&padded)?;
-                        Ok(b)
-                    })
-                    .collect::<Result<_, CudaError>>()?;
-                let out = DevBuf::new(dev, (count + 1) * t.size_bytes())?;
+                let off = (offset * es) as u64;
+                for (h, b) in hosts.iter().zip(&bufs) {
+                    s.upload(b.ptr + off, h)?;
+                }
+                let out = &bufs[8];
                 s.fill(out.ptr, 0xA5, out.bytes)?;
-                let off = (offset * t.size_bytes()) as u64;
-                let srcs: Vec<u64> = bufs.iter().map(|b| b.ptr + off).collect();
-                k.reduce(s, t, op, &srcs, out.ptr + off, n)?;
-                s.sync()?;
-                let mut got = vec![0u8; (offset + n) * t.size_bytes()];
-                out.download(&mut got)?;
-                if got[offset * t.size_bytes()..] != want[..] {
-                    let first = got[offset * t.size_bytes()..]
-                        .iter()
-                        .zip(&want)
-                        .position(|(a, b)| a != b)
-                        .unwrap_or(0);
+                let srcs: Vec<u64> = bufs[..nsrc].iter().map(|b| b.ptr + off).collect();
+                let task = Task { srcs, dsts: vec![out.ptr + off], n, copy: false };
+                let div = if kop == Kop::Op(ReduceOp::Avg) { nsrc as u32 } else { 0 };
+                k.run(s, t, kop, &[task], u64::from_le_bytes(bits), div, k.blocks, &Sync::default())?;
+                let mut got = vec![0u8; n * es];
+                s.download(&mut got, out.ptr + off)?;
+                if got != want {
+                    let first = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
                     println!(
-                        "WRONG {t:?} {op:?} sources={nsrc} offset={offset}: first differing byte {first} (element {})",
-                        first / t.size_bytes()
+                        "WRONG {t:?} {kop:?} sources={nsrc} offset={offset}: first differing byte {first} (element {}): got {:?} want {:?}",
+                        first / es,
+                        &got[first / es * es..first / es * es + es],
+                        &want[first / es * es..first / es * es + es]
                     );
                     failed += 1;
                 }
             }
         }
+    }
+    // One launch of several tasks: a reduction, a byte copy to two places, an unaligned copy.
+    let n = 100_003usize;
+    let a: Vec<u8> = encode(DataType::F32, &(0..n).map(|i| (i % 5) as i64).collect::<Vec<_>>());
+    let b2: Vec<u8> = encode(DataType::F32, &(0..n).map(|i| (i % 3) as i64).collect::<Vec<_>>());
+    s.upload(bufs[0].ptr, &a)?;
+    s.upload(bufs[1].ptr, &b2)?;
+    for x in &bufs[2..6] {
+        s.fill(x.ptr, 0, x.bytes)?;
+    }
+    let tasks = [
+        Task { srcs: vec![bufs[0].ptr, bufs[1].ptr], dsts: vec![bufs[2].ptr], n, copy: false },
+        Task::copy(bufs[0].ptr, vec![bufs[3].ptr, bufs[4].ptr], n * 4),
+        Task::copy(bufs[1].ptr + 1, vec![bufs[5].ptr + 3], n * 4 - 1),
+    ];
+    k.run(s, DataType::F32, Kop::Op(ReduceOp::Sum), &tasks, 0, 0, k.blocks, &Sync::default())?;
+    let get = |b: &DevBuf, at: u64, len: usize| -> Result<Vec<u8>, CudaError> {
+        let mut v = vec![0u8; len];
+        s.download(&mut v, b.ptr + at)?;
+        Ok(v)
+    };
+    let sum = reference(DataType::F32, Kop::Op(ReduceOp::Sum), &[a.clone(), b2.clone()], &[]);
+    let ok = get(&bufs[2], 0, n * 4)? == sum
+        && get(&bufs[3], 0, n * 4)? == a
+        && get(&bufs[4], 0, n * 4)? == a
+        && get(&bufs[5], 3, n * 4 - 1)? == b2[1..];
+    if !ok {
+        println!("WRONG a launch of three tasks (reduce, copy to two, unaligned copy)");
+        failed += 1;
     }
     // The copy kernel, aligned and not.
     for offset in [0usize, 3] {
@@ -90,14 +141,11 @@ fn check_kernels(dev: &Device, k: &kernels::Kernels, s: &Stream) -> Result<usize
         let host: Vec<u8> = (0..n).map(|i| (i * 31 + 7) as u8).collect();
         let a = DevBuf::new(dev, n + 16)?;
         let b = DevBuf::new(dev, n + 16)?;
-        let mut padded = vec![0u8; offset];
-        padded.extend_from_slice(&host);
-        a.upload(&padded)?;
+        s.upload(a.ptr + offset as u64, &host)?;
         k.copy(s, b.ptr + offset as u64, a.ptr + offset as u64, n)?;
-        s.sync()?;
-        let mut got = vec![0u8; offset + n];
-        b.download(&mut got)?;
-        if got[offset..] != host[..] {
+        let mut got = vec![0u8; n];
+        s.download(&mut got, b.ptr + offset as u64)?;
+        if got != host {
             println!("WRONG copy offset={offset}");
             failed += 1;
         }
@@ -133,7 +181,7 @@ fn threads_all_reduce(copy_gbs: f64) -> Result<usize, CudaError> {
     let p = 4;
     let timeout = Some(std::time::Duration::from_secs(20));
     let members = oxccl::cuda::group::thread_group(p, 0, timeout)?;
-    let sizes: Vec<usize> = vec![8, 4096, 1 << 20, 64 << 20, 256 << 20, 1 << 30];
+    let sizes: Vec<usize> = vec![8, 4096, 16 << 10, 1 << 20, 64 << 20, 256 << 20, 1 << 30];
     let types = [DataType::F32, DataType::Bf16];
     let results = std::sync::Mutex::new(Vec::<String>::new());
     let failed = std::sync::atomic::AtomicUsize::new(0);
@@ -151,19 +199,23 @@ fn threads_all_reduce(copy_gbs: f64) -> Result<usize, CudaError> {
                             let n = bytes / t.size_bytes();
                             let send = DevBuf::new(&m.dev, bytes)?;
                             let recv = DevBuf::new(&m.dev, bytes)?;
-                            for bps in [1u32, 2] {
+                            for (bps, ll) in [(1u32, true), (1, false)] {
+                                if ll && bytes > oxccl::cuda::group::LL_MAX_BYTES {
+                                    continue;
+                                }
                                 m.set_blocks_per_sm(bps);
+                                m.set_ll(ll);
+                                let proto = if ll { "LL" } else { "Simple" };
                                 // Check: rank r's element i is (i % 7) + r; the sum is 4 (i % 7) + 6.
                                 // Then in place on the result: 4 (4 (i % 7) + 6).
                                 let check_n = n.min(1 << 22);
                                 let vals: Vec<i64> =
                                     (0..check_n).map(|i| (i % 7) as i64 + m.rank as i64).collect();
-                                send.upload(&encode(t, &vals))?;
+                                s.upload(send.ptr, &encode(t, &vals))?;
                                 m.all_reduce(&s, t, ReduceOp::Sum, send.ptr, recv.ptr, check_n)?;
                                 m.all_reduce(&s2, t, ReduceOp::Sum, recv.ptr, recv.ptr, check_n)?;
-                                s2.sync()?;
                                 let mut got = vec![0u8; check_n * t.size_bytes()];
-                                recv.download(&mut got)?;
+                                s2.download(&mut got, recv.ptr)?;
                                 let want = encode(
                                     t,
                                     &(0..check_n).map(|i| 4 * (4 * (i % 7) as i64 + 6)).collect::<Vec<_>>(),
@@ -172,7 +224,7 @@ fn threads_all_reduce(copy_gbs: f64) -> Result<usize, CudaError> {
                                     failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                                     let first = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
                                     println!(
-                                        "WRONG threads all_reduce rank {} {t:?} {check_n} elements blocks/SM {bps}: first differing byte {first}",
+                                        "WRONG threads all_reduce rank {} {t:?} {check_n} elements {proto}: first differing byte {first}",
                                         m.rank
                                     );
                                 }
@@ -192,7 +244,7 @@ fn threads_all_reduce(copy_gbs: f64) -> Result<usize, CudaError> {
                                 if m.rank == 0 {
                                     let bound_us = (2 * p * bytes) as f64 / (copy_gbs * 1e9) * 1e6;
                                     results.lock().unwrap().push(format!(
-                                        "THREADS all_reduce P={p} {t:?} {bytes} B blocks/SM {bps}: {us:.2} us per call; bound {bound_us:.2} us (read each input once, write each output once at {copy_gbs:.0} GB/s); ratio {:.3}",
+                                        "THREADS all_reduce P={p} {t:?} {bytes} B {proto}: {us:.2} us per call; bound {bound_us:.2} us (read each input once, write each output once at {copy_gbs:.0} GB/s); ratio {:.3}",
                                         us / bound_us
                                     ));
                                 }
@@ -247,8 +299,10 @@ fn threads_timeout() -> Result<usize, CudaError> {
                     s.sync()?;
                     first.wait();
                     let e = m.all_reduce(&s, DataType::F32, ReduceOp::Sum, buf.ptr, buf.ptr, 1024).err();
-                    let named =
-                        e.as_ref().is_some_and(|e| e.to_string().contains("for rank 1's kernel to start"));
+                    let named = e.as_ref().is_some_and(|e| {
+                        let e = e.to_string();
+                        e.contains("for rank 1's kernel to start") || e.contains("for rank 1's data")
+                    });
                     println!("TIMEOUT rank {} next call: {e:?}", m.rank);
                     if !named {
                         failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -266,7 +320,7 @@ fn threads_timeout() -> Result<usize, CudaError> {
     Ok(failed.into_inner())
 }
 
-fn run() -> Result<usize, CudaError> {
+fn run(threads_only: bool) -> Result<usize, CudaError> {
     let dev = Device::open(0)?;
     let (lib, nv) = oxccl::cuda::nvrtc::version()?;
     println!(
@@ -288,6 +342,19 @@ fn run() -> Result<usize, CudaError> {
         kernels::names().len(),
         t0.elapsed().as_secs_f64()
     );
+    if threads_only {
+        let a = DevBuf::new(&dev, 1 << 30)?;
+        let b = DevBuf::new(&dev, 1 << 30)?;
+        let ms = time(&dev, &s, 10, || s.copy(b.ptr, a.ptr, 1 << 30))?;
+        let copy_gbs = 2.0 * (1u64 << 30) as f64 / (ms * 1e-3) / 1e9;
+        println!("BW driver copy (cuMemcpyDtoDAsync) 1 GiB: {ms:.3} ms, {copy_gbs:.0} GB/s (read + write)");
+        drop((a, b));
+        let threads_failed = threads_all_reduce(copy_gbs)?;
+        println!("CHECK threads all_reduce: {threads_failed} wrong");
+        let timeout_failed = threads_timeout()?;
+        println!("CHECK threads timeout names the held-up rank: {timeout_failed} wrong");
+        return Ok(threads_failed + timeout_failed);
+    }
     let failed = check_kernels(&dev, &k, &s)?;
     println!(
         "CHECK {} reduce-copy variants x 4 source counts x 2 alignments + copy: {failed} wrong",
@@ -304,30 +371,70 @@ fn run() -> Result<usize, CudaError> {
     let copy_gbs = 2.0 * gib as f64 / (ms * 1e-3) / 1e9;
     println!("BW driver copy (cuMemcpyDtoDAsync) 1 GiB: {ms:.3} ms, {copy_gbs:.0} GB/s (read + write)");
     let ratio = |gbs: f64| gbs / copy_gbs;
-    for unroll in [1, 2, 4, 8] {
-        let kk = kernels::Kernels::load(&dev, &[format!("OX_UNROLL={unroll}")])?;
+    let ms = time(&dev, &s, reps, || k.copy(&s, b.ptr, a.ptr, gib))?;
+    let gbs = 2.0 * gib as f64 / (ms * 1e-3) / 1e9;
+    println!("BW copy kernel 1 GiB: {ms:.3} ms, {gbs:.0} GB/s, {:.3} of the driver's copy", ratio(gbs));
+    // The copy tasks of the work-list kernels (what broadcast, all-gather and the rest run).
+    let task = Task::copy(a.ptr, vec![b.ptr], gib);
+    let ms = time(&dev, &s, reps, || {
+        k.run(
+            &s,
+            DataType::U8,
+            Kop::Op(ReduceOp::Sum),
+            std::slice::from_ref(&task),
+            0,
+            0,
+            k.blocks,
+            &Sync::default(),
+        )
+    })?;
+    let gbs = 2.0 * gib as f64 / (ms * 1e-3) / 1e9;
+    println!("BW copy task 1 GiB: {ms:.3} ms, {gbs:.0} GB/s, {:.3} of the driver's copy", ratio(gbs));
+    // Reduce-copy bandwidth of the default build, then of other builds of the same kernels
+    // (defines), compiled with only the measured kernels (a few seconds each).
+    let each = 256usize << 20;
+    let srcs: Vec<DevBuf> = (0..4).map(|_| DevBuf::new(&dev, each)).collect::<Result<_, _>>()?;
+    for x in &srcs {
+        s.fill(x.ptr, 0x3c, each)?;
+    }
+    let out = DevBuf::new(&dev, each)?;
+    let cases = [
+        (DataType::F32, 2usize),
+        (DataType::F32, 4),
+        (DataType::Bf16, 4),
+        (DataType::F16, 4),
+        (DataType::Bf16, 2),
+    ];
+    let measure = |kk: &kernels::Kernels, label: &str| -> Result<(), CudaError> {
         let ms = time(&dev, &s, reps, || kk.copy(&s, b.ptr, a.ptr, gib))?;
         let gbs = 2.0 * gib as f64 / (ms * 1e-3) / 1e9;
-        println!(
-            "BW copy kernel unroll={unroll} 1 GiB: {ms:.3} ms, {gbs:.0} GB/s, {:.3} of the driver's copy",
-            ratio(gbs)
-        );
-        for (t, nsrc) in [(DataType::F32, 2usize), (DataType::F32, 4), (DataType::Bf16, 4)] {
-            let each = 256usize << 20;
-            let srcs: Vec<DevBuf> = (0..nsrc).map(|_| DevBuf::new(&dev, each)).collect::<Result<_, _>>()?;
-            for x in &srcs {
-                s.fill(x.ptr, 0, each)?;
-            }
-            let out = DevBuf::new(&dev, each)?;
-            let ptrs: Vec<u64> = srcs.iter().map(|x| x.ptr).collect();
+        let mut line = format!("BW {label:<56} copy {gbs:.0} GB/s {:.3} |", ratio(gbs));
+        for (t, nsrc) in cases {
+            let ptrs: Vec<u64> = srcs[..nsrc].iter().map(|x| x.ptr).collect();
             let n = each / t.size_bytes();
             let ms = time(&dev, &s, reps, || kk.reduce(&s, t, ReduceOp::Sum, &ptrs, out.ptr, n))?;
             let gbs = ((nsrc + 1) * each) as f64 / (ms * 1e-3) / 1e9;
-            println!(
-                "BW reduce {t:?} sum {nsrc} sources x 256 MiB unroll={unroll}: {ms:.3} ms, {gbs:.0} GB/s ({nsrc} reads + 1 write), {:.3} of the driver's copy",
-                ratio(gbs)
-            );
+            line += &format!(" {t}x{nsrc} {gbs:.0} GB/s {:.3} |", ratio(gbs));
         }
+        println!("{line}");
+        Ok(())
+    };
+    measure(&k, "default build")?;
+    let mut which: Vec<(DataType, Kop)> = cases.iter().map(|&(t, _)| (t, Kop::Op(ReduceOp::Sum))).collect();
+    which.dedup();
+    which.sort_by_key(|w| w.0 as u8);
+    which.dedup();
+    for defines in [
+        vec!["OX_UNROLL=8", "OX_PAIR=0", "OX_TYPED_UNROLL=0", "OX_COPY_UNROLL=4"],
+        vec!["OX_UNROLL=8", "OX_PAIR=1", "OX_TYPED_UNROLL=0", "OX_COPY_UNROLL=16"],
+        vec!["OX_UNROLL=8", "OX_PAIR=1", "OX_TYPED_UNROLL=1", "OX_COPY_UNROLL=2"],
+        vec!["OX_UNROLL=4", "OX_PAIR=1", "OX_TYPED_UNROLL=0", "OX_COPY_UNROLL=1"],
+        vec!["OX_UNROLL=4", "OX_PAIR=1", "OX_TYPED_UNROLL=1", "OX_MINBLOCKS=2"],
+        vec!["OX_UNROLL=2", "OX_PAIR=1", "OX_TYPED_UNROLL=0", "OX_MINBLOCKS=2"],
+    ] {
+        let d: Vec<String> = defines.iter().map(|x| x.to_string()).collect();
+        let kk = kernels::Kernels::load_only(&dev, &d, &which)?;
+        measure(&kk, &defines.join(" "))?;
     }
     let threads_failed = threads_all_reduce(copy_gbs)?;
     println!("CHECK threads all_reduce: {threads_failed} wrong");
@@ -336,8 +443,50 @@ fn run() -> Result<usize, CudaError> {
     Ok(failed + threads_failed + timeout_failed)
 }
 
+/// `oxccl-gpucheck --cubin ARCH FILE [DEFINE...]`: compiles every kernel for ARCH with NVRTC
+/// (no GPU needed) and writes the CUBIN, for `cuobjdump --dump-resource-usage` and SASS.
+fn cubin(args: &[String]) -> i32 {
+    let (Some(arch), Some(file)) = (args.first(), args.get(1)) else {
+        eprintln!("usage: oxccl-gpucheck --cubin ARCH FILE [DEFINE...]");
+        return 2;
+    };
+    // OXCCL_CUBIN_ONLY=sum_f32,avg_bf16: only those kernels (a quick look at a few).
+    let only: Option<Vec<(DataType, Kop)>> = std::env::var("OXCCL_CUBIN_ONLY").ok().map(|v| {
+        kernels::variants()
+            .into_iter()
+            .filter(|&(t, op)| {
+                kernels::reduce_name(t, op).is_some_and(|n| v.split(',').any(|x| n == format!("oxk_{x}")))
+            })
+            .collect()
+    });
+    let built = match &only {
+        Some(w) => kernels::cubin_of(w, arch, &args[2..]),
+        None => kernels::cubin(arch, &args[2..]),
+    };
+    match built {
+        Ok(b) => match std::fs::write(file, &*b) {
+            Ok(()) => {
+                println!("{file}: {} bytes, {} kernels for {arch}", b.len(), kernels::names().len());
+                0
+            }
+            Err(e) => {
+                eprintln!("oxccl-gpucheck: {file}: {e}");
+                1
+            }
+        },
+        Err(e) => {
+            eprintln!("oxccl-gpucheck: {e}");
+            1
+        }
+    }
+}
+
 fn main() {
-    match run() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--cubin") {
+        std::process::exit(cubin(&args[1..]));
+    }
+    match run(args.first().map(String::as_str) == Some("--threads-only")) {
         Ok(0) => println!("GPU CHECK PASSED"),
         Ok(n) => {
             println!("GPU CHECK FAILED: {n} wrong");

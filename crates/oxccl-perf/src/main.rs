@@ -125,7 +125,6 @@ fn launch(o: &Opts, args: &[String]) -> i32 {
 }
 
 fn run_rank(o: Opts) -> i32 {
-    let init_rss = 0;
     let mut config = match oxccl::env::config() {
         Ok(c) => c,
         Err(e) => {
@@ -136,20 +135,87 @@ fn run_rank(o: Opts) -> i32 {
     if let Some(t) = o.timeout_s {
         config = config.with_timeout(Some(Duration::from_secs_f64(t)));
     }
-    let launched = oxccl::env::launch().is_ok();
-    let comm = if launched {
-        Communicator::from_env_with(config)
-    } else {
-        oxccl::new_unique_id(&config).and_then(|id| Communicator::init(&id, 1, Rank(0), config))
+    let launched = oxccl::env::launch();
+    let t = o.nthreads;
+    if t == 1 {
+        let comm = match &launched {
+            Ok(l) => Communicator::from_env_with(config).map(|c| (c, l.local_rank.unwrap_or(0))),
+            Err(_) => oxccl::new_unique_id(&config)
+                .and_then(|id| Communicator::init(&id, 1, Rank(0), config))
+                .map(|c| (c, 0)),
+        };
+        return match comm {
+            Ok((c, local)) => run_one(&c, o, local),
+            Err(e) => {
+                eprintln!("oxccl-perf: communicator init failed: {e}");
+                2
+            }
+        };
+    }
+    // -t N: this process's N ranks are threads, ranks prank * N .. prank * N + N - 1.
+    let (prank, psize, local, id) = match launched {
+        Ok(l) => match l.rendezvous {
+            oxccl_core::launch::Rendezvous::Id(id) => (l.rank, l.size, l.local_rank.unwrap_or(0), id),
+            _ => {
+                eprintln!("oxccl-perf: -t > 1 needs -np or OXCCL_UNIQUE_ID (a launcher's own rendezvous serves one rank per process)");
+                return 2;
+            }
+        },
+        Err(_) => match oxccl::new_unique_id(&config) {
+            Ok(id) => (0, 1, 0, id),
+            Err(e) => {
+                eprintln!("oxccl-perf: cannot create a unique id: {e}");
+                return 2;
+            }
+        },
     };
-    let comm = match comm {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("oxccl-perf: communicator init failed: {e}");
-            return 2;
+    let codes: Vec<i32> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..t)
+            .map(|i| {
+                let (o, config) = (o.clone(), config.clone());
+                s.spawn(move || match Communicator::init(&id, psize * t, Rank::new(prank * t + i), config) {
+                    Ok(c) => run_one(&c, o, local * t + i),
+                    Err(e) => {
+                        eprintln!("oxccl-perf: rank {} init failed: {e}", prank * t + i);
+                        2
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap_or(2)).collect()
+    });
+    codes.into_iter().max().unwrap_or(0)
+}
+
+/// Runs one rank's benchmark; `local` is its index among the ranks of this host (its device
+/// is `local % devices` with `--mem device`).
+fn run_one(comm: &Communicator, o: Opts, local: usize) -> i32 {
+    let dev = if o.device {
+        match device_side(comm, local) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                eprintln!("oxccl-perf: rank {}: --mem device: {e}", comm.rank());
+                return 2;
+            }
         }
+    } else {
+        None
     };
-    bench::Runner::new(&comm, o, init_rss).run()
+    bench::Runner::new(comm, o, 0, dev).run()
+}
+
+fn device_side(comm: &Communicator, local: usize) -> Result<bench::Dev<'_>, String> {
+    use oxccl::cuda::{DevComm, Device, Stream};
+    let d = oxccl::cuda::driver::driver().map_err(|e| e.to_string())?;
+    let n = d.device_count().map_err(|e| e.to_string())?;
+    if n <= 0 {
+        return Err("no CUDA device".into());
+    }
+    let ordinal = (local % n as usize) as i32;
+    let dev = Device::open(ordinal).map_err(|e| e.to_string())?;
+    let stream = Stream::new(&dev).map_err(|e| e.to_string())?;
+    let dc = DevComm::new(comm, ordinal).map_err(|e| e.to_string())?;
+    Ok(bench::Dev { dc, dev, stream })
 }
 
 fn main() {

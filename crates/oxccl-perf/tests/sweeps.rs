@@ -190,3 +190,50 @@ fn bad_flags_are_reported() {
     let o = run(&["all_reduce_perf", "-d", "float", "-o", "bxor", "-b", "8", "-e", "8"], &[]);
     assert!(!o.status.success(), "a bitwise op on floats must fail");
 }
+
+/// `-t N`: ranks as threads of one process (and with `-np`, threads of several processes),
+/// every benchmark checked; the header says how many threads each process runs.
+#[test]
+fn ranks_as_threads_sweep_correctly() {
+    for b in
+        ["all_reduce_perf", "alltoall_perf", "reduce_perf", "sendrecv_perf", "hypercube_perf", "scatter_perf"]
+    {
+        for (np, t) in [(None, "3"), (Some("2"), "2")] {
+            let t = if b == "hypercube_perf" { "2" } else { t };
+            let mut args = vec![b, "-t", t, "-b", "8", "-e", "64K", "-f", "8", "-n", "2", "-w", "1"];
+            if let Some(np) = np {
+                args.extend(["-np", np]);
+            }
+            let o = run(&args, &[]);
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(
+                o.status.success(),
+                "{b} -t {t} -np {np:?}: exit {:?}\n{out}\n{}",
+                o.status,
+                String::from_utf8_lossy(&o.stderr)
+            );
+            check_layout(b, &out);
+            assert!(out.contains(&format!("# nThread {t} nGpus 1")), "{out}");
+            let ranks = t.parse::<usize>().unwrap() * np.map_or(1, |n| n.parse::<usize>().unwrap());
+            assert!(out.contains(&format!("#  Rank {:2} Group", ranks - 1)), "{ranks} ranks expected\n{out}");
+        }
+    }
+}
+
+/// `--mem device` without CUDA (CI): a clean error that says so, exit 2, no panic.
+#[test]
+fn device_buffers_without_cuda_fail_cleanly() {
+    if oxccl::cuda::driver::driver().is_ok() {
+        eprintln!("SKIPPED: this machine has a CUDA driver");
+        return;
+    }
+    for extra in [&[][..], &["-t", "2"][..]] {
+        let mut args = vec!["all_reduce_perf", "--mem", "device", "-b", "8", "-e", "8"];
+        args.extend_from_slice(extra);
+        let o = run(&args, &[]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains("--mem device: no CUDA"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}

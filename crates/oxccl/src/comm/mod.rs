@@ -595,6 +595,12 @@ impl Communicator {
     }
 
     /// What every rank told the others about itself, in rank order.
+    /// The communicator's logger (NCCL_DEBUG's lines for this rank).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn logger(&self) -> &crate::log::Logger {
+        &self.inner.log
+    }
+
     pub fn peers(&self) -> &[PeerInfo] {
         &self.inner.peers
     }

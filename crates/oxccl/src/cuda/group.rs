@@ -1,49 +1,56 @@
-//! Ranks as threads of one process on one device: collectives on device buffers, enqueued on
-//! each rank's stream, the data moved by the reduce-copy kernels reading and writing the other
-//! ranks' buffers directly (one context, so no IPC mapping is needed).
+//! Ranks as threads of one process on one device: every collective and send/receive on device
+//! buffers, enqueued on each rank's stream, the data moved by the reduce-copy kernels reading
+//! and writing the other ranks' buffers directly (one context, so no IPC mapping is needed),
+//! with the work split by oxccl-core's `plan::device` (each input byte read once, each output
+//! byte written once).
 //!
-//! AllReduce: rank r reduces slice r of every rank's input and writes it into slice r of every
-//! rank's output, so each input byte is read once and each output byte written once (the
-//! bound the issue sets). One launch per rank and call, and one meeting of the host threads:
-//! - the threads meet once to exchange buffer addresses and check that the calls agree (a
-//!   mismatch makes every rank refuse, and none launches);
-//! - each rank's kernel then meets the same call's kernels of the other ranks on the GPU
-//!   (`Bar` in kernels.cu): at its start it waits until every rank's stream has reached the
-//!   call (every input written, every output free), and at its end until every block of every
-//!   rank has finished, so work ordered after the call on any rank's stream sees the whole
-//!   result and may overwrite the input. Nothing on the host waits for the GPU.
+//! Per group of calls (a single call is a group of one):
+//! - collectives: the threads meet once on the host (`Shared::exchange`) to hand every rank
+//!   the same table of buffers and call descriptions; a mismatch or a refusal makes every rank
+//!   refuse, and none launches. Each rank then launches its collective tasks, packed into as
+//!   few launches as kernels allow (`call::collective_units`), and each launch meets the same
+//!   launch of the other ranks on the GPU (`Sync` in kernels.cu): at its start it waits until
+//!   every rank's stream has reached it (inputs written, outputs free), at its end until every
+//!   block of every rank has finished (so work after the call may use the result and reuse
+//!   the input). Nothing on the host waits for the GPU.
+//! - sends and receives: a sender posts its buffer in the pair's mailbox and never waits on
+//!   the host; a receiver takes the matching post (waiting for the sender's call if need be)
+//!   and copies out of the sender's buffer. On the GPU, the sender's launch publishes its
+//!   count of sends to that peer; the receiver's launch waits for it before copying and then
+//!   publishes its count of receives, which the sender's launch waits for before it ends.
 //!
 //! The GPU meeting needs every block of the p kernels resident at once: each rank launches at
 //! most `blocks_per_sm * SMs / p` blocks, `blocks_per_sm` no more than the multiprocessor holds
 //! (the occupancy the driver reports). A kernel that waits longer than the group's timeout
 //! gives up, records which rank it waited for (in host-mapped memory, read by the next call
 //! without touching the stream), and every later call of the group fails with that culprit.
-//! A rank's calls run in order even across streams: switching streams makes the new one wait
-//! for the old (the GPU meeting counts calls, so two calls of one rank must not overlap).
+//! A rank's launches run in order even across streams: switching streams makes the new one
+//! wait for the old (the GPU meeting counts launches, so two launches of one rank must never
+//! overlap).
 
-use super::driver::CuDevicePtr;
-use super::kernels::{Bar, Kernels, BLOCK_THREADS, MAX_SOURCES};
+use super::call::{self, DevCall, What};
+use super::kernels::{Kernels, Kop, Sync, BLOCK_THREADS};
 use super::{CudaError, DevBuf, Device, Event, Stream};
+use oxccl_core::plan::device::{self, Bufs, Task, MAX_RANKS};
 use oxccl_core::{DataType, ReduceOp};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+/// What one rank brings to a meeting: its collectives and stream, or why it refuses the group.
+#[derive(Clone, Default, Debug)]
 struct Entry {
-    send: CuDevicePtr,
-    recv: CuDevicePtr,
-    count: usize,
-    t: u8,
-    op: u8,
-    /// Why this rank refuses the call: [`REFUSE_UNSUPPORTED`], [`REFUSE_FAILED`] (0: it does not).
-    refuse: u8,
+    calls: Vec<DevCall>,
+    refuse: Option<String>,
+    stream: usize,
 }
 
-/// A rank has no device kernel for the call's type and operator.
-const REFUSE_UNSUPPORTED: u8 = 1;
-/// A rank saw the group's GPU meeting fail.
-const REFUSE_FAILED: u8 = 2;
+/// `CU_STREAM_LEGACY` (and the null stream, which means it): one stream for every thread of
+/// the context, which also waits for every blocking stream.
+fn legacy(stream: usize) -> bool {
+    stream <= 1
+}
 
 #[derive(Default)]
 struct Round {
@@ -52,15 +59,47 @@ struct Round {
     present: Vec<bool>,
     vals: Vec<Entry>,
     out: Arc<Vec<Entry>>,
-    /// Set when a rank gave up waiting at a meeting: the group is unusable from then on.
-    broken: Option<String>,
+}
+
+/// A send posted for its receiver.
+#[derive(Clone, Copy, Debug)]
+struct Post {
+    buf: u64,
+    t: DataType,
+    count: usize,
 }
 
 /// How long a rank spins for the others at a meeting before it sleeps.
 const MEET_SPIN: Duration = Duration::from_micros(50);
 
-/// Bytes of device memory for the GPU meeting: `arr[8]` at 0, `dep` at 128, `fail` at 192.
-const BAR_BYTES: usize = 256;
+/// Device memory of the GPU meeting (see kernels.cu's `Sync`): `arr[8]` at 0, `dep` at 128,
+/// `fail` at 192, `mydep[8]` at 256, `pready[64]` at 512, `pdone[64]` at 1024.
+const BAR_BYTES: usize = 2048;
+
+/// All-reduces of at most this many bytes run as LL (one flag exchange, no meeting) unless
+/// `NCCL_PROTO` leaves LL out or `OXCCL_DEVICE_LL=0`.
+pub const LL_MAX_BYTES: usize = 16 << 10;
+/// LL lines per slot: 8 payload bytes each.
+const LL_LINES: usize = LL_MAX_BYTES / 8;
+
+/// Whether the environment allows the LL protocol on device buffers: `OXCCL_DEVICE_LL=0`
+/// forbids it, and so does an `NCCL_PROTO` that leaves `LL` out (`Simple`, `^LL`).
+pub fn ll_allowed() -> bool {
+    if std::env::var("OXCCL_DEVICE_LL").is_ok_and(|v| v.trim() == "0") {
+        return false;
+    }
+    proto_allows_ll(std::env::var("NCCL_PROTO").ok().as_deref())
+}
+
+fn proto_allows_ll(v: Option<&str>) -> bool {
+    let Some(v) = v.map(str::trim).filter(|v| !v.is_empty()) else { return true };
+    let (neg, list) = match v.strip_prefix('^') {
+        Some(l) => (true, l),
+        None => (false, v),
+    };
+    let has = list.split(',').any(|x| x.trim().eq_ignore_ascii_case("ll"));
+    has != neg
+}
 
 struct Shared {
     p: usize,
@@ -68,15 +107,29 @@ struct Shared {
     generation: AtomicU64,
     round: Mutex<Round>,
     cv: Condvar,
+    /// Sends posted and not yet taken, per (sender, receiver), in order.
+    mail: Mutex<HashMap<(usize, usize), VecDeque<Post>>>,
+    mail_cv: Condvar,
+    /// Set when a rank gave up waiting on the host: the group is unusable from then on.
+    broken: Mutex<Option<String>>,
     /// Longest wait at a meeting, on the host and on the GPU; `None`: forever.
     timeout: Option<Duration>,
     /// The GPU meeting's counters (zeroed at creation).
     bar: Option<DevBuf>,
     /// Host address and device address of the host-mapped failure record `u32[4]`.
     fail_host: usize,
-    fail_dev: CuDevicePtr,
+    fail_dev: u64,
     /// For synchronising before the counters are freed.
     dev: Option<Device>,
+    /// The device every member uses, and the kernels loaded on it.
+    ordinal: i32,
+    kernels: Option<Arc<Kernels>>,
+    /// Which ranks have joined (by [`join`]).
+    joined: Mutex<Vec<bool>>,
+    /// Each rank's latest stream (0: none yet), to refuse a send whose receiver shares it.
+    streams: Mutex<Vec<usize>>,
+    /// The LL buffer: `p * 2 * p * LL_LINES` lines of 16 bytes (zeroed at creation).
+    ll: Option<DevBuf>,
 }
 
 impl Drop for Shared {
@@ -98,21 +151,79 @@ impl Shared {
             generation: Default::default(),
             round: Mutex::new(Round::default()),
             cv: Condvar::new(),
+            mail: Mutex::new(HashMap::new()),
+            mail_cv: Condvar::new(),
+            broken: Mutex::new(None),
             timeout,
             bar: None,
             fail_host: 0,
             fail_dev: 0,
             dev: None,
+            ordinal: 0,
+            kernels: None,
+            joined: Mutex::new(vec![false; p]),
+            streams: Mutex::new(vec![0; p]),
+            ll: None,
         }
+    }
+
+    /// A group's shared state on device `ordinal`: counters zeroed, kernels loaded.
+    fn create(p: usize, ordinal: i32, timeout: Option<Duration>) -> Result<Shared, CudaError> {
+        if !(1..=MAX_RANKS).contains(&p) {
+            return Err(CudaError::Invalid(format!("a thread group has 1 to {MAX_RANKS} ranks, not {p}")));
+        }
+        let dev = Device::open(ordinal)?;
+        let bar = DevBuf::new(&dev, BAR_BYTES)?;
+        let ll_bytes = p * 2 * p * LL_LINES * 16;
+        let ll = DevBuf::new(&dev, ll_bytes)?;
+        let zero = Stream::new(&dev)?;
+        zero.fill(bar.ptr, 0, BAR_BYTES)?;
+        zero.fill(ll.ptr, 0, ll_bytes)?;
+        zero.sync()?;
+        let (fail_host, fail_dev) = super::stage::stream_flag()?;
+        // SAFETY: the flag is 64 bytes of pinned memory, leaked, nothing uses it yet.
+        unsafe { std::ptr::write_bytes(fail_host as *mut u8, 0, 16) };
+        let mut shared = Shared::new(p, timeout);
+        shared.kernels = Some(Arc::new(Kernels::load(&dev, &[])?));
+        shared.bar = Some(bar);
+        shared.ll = Some(ll);
+        shared.fail_host = fail_host;
+        shared.fail_dev = fail_dev;
+        shared.ordinal = ordinal;
+        shared.dev = Some(dev);
+        Ok(shared)
+    }
+
+    fn broken(&self) -> Option<String> {
+        self.broken.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn break_with(&self, why: String) {
+        let mut b = self.broken.lock().unwrap_or_else(|e| e.into_inner());
+        if b.is_none() {
+            *b = Some(why);
+        }
+        drop(b);
+        let _r = self.round.lock().unwrap_or_else(|e| e.into_inner());
+        self.cv.notify_all();
+        let _m = self.mail.lock().unwrap_or_else(|e| e.into_inner());
+        self.mail_cv.notify_all();
+    }
+
+    fn unusable(&self, rank: usize) -> CudaError {
+        CudaError::Invalid(format!(
+            "rank {rank}: the group is unusable: {}",
+            self.broken().unwrap_or_default()
+        ))
     }
 
     /// Every rank's `v` for this round, once all have given theirs; an error naming the
     /// missing ranks if they did not come within the timeout (the group is then broken).
     fn exchange(&self, rank: usize, v: Entry) -> Result<Arc<Vec<Entry>>, CudaError> {
-        let mut r = self.round.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(why) = &r.broken {
-            return Err(CudaError::Invalid(format!("rank {rank}: the group is unusable: {why}")));
+        if self.broken().is_some() {
+            return Err(self.unusable(rank));
         }
+        let mut r = self.round.lock().unwrap_or_else(|e| e.into_inner());
         if r.vals.len() != self.p {
             r.vals = vec![Entry::default(); self.p];
             r.present = vec![false; self.p];
@@ -121,7 +232,8 @@ impl Shared {
         r.present[rank] = true;
         r.arrived += 1;
         if r.arrived == self.p {
-            r.out = Arc::new(r.vals.clone());
+            r.out = Arc::new(std::mem::take(&mut r.vals));
+            r.vals = vec![Entry::default(); self.p];
             r.arrived = 0;
             r.present.iter_mut().for_each(|x| *x = false);
             r.generation += 1;
@@ -137,7 +249,10 @@ impl Shared {
             std::hint::spin_loop();
         }
         let mut r = self.round.lock().unwrap_or_else(|e| e.into_inner());
-        while r.generation == g && r.broken.is_none() {
+        while r.generation == g {
+            if self.broken().is_some() {
+                return Err(self.unusable(rank));
+            }
             match self.timeout {
                 None => r = self.cv.wait(r).unwrap_or_else(|e| e.into_inner()),
                 Some(limit) => {
@@ -148,19 +263,50 @@ impl Shared {
                             "rank {rank} waited {limit:?} at call meeting {} for ranks {missing:?}, which never called",
                             g + 1
                         );
-                        r.broken = Some(why.clone());
-                        self.cv.notify_all();
+                        drop(r);
+                        self.break_with(why.clone());
                         return Err(CudaError::Invalid(why));
                     }
                     r = self.cv.wait_timeout(r, left).unwrap_or_else(|e| e.into_inner()).0;
                 }
             }
         }
-        if r.generation == g {
-            let why = r.broken.clone().unwrap_or_default();
-            return Err(CudaError::Invalid(format!("rank {rank}: the group is unusable: {why}")));
-        }
         Ok(r.out.clone())
+    }
+
+    fn post(&self, from: usize, to: usize, p: Post) {
+        let mut m = self.mail.lock().unwrap_or_else(|e| e.into_inner());
+        m.entry((from, to)).or_default().push_back(p);
+        self.mail_cv.notify_all();
+    }
+
+    /// The oldest post from `from` to `to`, waiting for it up to the timeout.
+    fn take(&self, from: usize, to: usize) -> Result<Post, CudaError> {
+        let t = Instant::now();
+        let mut m = self.mail.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(p) = m.get_mut(&(from, to)).and_then(|q| q.pop_front()) {
+                return Ok(p);
+            }
+            if self.broken().is_some() {
+                return Err(self.unusable(to));
+            }
+            match self.timeout {
+                None => m = self.mail_cv.wait(m).unwrap_or_else(|e| e.into_inner()),
+                Some(limit) => {
+                    let left = limit.saturating_sub(t.elapsed());
+                    if left.is_zero() {
+                        let why = format!(
+                            "rank {to} waited {limit:?} for a send from rank {from}, which never came"
+                        );
+                        drop(m);
+                        self.break_with(why.clone());
+                        return Err(CudaError::Invalid(why));
+                    }
+                    m = self.mail_cv.wait_timeout(m, left).unwrap_or_else(|e| e.into_inner()).0;
+                }
+            }
+        }
     }
 
     /// The GPU meeting's failure, if a kernel recorded one.
@@ -182,36 +328,40 @@ impl Shared {
     }
 }
 
-/// Words a failure code of the GPU meeting (kernels.cu's `Bar`).
+/// Words a failure code of the GPU meeting (kernels.cu's `Sync`).
 fn describe_failure(code: u32, seq: u64, timeout: Option<Duration>) -> String {
     let waiter = (code >> 8) & 0xff;
     let missing = (code >> 16) & 0xff;
     let limit = timeout.map_or("forever".to_string(), |t| format!("{t:?}"));
-    if (code >> 24) & 0xff == 0 {
-        format!(
-            "at call {seq}, rank {waiter}'s kernel waited {limit} for rank {missing}'s kernel to start (its stream is held up by earlier work)"
-        )
-    } else {
-        format!("at call {seq}, rank {waiter}'s kernel waited {limit} for the other ranks' kernels to finish")
+    match (code >> 24) & 0xff {
+        0 => format!(
+            "at collective launch {seq}, rank {waiter}'s kernel waited {limit} for rank {missing}'s kernel to start (its stream is held up by earlier work)"
+        ),
+        1 => format!(
+            "at collective launch {seq}, rank {waiter}'s kernel waited {limit} for the other ranks' kernels to finish"
+        ),
+        2 => format!("rank {waiter}'s kernel waited {limit} for rank {missing}'s send to start"),
+        4 => format!("rank {waiter}'s kernel waited {limit} for rank {missing}'s data of an LL all-reduce (is rank {missing} making the same calls?)"),
+        _ if missing == 0xff => format!("rank {waiter}'s kernel waited {limit} for its own receives to finish"),
+        _ => format!("rank {waiter}'s kernel waited {limit} for rank {missing} to finish receiving its send"),
     }
-}
-
-fn name_t(v: u8) -> String {
-    DataType::from_nccl(v as i32).map_or(format!("type {v}"), |t| t.to_string())
-}
-
-fn name_op(v: u8) -> String {
-    ReduceOp::from_nccl(v as i32).map_or(format!("op {v}"), |o| o.to_string())
 }
 
 /// What one rank remembers between calls.
 #[derive(Default)]
 struct State {
-    /// Calls launched so far (the GPU meeting's `seq` of the last one).
+    /// Collective launches so far (the GPU meeting's `seq` of the last one).
     seq: u64,
-    /// Blocks launched so far by every rank (the departure target).
+    /// Blocks of collective launches so far by every rank (the departure target).
     depart: u64,
-    /// The stream of the last call, and an event recorded after it on that stream.
+    /// This rank's blocks of launches with receives so far.
+    mydepart: u64,
+    /// LL all-reduces so far.
+    ll_seq: u32,
+    /// Sends to, and receives from, each peer so far.
+    sent: [u64; MAX_RANKS],
+    received: [u64; MAX_RANKS],
+    /// The stream of the last launch, and an event recorded after it on that stream.
     last: Option<usize>,
     done: Option<Event>,
 }
@@ -221,81 +371,116 @@ pub struct Member {
     pub rank: usize,
     shared: Arc<Shared>,
     pub dev: Device,
-    pub kernels: Kernels,
+    pub kernels: Arc<Kernels>,
     state: Mutex<State>,
-    /// Blocks each multiprocessor gives one call of the whole group (at most what it holds).
+    /// Blocks each multiprocessor gives one launch of the whole group (at most what it holds).
     blocks_per_sm: u32,
+    /// Small all-reduces run as LL (every rank must say the same).
+    ll: bool,
 }
 
 /// Makes `p` members (1 to 8) of one group on device `ordinal`; each is moved to its own
 /// thread. `timeout` bounds every wait of a call (at the host meeting and on the GPU).
 pub fn thread_group(p: usize, ordinal: i32, timeout: Option<Duration>) -> Result<Vec<Member>, CudaError> {
-    if !(1..=MAX_SOURCES).contains(&p) {
-        return Err(CudaError::Invalid(format!("a thread group has 1 to {MAX_SOURCES} ranks, not {p}")));
+    let shared = Arc::new(Shared::create(p, ordinal, timeout)?);
+    (0..p).map(|rank| Member::new(&shared, rank)).collect()
+}
+
+/// Groups being joined, by key (a communicator's hash): each rank's thread calls [`join`].
+fn registry() -> std::sync::MutexGuard<'static, HashMap<u64, std::sync::Weak<Shared>>> {
+    static R: std::sync::OnceLock<Mutex<HashMap<u64, std::sync::Weak<Shared>>>> = std::sync::OnceLock::new();
+    R.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Rank `rank`'s member of the group of `p` ranks known by `key`, on device `ordinal`: the
+/// first rank to join creates it, the others find it (each rank joins once).
+pub fn join(
+    key: u64,
+    p: usize,
+    rank: usize,
+    ordinal: i32,
+    timeout: Option<Duration>,
+) -> Result<Member, CudaError> {
+    let shared = {
+        let mut reg = registry();
+        reg.retain(|_, w| w.strong_count() > 0);
+        match reg.get(&key).and_then(|w| w.upgrade()) {
+            Some(s) => s,
+            None => {
+                let s = Arc::new(Shared::create(p, ordinal, timeout)?);
+                reg.insert(key, Arc::downgrade(&s));
+                s
+            }
+        }
+    };
+    if shared.p != p || shared.ordinal != ordinal {
+        return Err(CudaError::Invalid(format!(
+            "rank {rank}: the group's ranks disagree: {p} ranks on device {ordinal} here, {} ranks on device {} for another rank",
+            shared.p, shared.ordinal
+        )));
     }
-    let devs: Vec<Device> = (0..p).map(|_| Device::open(ordinal)).collect::<Result<_, _>>()?;
-    let bar = DevBuf::new(&devs[0], BAR_BYTES)?;
-    let zero = Stream::new(&devs[0])?;
-    zero.fill(bar.ptr, 0, BAR_BYTES)?;
-    zero.sync()?;
-    let (fail_host, fail_dev) = super::stage::stream_flag()?;
-    // SAFETY: the flag is 64 bytes of pinned memory, leaked, nothing uses it yet.
-    unsafe { std::ptr::write_bytes(fail_host as *mut u8, 0, 16) };
-    let mut shared = Shared::new(p, timeout);
-    shared.bar = Some(bar);
-    shared.fail_host = fail_host;
-    shared.fail_dev = fail_dev;
-    shared.dev = Some(Device::open(ordinal)?);
-    let shared = Arc::new(shared);
-    devs.into_iter()
-        .enumerate()
-        .map(|(rank, dev)| {
-            let kernels = Kernels::load(&dev, &[])?;
-            Ok(Member {
-                rank,
-                shared: shared.clone(),
-                kernels,
-                dev,
-                state: Default::default(),
-                blocks_per_sm: 1,
-            })
-        })
-        .collect()
+    Member::new(&shared, rank)
 }
 
-/// Elements per slice: a multiple of 16 bytes' worth, so every slice starts 16-byte aligned
-/// when the buffers do.
-fn slice_len(count: usize, p: usize, elem: usize) -> usize {
-    let align = (16 / elem).max(1);
-    count.div_ceil(p).div_ceil(align) * align
-}
-
-/// Bytes one block of the reduce-copy moves per pass (threads x 16-byte vectors x unroll 8).
+/// Bytes one block moves per pass (threads x 16-byte vectors x unroll 8).
 const BLOCK_PASS_BYTES: usize = BLOCK_THREADS as usize * 16 * 8;
 
-/// Blocks per rank for a slice of `slice_bytes`: enough for one pass each, at most `cap`.
-fn blocks_for(slice_bytes: usize, cap: u32) -> u32 {
-    (slice_bytes.div_ceil(BLOCK_PASS_BYTES) as u32).clamp(1, cap.max(1))
+/// Blocks for `bytes` read and written: enough for about one pass each, at most `cap`.
+fn blocks_for(bytes: usize, cap: u32) -> u32 {
+    (bytes.div_ceil(2 * BLOCK_PASS_BYTES) as u32).clamp(1, cap.max(1))
 }
 
 impl Member {
+    fn new(shared: &Arc<Shared>, rank: usize) -> Result<Member, CudaError> {
+        {
+            let mut j = shared.joined.lock().unwrap_or_else(|e| e.into_inner());
+            if rank >= shared.p || j[rank] {
+                return Err(CudaError::Invalid(format!(
+                    "rank {rank} cannot join a {}-rank thread group (out of range, or joined already)",
+                    shared.p
+                )));
+            }
+            j[rank] = true;
+        }
+        let kernels =
+            shared.kernels.clone().ok_or_else(|| CudaError::Invalid("a group without kernels".into()))?;
+        Ok(Member {
+            rank,
+            shared: shared.clone(),
+            kernels,
+            dev: Device::open(shared.ordinal)?,
+            state: Default::default(),
+            blocks_per_sm: 1,
+            ll: ll_allowed(),
+        })
+    }
+
+    /// Whether small all-reduces run as LL (default: [`ll_allowed`]). Every rank must set the
+    /// same, between calls.
+    pub fn set_ll(&mut self, on: bool) {
+        self.ll = on;
+    }
+
     pub fn size(&self) -> usize {
         self.shared.p
     }
 
-    /// Blocks each multiprocessor gives one call of the whole group (1 by default; capped at
-    /// what the multiprocessor holds when a call launches). Every rank must set the same.
+    /// Blocks each multiprocessor gives one launch of the whole group (1 by default; capped
+    /// at what the multiprocessor holds when a call launches). Every rank must set the same.
     pub fn set_blocks_per_sm(&mut self, n: u32) {
         self.blocks_per_sm = n.max(1);
     }
 
     /// The group's failure, if a kernel gave up waiting (read from host-mapped memory; does
-    /// not wait for any stream).
+    /// not wait for any stream) or a rank gave up on the host.
     pub fn check(&self) -> Result<(), CudaError> {
-        match self.shared.device_failure() {
-            Some(why) => Err(CudaError::Invalid(format!("rank {}: the group is unusable: {why}", self.rank))),
-            None => Ok(()),
+        if let Some(why) = self.shared.device_failure() {
+            return Err(CudaError::Invalid(format!("rank {}: the group is unusable: {why}", self.rank)));
         }
+        if self.shared.broken().is_some() {
+            return Err(self.shared.unusable(self.rank));
+        }
+        Ok(())
     }
 
     /// Enqueues an all-reduce of `count` elements of `t` from `send` into `recv` (device
@@ -305,115 +490,256 @@ impl Member {
         s: &Stream,
         t: DataType,
         op: ReduceOp,
-        send: CuDevicePtr,
-        recv: CuDevicePtr,
+        send: u64,
+        recv: u64,
         count: usize,
     ) -> Result<(), CudaError> {
+        self.run(s, &[DevCall::coll(device::Coll::AllReduce, t, op, count, send, recv)])
+    }
+
+    /// Enqueues `calls` (a group: collectives every rank makes alike, in the same order, and
+    /// sends and receives matched per pair in order) on `s`, and returns.
+    pub fn run(&self, s: &Stream, calls: &[DevCall]) -> Result<(), CudaError> {
         let p = self.shared.p;
         let rank = self.rank;
-        let supported = op != ReduceOp::Avg && super::kernels::reduce_name(t, op).is_some();
-        let refuse = if !supported {
-            REFUSE_UNSUPPORTED
-        } else if self.shared.device_failure().is_some() {
-            REFUSE_FAILED
-        } else {
-            0
-        };
-        // Every rank meets, even one that refuses, and every rank decides from the same table,
-        // so either all launch or none does (a rank that launched alone would wait forever).
-        let me = Entry { send, recv, count, t: t as u8, op: op as u8, refuse };
-        let all = self.shared.exchange(rank, me)?;
-        if all.iter().any(|e| e.refuse & REFUSE_FAILED != 0) {
-            self.check()?;
+        let sh = s.h as usize;
+        let colls: Vec<DevCall> = calls.iter().filter(|c| c.collective().is_some()).copied().collect();
+        // Ranks' kernels wait for one another, so they must run on streams of their own.
+        let peers_streams = self.shared.streams.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let shared_with = calls.iter().find_map(|c| match c.what {
+            What::Send(q) | What::Recv(q) if q != rank && peers_streams[q] == sh => Some(q),
+            _ => None,
+        });
+        let local = calls
+            .iter()
+            .find_map(|c| call::unsupported(c, p).map(|why| format!("this rank's {}: {why}", c.describe())))
+            .or_else(|| {
+                (p > 1 && legacy(sh)).then(|| {
+                    "its stream is the legacy default stream, which every rank's thread shares: give each rank a stream of its own (cuStreamCreate, torch.cuda.Stream)".to_string()
+                })
+            })
+            .or_else(|| {
+                shared_with.map(|q| {
+                    format!("its stream is rank {q}'s too: ranks' kernels wait for one another, so each rank needs a stream of its own")
+                })
+            });
+        self.shared.streams.lock().unwrap_or_else(|e| e.into_inner())[rank] = sh;
+        // 1. Collectives: every rank meets, even one that refuses, and every rank decides from
+        //    the same table, so either all launch or none does.
+        let mut coll_tasks: Vec<(DevCall, Vec<Task>)> = Vec::new();
+        if !colls.is_empty() {
+            let refuse = local.clone().or_else(|| {
+                self.shared.device_failure().map(|why| format!("the group's GPU meeting failed: {why}"))
+            });
+            let all = self.shared.exchange(rank, Entry { calls: colls.clone(), refuse, stream: sh })?;
+            if let Some((q, why)) =
+                all.iter().enumerate().find_map(|(q, e)| e.refuse.as_ref().map(|w| (q, w)))
+            {
+                let whose = if q == rank { String::new() } else { format!("rank {q} refused: ") };
+                return Err(CudaError::Invalid(format!("rank {rank}: {whose}{why}")));
+            }
+            if let Some(msg) = mismatch(rank, &all) {
+                return Err(CudaError::Invalid(msg));
+            }
+            if let Some(q) = (0..p).find(|&q| q != rank && all[q].stream == sh) {
+                return Err(CudaError::Invalid(format!(
+                    "rank {rank}: its stream is rank {q}'s too: ranks' kernels wait for one another, so each rank needs a stream of its own"
+                )));
+            }
+            for (i, c) in colls.iter().enumerate() {
+                let coll = c.collective().expect("collectives only");
+                let bufs: Vec<Bufs> =
+                    all.iter().map(|e| Bufs { send: e.calls[i].send, recv: e.calls[i].recv }).collect();
+                coll_tasks.push((*c, device::tasks(coll, c.count, c.t.size_bytes(), rank, &bufs)));
+            }
+        } else if let Some(why) = local {
+            return Err(CudaError::Invalid(format!("rank {rank}: {why}")));
         }
-        if let Some(q) = all.iter().position(|e| e.refuse & REFUSE_UNSUPPORTED != 0) {
-            let whose = if q == rank { "this rank's".to_string() } else { format!("rank {q}'s") };
-            return Err(CudaError::Invalid(format!(
-                "rank {rank}: all_reduce refused: {whose} call ({} with {}) has no device kernel (Avg and PreMulSum are not implemented on device buffers yet)",
-                name_t(all[q].t),
-                name_op(all[q].op)
-            )));
-        }
-        if let Some(q) = all.iter().position(|e| (e.count, e.t, e.op) != (count, me.t, me.op)) {
-            let e = all[q];
-            return Err(CudaError::Invalid(format!(
-                "rank {rank}: all_reduce of {count} elements of {t} with {op}, but rank {q} passed {} elements of {} with {}",
-                e.count,
-                name_t(e.t),
-                name_op(e.op)
-            )));
-        }
-        if count == 0 {
-            return Ok(());
-        }
-        self.dev.make_current()?;
-        let elem = t.size_bytes();
-        let per = slice_len(count, p, elem);
-        let sms = self.dev.sms.max(1) as u32;
-        let resident = self.kernels.max_blocks_per_sm(t, op)?;
-        if resident == 0 {
-            return Err(CudaError::Invalid(format!(
-                "rank {rank}: the {t:?} {op:?} kernel does not fit a multiprocessor"
-            )));
-        }
-        let cap = (self.blocks_per_sm.min(resident) * sms) / p as u32;
-        let g = blocks_for(per * elem, cap);
-        let lo = (rank * per).min(count);
-        let hi = ((rank + 1) * per).min(count);
-        let off = (lo * elem) as u64;
-        let srcs: Vec<CuDevicePtr> = all.iter().map(|e| e.send + off).collect();
-        let dsts: Vec<CuDevicePtr> = all.iter().map(|e| e.recv + off).collect();
-        let bar = self.shared.bar.as_ref().map_or(0, |b| b.ptr);
+        self.check()?;
+        // 2. Sends are posted (never waiting), then each receive takes its send.
+        let mut sent = [0u64; MAX_RANKS];
+        let mut recv_from = [0u64; MAX_RANKS];
+        let mut p2p_tasks = Vec::new();
+        let mut wrong = None;
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        for c in calls {
+            if let What::Send(q) = c.what {
+                self.shared.post(rank, q, Post { buf: c.send, t: c.t, count: c.count });
+                sent[q] += 1;
+            }
+        }
+        for c in calls {
+            if let What::Recv(q) = c.what {
+                let post = self.shared.take(q, rank)?;
+                recv_from[q] += 1;
+                if (post.t, post.count) != (c.t, c.count) {
+                    wrong.get_or_insert(format!(
+                        "rank {rank}: {}, but rank {q}'s matching send is of {} x {}",
+                        c.describe(),
+                        post.count,
+                        post.t
+                    ));
+                } else if c.bytes() > 0 {
+                    p2p_tasks.push(Task::copy(post.buf, vec![c.recv], c.bytes()));
+                }
+            }
+        }
+        let any_p2p = sent.iter().chain(&recv_from).any(|&n| n > 0);
+        // 3. Launches: collectives, then sends and receives.
+        let units = call::collective_units(&coll_tasks, p);
+        let p2p = call::p2p_units(p2p_tasks, any_p2p);
+        let (n_coll, n_p2p) = (units.len(), p2p.len());
+        self.dev.make_current()?;
         if st.last.is_some_and(|h| h != s.h as usize) {
-            // Calls of one rank must not overlap: the new stream waits for the last call.
+            // A rank's launches must not overlap: the new stream waits for the last launch.
             if let Some(ev) = &st.done {
                 s.wait(ev)?;
             }
         }
-        let b = Bar {
-            arr: bar,
-            dep: bar + 128,
-            fail: bar + 192,
-            host: self.shared.fail_dev,
-            seq: st.seq + 1,
-            depart: st.depart + g as u64 * p as u64,
-            timeout_ns: self.shared.timeout.map_or(0, |t| t.as_nanos().clamp(1, u64::MAX as u128) as u64),
-            rank: rank as i32,
-            p: p as i32,
-        };
-        self.kernels.reduce_met(s, t, op, &srcs, &dsts, hi - lo, g, &b)?;
-        if st.done.is_none() {
-            st.done = Some(Event::sync_only(&self.dev)?);
+        let sms = self.dev.sms.max(1) as u32;
+        for (i, u) in units.iter().chain(&p2p).enumerate() {
+            let (t, op) = u.kernel();
+            let resident = self.kernels.max_blocks_per_sm(t, op)?;
+            if resident == 0 {
+                return Err(CudaError::Invalid(format!(
+                    "rank {rank}: the {t} {op:?} kernel does not fit a multiprocessor"
+                )));
+            }
+            let cap = (self.blocks_per_sm.min(resident) * sms) / p as u32;
+            let mut sync = Sync {
+                arr: 0,
+                timeout_ns: self.shared.timeout.map_or(0, |t| t.as_nanos().clamp(1, u64::MAX as u128) as u64),
+                rank: rank as i32,
+                p: p as i32,
+                ..Sync::default()
+            };
+            let blocks;
+            if u.collective {
+                // The same number of blocks on every rank: from global arguments only.
+                blocks = blocks_for(u.work, cap);
+                sync.seq = st.seq + 1;
+                sync.depart = st.depart + blocks as u64 * p as u64;
+            } else {
+                blocks = blocks_for(u.own_bytes(), cap);
+                let j = i - n_coll;
+                // The first send/receive launch publishes every send of the group and waits
+                // for every send it receives; the last one, once all copies are done, says
+                // every receive is done and waits until the peers have received its sends.
+                for q in 0..p {
+                    if j == 0 && sent[q] > 0 {
+                        sync.send_to[q] = st.sent[q] + sent[q];
+                    }
+                    if j == 0 && recv_from[q] > 0 {
+                        sync.recv_from[q] = st.received[q] + recv_from[q];
+                    }
+                    if j + 1 == n_p2p && recv_from[q] > 0 {
+                        sync.recv_done[q] = st.received[q] + recv_from[q];
+                    }
+                    if j + 1 == n_p2p && sent[q] > 0 {
+                        sync.send_done[q] = st.sent[q] + sent[q];
+                    }
+                }
+                if sync.recv_done.iter().any(|&n| n > 0) {
+                    sync.mydepart = st.mydepart + blocks as u64;
+                }
+            }
+            let pairs = [&sync.send_to, &sync.recv_from, &sync.recv_done, &sync.send_done];
+            if sync.seq != 0 || pairs.iter().any(|a| a.iter().any(|&n| n > 0)) {
+                let bar = self.shared.bar.as_ref().map_or(0, |b| b.ptr);
+                sync.arr = bar;
+                sync.dep = bar + 128;
+                sync.fail = bar + 192;
+                sync.mydep = bar + 256;
+                sync.pready = bar + 512;
+                sync.pdone = bar + 1024;
+                sync.host = self.shared.fail_dev;
+            }
+            let div = if op == Kop::Op(ReduceOp::Avg) { p as u32 } else { 0 };
+            if let (Some(c), Some(ll)) = (self.ll_call(u), self.shared.ll.as_ref()) {
+                // One flag exchange instead of the meeting (see kernels.cu's ll_all_reduce).
+                let task = Task { srcs: vec![c.send], dsts: vec![c.recv], n: c.count, copy: false };
+                let seq = if st.ll_seq >= u32::MAX - 1 { 1 } else { st.ll_seq + 1 };
+                sync.fail = self.shared.bar.as_ref().map_or(0, |b| b.ptr) + 192;
+                sync.host = self.shared.fail_dev;
+                let l = super::kernels::Ll { buf: ll.ptr, seq, lines: LL_LINES as u32 };
+                self.kernels.run_ll(s, t, op, &task, u.scalar, div, l, &sync)?;
+                st.ll_seq = seq;
+                continue;
+            }
+            self.kernels.run(s, t, op, &u.tasks, u.scalar, div, blocks, &sync)?;
+            if sync.seq != 0 {
+                st.seq = sync.seq;
+                st.depart = sync.depart;
+            }
+            if sync.mydepart != 0 {
+                st.mydepart = sync.mydepart;
+            }
         }
-        if let Some(ev) = &st.done {
-            // Recorded now (not at a switch) so that a stream the caller destroys after the
-            // call is never touched again.
-            ev.record(s)?;
+        for q in 0..p {
+            st.sent[q] += sent[q];
+            st.received[q] += recv_from[q];
         }
-        st.seq = b.seq;
-        st.depart = b.depart;
-        st.last = Some(s.h as usize);
-        Ok(())
+        if n_coll + n_p2p > 0 {
+            if st.done.is_none() {
+                st.done = Some(Event::sync_only(&self.dev)?);
+            }
+            if let Some(ev) = &st.done {
+                // Recorded now (not at a switch) so that a stream the caller destroys after
+                // the call is never touched again.
+                ev.record(s)?;
+            }
+            st.last = Some(s.h as usize);
+        }
+        match wrong {
+            Some(w) => Err(CudaError::Invalid(w)),
+            None => Ok(()),
+        }
     }
+}
+
+impl Member {
+    /// The all-reduce a collective launch holds, if it is to run as LL: a single small
+    /// all-reduce (decided from what every rank has alike).
+    fn ll_call(&self, u: &call::Unit) -> Option<DevCall> {
+        match u.calls.as_slice() {
+            [c] if self.ll
+                && u.collective
+                && c.what == What::Coll(device::Coll::AllReduce)
+                && c.bytes() <= LL_MAX_BYTES
+                && c.count > 0 =>
+            {
+                Some(*c)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The first disagreement between the ranks' collectives, in words.
+fn mismatch(rank: usize, all: &[Entry]) -> Option<String> {
+    let mine = &all[rank].calls;
+    for (q, e) in all.iter().enumerate() {
+        if e.calls.len() != mine.len() {
+            return Some(format!(
+                "rank {rank}: calls differ: this rank's group has {} collectives, rank {q}'s has {}",
+                mine.len(),
+                e.calls.len()
+            ));
+        }
+        if let Some((a, b)) = mine.iter().zip(&e.calls).find(|(a, b)| !a.agrees(b)) {
+            return Some(format!(
+                "rank {rank}: calls differ: this rank's {} but rank {q}'s {}",
+                a.describe(),
+                b.describe()
+            ));
+        }
+    }
+    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn slices_cover_the_buffer_and_start_aligned() {
-        for p in 1..=8 {
-            for count in [0usize, 1, 2, 7, 64, 1000, 1 << 20, (1 << 20) + 3] {
-                for elem in [1usize, 2, 4, 8] {
-                    let per = slice_len(count, p, elem);
-                    assert_eq!((per * elem) % 16, 0);
-                    assert!(per * p >= count, "p={p} count={count}");
-                }
-            }
-        }
-    }
 
     /// The meeting point hands every rank the same table, round after round.
     #[test]
@@ -424,10 +750,10 @@ mod tests {
                 let sh = shared.clone();
                 std::thread::spawn(move || {
                     for round in 0..200u64 {
-                        let v = Entry { send: round * 10 + r as u64, ..Entry::default() };
-                        let all = sh.exchange(r, v).unwrap();
+                        let c = DevCall::send(0, DataType::U8, 0, round * 10 + r as u64);
+                        let all = sh.exchange(r, Entry { calls: vec![c], refuse: None, stream: 0 }).unwrap();
                         for (q, e) in all.iter().enumerate() {
-                            assert_eq!(e.send, round * 10 + q as u64, "rank {r} round {round}");
+                            assert_eq!(e.calls[0].send, round * 10 + q as u64, "rank {r} round {round}");
                         }
                     }
                 })
@@ -451,19 +777,62 @@ mod tests {
             .collect();
         for h in hs {
             let e = h.join().unwrap().expect("rank 2 never came: the meeting must fail");
-            assert!(e.contains("for ranks [2]") || e.contains("unusable"), "{e}");
             assert!(e.contains("[2]"), "{e}");
         }
         let late = shared.exchange(2, Entry::default()).expect_err("the group is broken");
         assert!(late.to_string().contains("rank 2: the group is unusable"), "{late}");
     }
 
+    /// Posts are taken in order per pair; a receive with no send gives up at the timeout
+    /// naming the sender.
     #[test]
-    fn blocks_cover_the_slice_within_the_cap() {
+    fn mail_is_taken_in_order_and_a_missing_send_is_named() {
+        let shared = Shared::new(3, Some(Duration::from_millis(100)));
+        for i in 0..3 {
+            shared.post(0, 1, Post { buf: i, t: DataType::F32, count: i as usize });
+        }
+        shared.post(2, 1, Post { buf: 99, t: DataType::F32, count: 1 });
+        for i in 0..3 {
+            assert_eq!(shared.take(0, 1).unwrap().buf, i);
+        }
+        assert_eq!(shared.take(2, 1).unwrap().buf, 99);
+        let e = shared.take(2, 0).expect_err("nothing was sent from 2 to 0");
+        assert!(e.to_string().contains("for a send from rank 2"), "{e}");
+        assert!(shared.take(0, 1).is_err(), "broken after the timeout");
+    }
+
+    /// Ranks' collectives are compared by description; the first difference is named.
+    #[test]
+    fn mismatched_collectives_are_named() {
+        let a = DevCall::coll(device::Coll::AllReduce, DataType::F32, ReduceOp::Sum, 10, 1, 2);
+        let b = DevCall::coll(device::Coll::AllReduce, DataType::F32, ReduceOp::Max, 10, 3, 4);
+        let all =
+            vec![Entry { calls: vec![a], ..Entry::default() }, Entry { calls: vec![b], ..Entry::default() }];
+        let m = mismatch(0, &all).unwrap();
+        assert!(m.contains("all_reduce of 10 x float (sum)") && m.contains("(max)"), "{m}");
+        let same =
+            vec![Entry { calls: vec![a], ..Entry::default() }, Entry { calls: vec![a], ..Entry::default() }];
+        assert_eq!(mismatch(1, &same), None);
+    }
+
+    #[test]
+    fn nccl_proto_decides_whether_ll_runs() {
+        assert!(proto_allows_ll(None));
+        assert!(proto_allows_ll(Some("")));
+        assert!(proto_allows_ll(Some("LL,Simple")));
+        assert!(proto_allows_ll(Some("ll128,ll")));
+        assert!(!proto_allows_ll(Some("Simple")));
+        assert!(!proto_allows_ll(Some("LL128")));
+        assert!(!proto_allows_ll(Some("^LL")));
+        assert!(proto_allows_ll(Some("^LL128")));
+    }
+
+    #[test]
+    fn blocks_cover_the_work_within_the_cap() {
         assert_eq!(blocks_for(0, 33), 1);
         assert_eq!(blocks_for(8, 33), 1);
-        assert_eq!(blocks_for(BLOCK_PASS_BYTES, 33), 1);
-        assert_eq!(blocks_for(BLOCK_PASS_BYTES + 1, 33), 2);
+        assert_eq!(blocks_for(2 * BLOCK_PASS_BYTES, 33), 1);
+        assert_eq!(blocks_for(2 * BLOCK_PASS_BYTES + 1, 33), 2);
         assert_eq!(blocks_for(1 << 30, 33), 33);
         assert_eq!(blocks_for(1 << 30, 0), 1);
     }
@@ -474,10 +843,18 @@ mod tests {
         let m = describe_failure(arrival, 7, Some(Duration::from_millis(300)));
         assert_eq!(
             m,
-            "at call 7, rank 0's kernel waited 300ms for rank 3's kernel to start (its stream is held up by earlier work)"
+            "at collective launch 7, rank 0's kernel waited 300ms for rank 3's kernel to start (its stream is held up by earlier work)"
         );
         let departure = 1 | (2 << 8) | (0xff << 16) | (1 << 24);
         let m = describe_failure(departure, 9, None);
-        assert_eq!(m, "at call 9, rank 2's kernel waited forever for the other ranks' kernels to finish");
+        assert_eq!(
+            m,
+            "at collective launch 9, rank 2's kernel waited forever for the other ranks' kernels to finish"
+        );
+        let send = 1 | (1 << 8) | (2 << 16) | (2 << 24);
+        assert_eq!(
+            describe_failure(send, 0, None),
+            "rank 1's kernel waited forever for rank 2's send to start"
+        );
     }
 }

@@ -1,4 +1,5 @@
-//! CUDA IPC: device memory of one process mapped into another (same GPU, or a peer GPU).
+//! CUDA IPC: device memory of one process mapped into another (same GPU, or a peer GPU), and
+//! the device engine of ranks that are processes of one host ([`Engine`]).
 //!
 //! A buffer is exported as its allocation's handle and its offset in that allocation
 //! (`cuMemGetAddressRange`, `cuIpcGetMemHandle`, remembered by the driver's buffer id); the importer opens each allocation once
@@ -7,8 +8,13 @@
 //! so a stale mapping is never used for it). Memory from the virtual memory API
 //! (`cuMemCreate`) has no legacy IPC handle: exporting it fails and the caller stages instead.
 
+use super::call::{self, DevCall, What};
 use super::driver::{self, CuDevicePtr, IpcHandle};
-use super::CudaError;
+use super::kernels::{Kernels, Kop, Sync};
+use super::{CudaError, DevError, Device, Event, Stream};
+use crate::Communicator;
+use oxccl_core::plan::device::{self, Bufs, Task};
+use oxccl_core::{DataType, Rank, ReduceOp};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
@@ -77,4 +83,470 @@ pub fn open(ordinal: i32, e: &Exported) -> Result<CuDevicePtr, CudaError> {
     })?;
     mappings().insert((ordinal, e.handle), base);
     Ok(base + e.offset)
+}
+
+/// The device engine of ranks that are distinct processes of one host (at most
+/// [`device::MAX_RANKS`]): every collective and send/receive runs as reduce-copy kernels over
+/// the other ranks' buffers mapped by CUDA IPC. No host mirrors, no proxy; kernels of
+/// processes sharing a GPU time-slice, so nothing spins on the GPU: streams wait on
+/// interprocess events. Per group of calls:
+/// 1. each rank records its `ready` events on the caller's stream (the communicator's, for
+///    collectives; one per peer it sends to) and exports its buffers;
+/// 2. one host exchange: an all-gather of the collectives' records (buffers, descriptions,
+///    events); each send's record to its receiver, and the receiver's answer (its per-pair
+///    `done` event); a rank whose buffer could not be exported says so, and every rank then
+///    leaves the collectives to the caller (staged through host memory), or fails the send
+///    and its receive alike;
+/// 3. each rank maps the buffers it needs (cached), makes its stream wait on the `ready`
+///    events of the ranks it reads or writes, launches its tasks, and records its `done`
+///    events;
+/// 4. a second exchange says every `done` is recorded (all-gather for collectives; receiver
+///    to sender for sends); each stream then waits on the `done` events of the ranks that
+///    touched its buffers, so work after the call sees the results and may reuse the inputs.
+///
+/// An event is re-recorded only after every rank that waits on it has enqueued that wait:
+/// the collectives' pair by the all-gathers (every rank is in the next group's first one
+/// before anyone records again), the per-pair ones by the pair's own exchanges (a pair's
+/// events serve that pair only).
+pub struct Engine {
+    ordinal: i32,
+    dev: Device,
+    kernels: Kernels,
+    ready: Event,
+    done: Event,
+    /// Per peer: (`ready` for sends to it, `done` for receives from it).
+    pair: HashMap<usize, (Event, Event)>,
+    /// Other ranks' events, opened once, by handle.
+    peers: HashMap<IpcHandle, Event>,
+}
+
+/// A collective's record in the exchange (fixed layout, little-endian).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct CollRec {
+    ok: bool,
+    call: DevCall,
+    send: Exported,
+    recv: Exported,
+}
+
+const HANDLE: usize = 64;
+/// Bytes of a collective record: flags, the call, two exported buffers.
+const COLL_REC: usize = 48 + 2 * (HANDLE + 8);
+/// Bytes of a send's record: the call's type and count, the buffer, the pair's ready event.
+const SEND_REC: usize = 16 + (HANDLE + 8) + HANDLE;
+
+fn put_exported(b: &mut [u8], e: &Exported) {
+    b[..HANDLE].copy_from_slice(&e.handle.0);
+    b[HANDLE..HANDLE + 8].copy_from_slice(&e.offset.to_le_bytes());
+}
+
+fn get_exported(b: &[u8]) -> Exported {
+    Exported {
+        handle: IpcHandle(b[..HANDLE].try_into().unwrap_or([0; HANDLE])),
+        offset: u64::from_le_bytes(b[HANDLE..HANDLE + 8].try_into().unwrap_or([0; 8])),
+    }
+}
+
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or([0; 8]))
+}
+
+/// A collective's description as bytes: kind, root, type, operator, count, scalar.
+fn put_call(b: &mut [u8], c: &DevCall) {
+    let (kind, root) = match c.what {
+        What::Coll(x) => (
+            match x {
+                device::Coll::AllReduce => 1u8,
+                device::Coll::Broadcast(_) => 2,
+                device::Coll::Reduce(_) => 3,
+                device::Coll::AllGather => 4,
+                device::Coll::ReduceScatter => 5,
+                device::Coll::AllToAll => 6,
+                device::Coll::Gather(_) => 7,
+                device::Coll::Scatter(_) => 8,
+            },
+            x.root().unwrap_or(0) as u32,
+        ),
+        _ => (0, 0),
+    };
+    b[0] = kind;
+    b[1] = c.t as u8;
+    let (op, premul) = match c.op {
+        Kop::Op(o) => (o as u8, 0u8),
+        Kop::PreMulSum => (0, 1),
+    };
+    b[2] = op;
+    b[3] = premul;
+    b[4..8].copy_from_slice(&root.to_le_bytes());
+    b[8..16].copy_from_slice(&(c.count as u64).to_le_bytes());
+    b[16..24].copy_from_slice(&c.scalar.to_le_bytes());
+}
+
+fn get_call(b: &[u8]) -> Option<DevCall> {
+    let root = u32::from_le_bytes(b[4..8].try_into().ok()?) as usize;
+    let what = What::Coll(match b[0] {
+        1 => device::Coll::AllReduce,
+        2 => device::Coll::Broadcast(root),
+        3 => device::Coll::Reduce(root),
+        4 => device::Coll::AllGather,
+        5 => device::Coll::ReduceScatter,
+        6 => device::Coll::AllToAll,
+        7 => device::Coll::Gather(root),
+        8 => device::Coll::Scatter(root),
+        _ => return None,
+    });
+    let t = DataType::from_nccl(b[1] as i32)?;
+    let op = if b[3] == 1 { Kop::PreMulSum } else { Kop::Op(ReduceOp::from_nccl(b[2] as i32)?) };
+    Some(DevCall { what, t, op, scalar: u64_at(b, 16), count: u64_at(b, 8) as usize, send: 0, recv: 0 })
+}
+
+impl CollRec {
+    fn encode(&self, b: &mut [u8]) {
+        b[24] = self.ok as u8;
+        put_call(b, &self.call);
+        put_exported(&mut b[48..], &self.send);
+        put_exported(&mut b[48 + HANDLE + 8..], &self.recv);
+    }
+
+    fn decode(b: &[u8]) -> Option<CollRec> {
+        Some(CollRec {
+            ok: b[24] == 1,
+            call: get_call(b)?,
+            send: get_exported(&b[48..]),
+            recv: get_exported(&b[48 + HANDLE + 8..]),
+        })
+    }
+}
+
+fn comm_err(e: crate::Error) -> DevError {
+    DevError::Comm(e)
+}
+
+const NO_EXPORT: Exported = Exported { handle: IpcHandle([0; 64]), offset: 0 };
+
+impl Engine {
+    /// The engine of this process on device `ordinal` (its primary context).
+    pub fn new(ordinal: i32) -> Result<Engine, CudaError> {
+        let dev = Device::open(ordinal)?;
+        let kernels = Kernels::load(&dev, &[])?;
+        let ready = Event::interprocess(&dev)?;
+        let done = Event::interprocess(&dev)?;
+        Ok(Engine { ordinal, dev, kernels, ready, done, pair: HashMap::new(), peers: HashMap::new() })
+    }
+
+    pub fn ordinal(&self) -> i32 {
+        self.ordinal
+    }
+
+    fn pair(&mut self, q: usize) -> Result<&(Event, Event), CudaError> {
+        if !self.pair.contains_key(&q) {
+            let e = (Event::interprocess(&self.dev)?, Event::interprocess(&self.dev)?);
+            self.pair.insert(q, e);
+        }
+        Ok(&self.pair[&q])
+    }
+
+    fn peer_event(&mut self, h: IpcHandle) -> Result<&Event, CudaError> {
+        if let std::collections::hash_map::Entry::Vacant(v) = self.peers.entry(h) {
+            v.insert(Event::open_ipc(&self.dev, h)?);
+        }
+        Ok(&self.peers[&h])
+    }
+
+    /// Runs `calls` (one rank's group) on `stream`; returns the collectives it left to the
+    /// caller because some rank could not export a buffer (every rank leaves the same ones).
+    pub fn run(
+        &mut self,
+        comm: &Communicator,
+        stream: usize,
+        calls: &[DevCall],
+    ) -> Result<Vec<DevCall>, DevError> {
+        let p = comm.size();
+        let rank = comm.rank().idx();
+        self.dev.make_current()?;
+        let sref = Stream::borrowed(&self.dev, stream as driver::Handle);
+        let colls: Vec<DevCall> = calls.iter().filter(|c| c.collective().is_some()).copied().collect();
+        let sends: Vec<DevCall> = calls.iter().filter(|c| matches!(c.what, What::Send(_))).copied().collect();
+        let recvs: Vec<DevCall> = calls.iter().filter(|c| matches!(c.what, What::Recv(_))).copied().collect();
+        // 1. Ready events and exports.
+        let mut mine = vec![0u8; COLL_REC * colls.len() + 2 * HANDLE];
+        for (i, c) in colls.iter().enumerate() {
+            let ex = |a: u64| if a == 0 { Ok(NO_EXPORT) } else { export(a) };
+            let (ok, send, recv) = match (ex(c.send), ex(c.recv)) {
+                (Ok(a), Ok(b)) => (true, a, b),
+                _ => (false, NO_EXPORT, NO_EXPORT),
+            };
+            CollRec { ok, call: *c, send, recv }.encode(&mut mine[i * COLL_REC..]);
+        }
+        let o = COLL_REC * colls.len();
+        if !colls.is_empty() {
+            self.ready.record_raw(stream)?;
+            mine[o..o + HANDLE].copy_from_slice(&self.ready.ipc_handle()?.0);
+            mine[o + HANDLE..o + 2 * HANDLE].copy_from_slice(&self.done.ipc_handle()?.0);
+        }
+        let mut send_recs = Vec::with_capacity(sends.len());
+        for c in &sends {
+            let What::Send(q) = c.what else { continue };
+            let mut b = vec![0u8; SEND_REC];
+            let ex = if c.bytes() == 0 { Ok(NO_EXPORT) } else { export(c.send) };
+            b[0] = ex.is_ok() as u8;
+            b[1] = c.t as u8;
+            b[8..16].copy_from_slice(&(c.count as u64).to_le_bytes());
+            put_exported(&mut b[16..], &ex.unwrap_or(NO_EXPORT));
+            let ready = &self.pair(q)?.0;
+            ready.record_raw(stream)?;
+            let h = ready.ipc_handle()?;
+            b[16 + HANDLE + 8..].copy_from_slice(&h.0);
+            send_recs.push(b);
+        }
+        let mut answers: Vec<Vec<u8>> = Vec::with_capacity(recvs.len());
+        for c in &recvs {
+            let What::Recv(q) = c.what else { continue };
+            answers.push(self.pair(q)?.1.ipc_handle()?.0.to_vec());
+        }
+        // 2. The first exchange.
+        let mut all = vec![0u8; mine.len() * p];
+        let mut got_recs = vec![vec![0u8; SEND_REC]; recvs.len()];
+        let mut got_answers = vec![vec![0u8; HANDLE]; sends.len()];
+        {
+            let mut g = comm.group();
+            if !colls.is_empty() {
+                g.all_gather_raw(DataType::U8, &mine, &mut all).map_err(comm_err)?;
+            }
+            // Per direction of a pair, every send's record comes before every answer, on both
+            // sides (a pair may send both ways in one group).
+            for (c, rec) in sends.iter().zip(&send_recs) {
+                let What::Send(q) = c.what else { continue };
+                g.send_raw(DataType::U8, rec, Rank::new(q)).map_err(comm_err)?;
+            }
+            for (c, rec) in recvs.iter().zip(got_recs.iter_mut()) {
+                let What::Recv(q) = c.what else { continue };
+                g.recv_raw(DataType::U8, rec, Rank::new(q)).map_err(comm_err)?;
+            }
+            for (c, ans) in recvs.iter().zip(&answers) {
+                let What::Recv(q) = c.what else { continue };
+                g.send_raw(DataType::U8, ans, Rank::new(q)).map_err(comm_err)?;
+            }
+            for (c, ans) in sends.iter().zip(got_answers.iter_mut()) {
+                let What::Send(q) = c.what else { continue };
+                g.recv_raw(DataType::U8, ans, Rank::new(q)).map_err(comm_err)?;
+            }
+            g.end().map_err(comm_err)?;
+        }
+        // Collectives: every rank's records, checked alike everywhere.
+        let mut table: Vec<Vec<CollRec>> = Vec::new();
+        let mut coll_events: Vec<(IpcHandle, IpcHandle)> = Vec::new();
+        let mut left = Vec::new();
+        if !colls.is_empty() {
+            for q in 0..p {
+                let b = &all[q * mine.len()..(q + 1) * mine.len()];
+                let recs: Option<Vec<CollRec>> =
+                    (0..colls.len()).map(|i| CollRec::decode(&b[i * COLL_REC..])).collect();
+                let recs = recs.ok_or_else(|| {
+                    CudaError::Invalid(format!("rank {rank}: rank {q}'s collective record does not decode"))
+                })?;
+                let h = |o: usize| IpcHandle(b[o..o + HANDLE].try_into().unwrap_or([0; HANDLE]));
+                coll_events.push((h(o), h(o + HANDLE)));
+                table.push(recs);
+            }
+            for (q, recs) in table.iter().enumerate() {
+                if let Some((a, b)) = colls.iter().zip(recs).find(|(a, b)| !a.agrees(&b.call)) {
+                    return Err(CudaError::Invalid(format!(
+                        "rank {rank}: calls differ: this rank's {} but rank {q}'s {}",
+                        a.describe(),
+                        b.call.describe()
+                    ))
+                    .into());
+                }
+            }
+            if table.iter().any(|recs| recs.iter().any(|r| !r.ok)) {
+                left = colls.clone();
+            }
+        }
+        // 3. Map, wait, launch, record.
+        let launched =
+            self.launch(rank, p, &sref, &colls, &left, &table, &coll_events, &sends, &recvs, &got_recs);
+        // Whatever happened, the events others wait on are recorded, so their streams go on.
+        if !colls.is_empty() && left.is_empty() {
+            let _ = self.done.record_raw(stream);
+        }
+        for c in &recvs {
+            if let What::Recv(q) = c.what {
+                let _ = self.pair(q).map(|e| e.1.record_raw(stream));
+            }
+        }
+        // 4. The second exchange: every `done` is recorded (and whether the launch worked).
+        let flag = [launched.is_ok() as u8];
+        let mut flags = vec![0u8; p];
+        let mut send_flags = vec![[0u8; 1]; sends.len()];
+        {
+            let mut g = comm.group();
+            if !colls.is_empty() && left.is_empty() {
+                g.all_gather_raw(DataType::U8, &flag, &mut flags).map_err(comm_err)?;
+            }
+            for (c, f) in sends.iter().zip(send_flags.iter_mut()) {
+                let What::Send(q) = c.what else { continue };
+                g.recv_raw(DataType::U8, f, Rank::new(q)).map_err(comm_err)?;
+            }
+            for c in &recvs {
+                let What::Recv(q) = c.what else { continue };
+                g.send_raw(DataType::U8, &flag, Rank::new(q)).map_err(comm_err)?;
+            }
+            g.end().map_err(comm_err)?;
+        }
+        launched?;
+        if !colls.is_empty() && left.is_empty() {
+            if let Some(q) = flags.iter().position(|&f| f != 1) {
+                return Err(CudaError::Invalid(format!(
+                    "rank {rank}: rank {q} could not launch its part of the collectives (its error says why)"
+                ))
+                .into());
+            }
+            for (q, &(_, done)) in coll_events.iter().enumerate() {
+                if q != rank {
+                    let e = self.peer_event(done)?;
+                    sref.wait(e)?;
+                }
+            }
+        }
+        for (c, ans) in sends.iter().zip(&got_answers) {
+            let What::Send(q) = c.what else { continue };
+            let h = IpcHandle(ans[..HANDLE].try_into().unwrap_or([0; HANDLE]));
+            if q != rank {
+                let e = self.peer_event(h)?;
+                sref.wait(e)?;
+            }
+        }
+        for (c, f) in sends.iter().zip(&send_flags) {
+            if let (What::Send(q), 0) = (c.what, f[0]) {
+                return Err(CudaError::Invalid(format!(
+                    "rank {rank}: {}: rank {q} could not receive it (its error says why)",
+                    c.describe()
+                ))
+                .into());
+            }
+        }
+        Ok(left)
+    }
+
+    /// Step 3: waits on the ready events, launches this rank's tasks, records nothing (the
+    /// caller records the done events whatever this returns).
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &mut self,
+        rank: usize,
+        p: usize,
+        s: &Stream,
+        colls: &[DevCall],
+        left: &[DevCall],
+        table: &[Vec<CollRec>],
+        coll_events: &[(IpcHandle, IpcHandle)],
+        sends: &[DevCall],
+        recvs: &[DevCall],
+        got_recs: &[Vec<u8>],
+    ) -> Result<(), DevError> {
+        let mut coll_tasks = Vec::new();
+        if !colls.is_empty() && left.is_empty() {
+            for (q, &(ready, _)) in coll_events.iter().enumerate() {
+                if q != rank {
+                    let e = self.peer_event(ready)?;
+                    s.wait(e)?;
+                }
+            }
+            for (i, c) in colls.iter().enumerate() {
+                let bufs = (0..p)
+                    .map(|q| {
+                        let r = &table[q][i];
+                        let open = |a: u64, e: &Exported| {
+                            if q == rank {
+                                Ok(a)
+                            } else if e.handle == NO_EXPORT.handle {
+                                Ok(0)
+                            } else {
+                                open(self.ordinal, e)
+                            }
+                        };
+                        Ok(Bufs { send: open(c.send, &r.send)?, recv: open(c.recv, &r.recv)? })
+                    })
+                    .collect::<Result<Vec<Bufs>, CudaError>>()?;
+                let coll = c.collective().expect("collectives only");
+                coll_tasks.push((*c, device::tasks(coll, c.count, c.t.size_bytes(), rank, &bufs)));
+            }
+        }
+        // Sends to itself pair with receives from itself, in order, on local addresses.
+        let mut own_sends = sends.iter().filter(|c| c.what == What::Send(rank)).map(|c| c.send);
+        let mut tasks = Vec::new();
+        for (c, rec) in recvs.iter().zip(got_recs) {
+            let What::Recv(q) = c.what else { continue };
+            let (ok, t, count) = (rec[0] == 1, DataType::from_nccl(rec[1] as i32), u64_at(rec, 8) as usize);
+            let own = if q == rank { own_sends.next() } else { None };
+            if !ok {
+                return Err(CudaError::Invalid(format!(
+                    "rank {rank}: {}: rank {q} could not export its send buffer for CUDA IPC (set OXCCL_CUDA_IPC=0 to stage device calls through host memory)",
+                    c.describe()
+                ))
+                .into());
+            }
+            if (t, count) != (Some(c.t), c.count) {
+                let tn = t.map_or(format!("type {}", rec[1]), |t| t.to_string());
+                return Err(CudaError::Invalid(format!(
+                    "rank {rank}: {}, but rank {q}'s matching send is of {count} x {tn}",
+                    c.describe()
+                ))
+                .into());
+            }
+            if c.bytes() == 0 {
+                continue;
+            }
+            let src = match own {
+                Some(a) => a,
+                None => {
+                    let ready = IpcHandle(
+                        rec[16 + HANDLE + 8..16 + 2 * HANDLE + 8].try_into().unwrap_or([0; HANDLE]),
+                    );
+                    s.wait(self.peer_event(ready)?)?;
+                    open(self.ordinal, &get_exported(&rec[16..]))?
+                }
+            };
+            tasks.push(Task::copy(src, vec![c.recv], c.bytes()));
+        }
+        let units = call::collective_units(&coll_tasks, p);
+        let p2p_units = call::p2p_units(tasks, false);
+        for u in units.iter().chain(&p2p_units) {
+            let (t, op) = u.kernel();
+            let div = if op == Kop::Op(ReduceOp::Avg) { p as u32 } else { 0 };
+            self.kernels.run(s, t, op, &u.tasks, u.scalar, div, self.kernels.blocks, &Sync::default())?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn collective_records_round_trip_through_their_bytes() {
+        let mut h = [0u8; 64];
+        for (i, x) in h.iter_mut().enumerate() {
+            *x = i as u8;
+        }
+        for call in [
+            DevCall::coll(device::Coll::Reduce(5), DataType::Bf16, ReduceOp::Max, 1 << 40, 0, 0),
+            DevCall::premul(device::Coll::ReduceScatter, DataType::F16, 0x3c00, 77, 0, 0),
+            DevCall::coll(device::Coll::AllToAll, DataType::U8, ReduceOp::Sum, 3, 0, 0),
+        ] {
+            let r = CollRec {
+                ok: true,
+                call,
+                send: Exported { handle: IpcHandle(h), offset: 4096 },
+                recv: Exported { handle: IpcHandle([7; 64]), offset: 12 },
+            };
+            let mut b = vec![0u8; COLL_REC];
+            r.encode(&mut b);
+            let back = CollRec::decode(&b).unwrap();
+            assert_eq!(back, r);
+            assert!(back.call.agrees(&call));
+        }
+    }
 }

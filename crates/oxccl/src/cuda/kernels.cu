@@ -1,13 +1,22 @@
-// oxccl's device kernels: copy and reduce-copy, compiled at run time by NVRTC.
+// oxccl's device kernels: copy and reduce-copy over work lists, compiled at run time by NVRTC.
 // No headers: NVRTC is given none. The instantiations (one extern "C" kernel per operator and
 // type) are appended by kernels.rs, which also holds the list of names.
 //
-// Rules (the same as the CPU kernels in oxccl-core's reduce.rs):
+// Rules (the same as the CPU kernels in oxccl-core's reduce.rs and fp8.rs):
 // - integer arithmetic wraps (done in unsigned arithmetic, so no signed overflow);
-// - f16 and bf16 are widened to f32, combined, and rounded once (round to nearest even);
+// - f16, bf16 and both fp8 formats are widened to f32, combined, and rounded once (round to
+//   nearest even; fp8 saturates to the largest finite value, NaN stays NaN);
 // - f32 and f64 are combined in their own precision;
-// - each thread moves 16-byte vectors when every pointer is 16-byte aligned (`vec` != 0),
-//   else single elements; OX_UNROLL vectors are in flight per thread and source.
+// - Avg is a sum, rounded to the type, then divided by the rank count (integers truncate,
+//   narrow floats divide in f32 and round again), as reduce.rs's `finalize`;
+// - PreMulSum multiplies each source element by the scalar and rounds it to the type (as
+//   the C ABI's scaled copy on host memory), then sums;
+// - a task with one source and no scaling is a byte copy (bit patterns kept, NaN payloads too).
+// Each thread moves 16-byte vectors when every pointer of a task is 16-byte aligned (`vec`),
+// else single elements. Per thread and source, U vectors are in flight (OX_UNROLL for 4- and
+// 8-byte accumulators; fewer for narrow types, whose accumulators take more registers, with
+// OX_TYPED_UNROLL), and with OX_PAIR the loads of two sources are issued before either is
+// combined.
 
 typedef unsigned char u8;
 typedef signed char i8;
@@ -18,18 +27,89 @@ typedef unsigned long long u64;
 typedef long long i64;
 struct __align__(2) h16 { u16 x; };
 struct __align__(2) b16 { u16 x; };
+struct __align__(1) e4m3 { u8 x; };
+struct __align__(1) e5m2 { u8 x; };
 struct __align__(16) V16 { u32 w[4]; };
 
 #ifndef OX_UNROLL
-#define OX_UNROLL 8
+#define OX_UNROLL 4
+#endif
+#ifndef OX_TYPED_UNROLL
+#define OX_TYPED_UNROLL 0
+#endif
+#ifndef OX_PAIR
+#define OX_PAIR 1
+#endif
+// Vectors in flight per thread in byte copies.
+#ifndef OX_COPY_UNROLL
+#define OX_COPY_UNROLL 8
+#endif
+#ifndef OX_MINBLOCKS
+#define OX_MINBLOCKS 1
 #endif
 #define OX_MAXSRC 8
 #define OX_MAXDST 8
-struct Srcs { const void* p[OX_MAXSRC]; };
-// Every destination receives the same result (a reduce-scatter that writes each slice
-// straight into every rank's output is an all-reduce that reads each input once).
-struct Dsts { void* p[OX_MAXDST]; };
+#define OX_MAXTASK 8
 
+// One reduce-copy: every destination receives op(src[0], src[1], ...) over n elements; or,
+// with `copy`, the n bytes of src[0] (any launch carries such tasks, whatever its type).
+struct Task {
+  u64 src[OX_MAXSRC];
+  u64 dst[OX_MAXDST];
+  u64 n;
+  u32 nsrc;
+  u32 ndst;
+  u32 vec;
+  u32 copy;
+};
+
+// A launch's work: tasks done in order by every block (grid-stride within each), the
+// PreMulSum scalar (the element's bit pattern) and the Avg divisor (the rank count).
+struct Work {
+  Task t[OX_MAXTASK];
+  u64 scalar;
+  u32 ntask;
+  u32 div;
+};
+
+__device__ __forceinline__ float pow2f(int e) { return __uint_as_float((u32)(e + 127) << 23); }
+
+// fp8: decoding is exact; encoding rounds to nearest even and saturates (oxccl-core fp8.rs).
+__device__ __noinline__ float f8_dec(u8 c, int m, int bias, bool ieee) {
+  const float sgn = (c & 0x80) ? -1.0f : 1.0f;
+  const u32 mag = c & 0x7f;
+  const u32 ef = mag >> m;
+  const u32 mant = mag & ((1u << m) - 1);
+  const u32 emax = (1u << (7 - m)) - 1;
+  if (ieee && ef == emax) return mant == 0 ? sgn * __uint_as_float(0x7f800000u) : __uint_as_float(0x7fc00000u);
+  if (!ieee && mag == 0x7f) return __uint_as_float(0x7fc00000u);
+  const float v = ef == 0 ? (float)mant * pow2f(1 - bias - m) : (float)((1u << m) + mant) * pow2f((int)ef - bias - m);
+  return sgn * v;
+}
+
+__device__ __noinline__ u8 f8_enc(float x, int m, int bias, u8 max_code, u32 max_bits) {
+  const u32 bits = __float_as_uint(x);
+  const u8 sign = (u8)((bits >> 24) & 0x80);
+  const u32 a = bits & 0x7fffffffu;
+  if (a > 0x7f800000u) return 0x7f;
+  if (a >= max_bits) return sign | max_code;
+  const int emin = 1 - bias;
+  const int e0 = (int)(a >> 23) - 127;
+  u32 mag;
+  if (e0 >= emin) {
+    const u32 shift = 23 - m;
+    const u32 half = (1u << (shift - 1)) - 1;
+    const u32 r = a + half + ((a >> shift) & 1);
+    const int e = (int)(r >> 23) - 127;
+    mag = ((u32)(e + bias) << m) | ((r >> shift) & ((1u << m) - 1));
+  } else {
+    const float q = __uint_as_float(a) * pow2f(m - emin);
+    asm("cvt.rni.u32.f32 %0, %1;" : "=r"(mag) : "f"(q));
+  }
+  return sign | (u8)mag;
+}
+
+// The accumulator of each type, with its widening load and narrowing store.
 template <typename T> struct Acc { typedef T A; static __device__ __forceinline__ A ld(T v) { return v; } static __device__ __forceinline__ T st(A v) { return v; } };
 template <> struct Acc<i8> { typedef u32 A; static __device__ __forceinline__ A ld(i8 v) { return (u32)(i32)v; } static __device__ __forceinline__ i8 st(A v) { return (i8)(u8)v; } };
 template <> struct Acc<u8> { typedef u32 A; static __device__ __forceinline__ A ld(u8 v) { return v; } static __device__ __forceinline__ u8 st(A v) { return (u8)v; } };
@@ -42,6 +122,16 @@ template <> struct Acc<b16> {
   typedef float A;
   static __device__ __forceinline__ A ld(b16 v) { return __uint_as_float(((u32)v.x) << 16); }
   static __device__ __forceinline__ b16 st(A f) { b16 v; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(v.x) : "f"(f)); return v; }
+};
+template <> struct Acc<e4m3> {
+  typedef float A;
+  static __device__ __forceinline__ A ld(e4m3 v) { return f8_dec(v.x, 3, 7, false); }
+  static __device__ __forceinline__ e4m3 st(A f) { e4m3 v; v.x = f8_enc(f, 3, 7, 0x7e, 0x43e00000u); return v; }
+};
+template <> struct Acc<e5m2> {
+  typedef float A;
+  static __device__ __forceinline__ A ld(e5m2 v) { return f8_dec(v.x, 2, 15, true); }
+  static __device__ __forceinline__ e5m2 st(A f) { e5m2 v; v.x = f8_enc(f, 2, 15, 0x7b, 0x47600000u); return v; }
 };
 
 // Signedness for comparisons: the accumulator of i8 is u32 (for wrapping arithmetic), so
@@ -62,111 +152,229 @@ __device__ __forceinline__ i64 wmul(i64 a, i64 b) { return (i64)((u64)a * (u64)b
 __device__ __forceinline__ float wmul(float a, float b) { return a * b; }
 __device__ __forceinline__ double wmul(double a, double b) { return a * b; }
 
-template <typename T> struct OpSum { template <typename A> static __device__ __forceinline__ A f(A a, A b) { return wadd(a, b); } };
-template <typename T> struct OpProd { template <typename A> static __device__ __forceinline__ A f(A a, A b) { return wmul(a, b); } };
+// Avg's division of a finished sum (reduce.rs `finalize`).
+template <typename T> struct Div { static __device__ __forceinline__ T f(T v, u32 n) { return v / (T)n; } };
+template <> struct Div<i8> { static __device__ __forceinline__ i8 f(i8 v, u32 n) { return (i8)((i32)v / (i32)n); } };
+template <> struct Div<u8> { static __device__ __forceinline__ u8 f(u8 v, u32 n) { return (u8)((u32)v / n); } };
+template <> struct Div<i32> { static __device__ __forceinline__ i32 f(i32 v, u32 n) { return (i32)((i64)v / (i64)n); } };
+template <> struct Div<i64> { static __device__ __forceinline__ i64 f(i64 v, u32 n) { return v / (i64)n; } };
+template <> struct Div<float> { static __device__ __forceinline__ float f(float v, u32 n) { return v / (float)n; } };
+template <> struct Div<double> { static __device__ __forceinline__ double f(double v, u32 n) { return v / (double)n; } };
+template <typename T> struct DivNarrow { static __device__ __forceinline__ T f(T v, u32 n) { return Acc<T>::st(Acc<T>::ld(v) / (float)n); } };
+template <> struct Div<h16> : DivNarrow<h16> {};
+template <> struct Div<b16> : DivNarrow<b16> {};
+template <> struct Div<e4m3> : DivNarrow<e4m3> {};
+template <> struct Div<e5m2> : DivNarrow<e5m2> {};
+
+// Operators: PRE scales each source by the scalar (PreMulSum), POST divides the result (Avg).
+struct OpBase { static constexpr bool PRE = false; static constexpr bool POST = false; };
+template <typename T> struct OpSum : OpBase { template <typename A> static __device__ __forceinline__ A f(A a, A b) { return wadd(a, b); } };
+template <typename T> struct OpProd : OpBase { template <typename A> static __device__ __forceinline__ A f(A a, A b) { return wmul(a, b); } };
 // NaN-ignoring like Rust's f32::max/min (the CPU kernels' rule); integers compare plainly.
-template <typename T> struct OpMax { template <typename A> static __device__ __forceinline__ A f(A a, A b) { return (a != a) ? b : (b != b) ? a : (Cmp<T>::lt(a, b) ? b : a); } };
-template <typename T> struct OpMin { template <typename A> static __device__ __forceinline__ A f(A a, A b) { return (a != a) ? b : (b != b) ? a : (Cmp<T>::lt(b, a) ? b : a); } };
-template <typename T> struct OpBand { template <typename A> static __device__ __forceinline__ A f(A a, A b) { return a & b; } };
-template <typename T> struct OpBor { template <typename A> static __device__ __forceinline__ A f(A a, A b) { return a | b; } };
-template <typename T> struct OpBxor { template <typename A> static __device__ __forceinline__ A f(A a, A b) { return a ^ b; } };
+template <typename T> struct OpMax : OpBase { template <typename A> static __device__ __forceinline__ A f(A a, A b) { return (a != a) ? b : (b != b) ? a : (Cmp<T>::lt(a, b) ? b : a); } };
+template <typename T> struct OpMin : OpBase { template <typename A> static __device__ __forceinline__ A f(A a, A b) { return (a != a) ? b : (b != b) ? a : (Cmp<T>::lt(b, a) ? b : a); } };
+template <typename T> struct OpBand : OpBase { template <typename A> static __device__ __forceinline__ A f(A a, A b) { return a & b; } };
+template <typename T> struct OpBor : OpBase { template <typename A> static __device__ __forceinline__ A f(A a, A b) { return a | b; } };
+template <typename T> struct OpBxor : OpBase { template <typename A> static __device__ __forceinline__ A f(A a, A b) { return a ^ b; } };
+template <typename T> struct OpAvg : OpSum<T> { static constexpr bool POST = true; };
+template <typename T> struct OpPremul : OpSum<T> { static constexpr bool PRE = true; };
+
+// Vectors in flight per thread and source for type T: OX_UNROLL, except for 1-byte types
+// (16 accumulators a vector), which keep one (with OX_TYPED_UNROLL: fewer as accumulators
+// take more registers).
+template <typename T> struct Unroll {
+  static constexpr int REGS = (16 / (int)sizeof(T)) * (int)sizeof(typename Acc<T>::A) / 4;
+  static constexpr int U = OX_TYPED_UNROLL ? ((OX_UNROLL * 4 / REGS) >= 1 ? OX_UNROLL * 4 / REGS : 1)
+                                           : (REGS > 8 ? 1 : OX_UNROLL);
+};
+
+template <typename T> __device__ __forceinline__ T from_bits(u64 b) { union { u64 b; T t; } u; u.b = b; return u.t; }
 
 template <typename T, typename Op>
-__device__ __forceinline__ void reduce_body(const Srcs& s, int nsrc, const Dsts& d, int ndst, u64 n, int vec) {
+__device__ __forceinline__ typename Acc<T>::A load_acc(T v, typename Acc<T>::A s) {
   typedef typename Acc<T>::A A;
+  A a = Acc<T>::ld(v);
+  if (Op::PRE) a = Acc<T>::ld(Acc<T>::st(wmul(a, s)));
+  return a;
+}
+
+template <typename T, typename Op>
+__device__ __forceinline__ T store_val(typename Acc<T>::A a, u32 div) {
+  T v = Acc<T>::st(a);
+  if (Op::POST && div > 1) v = Div<T>::f(v, div);
+  return v;
+}
+
+// Loads vector v of U consecutive strides from `p` (guarded by nv).
+template <int U>
+__device__ __forceinline__ void load_vecs(V16 (&in)[U], const V16* p, u64 base, u64 stride, u64 nv) {
+#pragma unroll
+  for (int r = 0; r < U; r++) {
+    const u64 v = base + r * stride;
+    if (v < nv) in[r] = p[v];
+  }
+}
+
+template <typename T, typename Op, int U>
+__device__ __forceinline__ void fold(typename Acc<T>::A (&acc)[U][16 / sizeof(T)], const V16 (&in)[U], typename Acc<T>::A s, bool first) {
   constexpr int PER = 16 / sizeof(T);
+  union W { V16 u; T e[PER]; };
+#pragma unroll
+  for (int r = 0; r < U; r++) {
+    W w;
+    w.u = in[r];
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+      const typename Acc<T>::A x = load_acc<T, Op>(w.e[k], s);
+      acc[r][k] = first ? x : Op::f(acc[r][k], x);
+    }
+  }
+}
+
+// Byte copy of `bytes` from src to dst (16-byte vectors when `vec`).
+__device__ __forceinline__ void copy_bytes(const u8* __restrict__ src, u8* __restrict__ dst, u64 bytes, u32 vec) {
   const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   const u64 stride = (u64)gridDim.x * blockDim.x;
-  const u64 nv = vec ? n / PER : 0;
-  union U { V16 u; T e[PER]; };
-  for (u64 base = tid; base < nv; base += stride * OX_UNROLL) {
-    A acc[OX_UNROLL][PER];
-    U in[OX_UNROLL];
+  const u64 nv = vec ? bytes / 16 : 0;
+  for (u64 base = tid; base < nv; base += stride * OX_COPY_UNROLL) {
+    V16 t[OX_COPY_UNROLL];
+    load_vecs<OX_COPY_UNROLL>(t, (const V16*)src, base, stride, nv);
 #pragma unroll
-    for (int r = 0; r < OX_UNROLL; r++) {
+    for (int r = 0; r < OX_COPY_UNROLL; r++) {
       const u64 v = base + r * stride;
-      if (v < nv) in[r].u = ((const V16*)s.p[0])[v];
+      if (v < nv) ((V16*)dst)[v] = t[r];
+    }
+  }
+  for (u64 i = nv * 16 + tid; i < bytes; i += stride) dst[i] = src[i];
+}
+
+template <typename T, typename Op>
+__device__ __forceinline__ void reduce_task(const Task& t, u64 scalar, u32 div) {
+  typedef typename Acc<T>::A A;
+  constexpr int PER = 16 / sizeof(T);
+  constexpr int U = Unroll<T>::U;
+  const int nsrc = (int)t.nsrc, ndst = (int)t.ndst;
+  const u64 n = t.n;
+  if (t.copy || (nsrc == 1 && !Op::PRE && !(Op::POST && div > 1))) {
+    const u64 bytes = t.copy ? n : n * sizeof(T);
+    for (int j = 0; j < ndst; j++)
+      if (t.dst[j] != t.src[0]) copy_bytes((const u8*)t.src[0], (u8*)t.dst[j], bytes, t.vec);
+    return;
+  }
+  const A s = Op::PRE ? Acc<T>::ld(from_bits<T>(scalar)) : A();
+  const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  const u64 stride = (u64)gridDim.x * blockDim.x;
+  const u64 nv = t.vec ? n / PER : 0;
+  union W { V16 u; T e[PER]; };
+  for (u64 base = tid; base < nv; base += stride * U) {
+    A acc[U][PER];
+    V16 a[U];
+    int j;
+#if OX_PAIR
+    V16 b[U];
+    if (nsrc >= 2) {
+      load_vecs<U>(a, (const V16*)t.src[0], base, stride, nv);
+      load_vecs<U>(b, (const V16*)t.src[1], base, stride, nv);
+      fold<T, Op, U>(acc, a, s, true);
+      fold<T, Op, U>(acc, b, s, false);
+      j = 2;
+    } else {
+      load_vecs<U>(a, (const V16*)t.src[0], base, stride, nv);
+      fold<T, Op, U>(acc, a, s, true);
+      j = 1;
+    }
+    for (; j + 1 < nsrc; j += 2) {
+      load_vecs<U>(a, (const V16*)t.src[j], base, stride, nv);
+      load_vecs<U>(b, (const V16*)t.src[j + 1], base, stride, nv);
+      fold<T, Op, U>(acc, a, s, false);
+      fold<T, Op, U>(acc, b, s, false);
+    }
+#else
+    load_vecs<U>(a, (const V16*)t.src[0], base, stride, nv);
+    fold<T, Op, U>(acc, a, s, true);
+    j = 1;
+#endif
+    for (; j < nsrc; j++) {
+      load_vecs<U>(a, (const V16*)t.src[j], base, stride, nv);
+      fold<T, Op, U>(acc, a, s, false);
     }
 #pragma unroll
-    for (int r = 0; r < OX_UNROLL; r++)
-#pragma unroll
-      for (int k = 0; k < PER; k++) acc[r][k] = Acc<T>::ld(in[r].e[k]);
-    for (int j = 1; j < nsrc; j++) {
-#pragma unroll
-      for (int r = 0; r < OX_UNROLL; r++) {
-        const u64 v = base + r * stride;
-        if (v < nv) in[r].u = ((const V16*)s.p[j])[v];
-      }
-#pragma unroll
-      for (int r = 0; r < OX_UNROLL; r++)
-#pragma unroll
-        for (int k = 0; k < PER; k++) acc[r][k] = Op::f(acc[r][k], Acc<T>::ld(in[r].e[k]));
-    }
-#pragma unroll
-    for (int r = 0; r < OX_UNROLL; r++) {
+    for (int r = 0; r < U; r++) {
       const u64 v = base + r * stride;
       if (v < nv) {
-        U o;
+        W o;
 #pragma unroll
-        for (int k = 0; k < PER; k++) o.e[k] = Acc<T>::st(acc[r][k]);
+        for (int k = 0; k < PER; k++) o.e[k] = store_val<T, Op>(acc[r][k], div);
         if (ndst == 1) {
-          ((V16*)d.p[0])[v] = o.u;
+          ((V16*)t.dst[0])[v] = o.u;
         } else {
-          for (int j = 0; j < ndst; j++) ((V16*)d.p[j])[v] = o.u;
+          for (int d = 0; d < ndst; d++) ((V16*)t.dst[d])[v] = o.u;
         }
       }
     }
   }
   for (u64 i = nv * PER + tid; i < n; i += stride) {
-    A acc = Acc<T>::ld(((const T*)s.p[0])[i]);
-    for (int j = 1; j < nsrc; j++) acc = Op::f(acc, Acc<T>::ld(((const T*)s.p[j])[i]));
-    const T out = Acc<T>::st(acc);
-    for (int j = 0; j < ndst; j++) ((T*)d.p[j])[i] = out;
+    A acc = load_acc<T, Op>(((const T*)t.src[0])[i], s);
+    for (int j = 1; j < nsrc; j++) acc = Op::f(acc, load_acc<T, Op>(((const T*)t.src[j])[i], s));
+    const T out = store_val<T, Op>(acc, div);
+    for (int d = 0; d < ndst; d++) ((T*)t.dst[d])[i] = out;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(512) oxk_copy(const u8* __restrict__ src, u8* __restrict__ dst, u64 n, int vec) {
-  const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-  const u64 stride = (u64)gridDim.x * blockDim.x;
-  const u64 nv = vec ? n / 16 : 0;
-  for (u64 base = tid; base < nv; base += stride * OX_UNROLL) {
-    V16 t[OX_UNROLL];
-#pragma unroll
-    for (int r = 0; r < OX_UNROLL; r++) {
-      const u64 v = base + r * stride;
-      if (v < nv) t[r] = ((const V16*)src)[v];
-    }
-#pragma unroll
-    for (int r = 0; r < OX_UNROLL; r++) {
-      const u64 v = base + r * stride;
-      if (v < nv) ((V16*)dst)[v] = t[r];
-    }
+// Each task is copied to shared memory first: its pointers are then read from there, not
+// indexed out of the kernel's parameters (which costs registers).
+template <typename T, typename Op>
+__device__ __forceinline__ void run_work(const Work& w) {
+  __shared__ Task st;
+  const u32 nt = w.ntask < OX_MAXTASK ? w.ntask : OX_MAXTASK;
+  for (u32 i = 0; i < nt; i++) {
+    __syncthreads();
+    if (threadIdx.x < sizeof(Task) / 8) ((u64*)&st)[threadIdx.x] = ((const u64*)&w.t[i])[threadIdx.x];
+    __syncthreads();
+    reduce_task<T, Op>(st, w.scalar, w.div);
   }
-  for (u64 i = nv * 16 + tid; i < n; i += stride) dst[i] = src[i];
 }
 
-// A barrier across the kernels of several ranks (threads of one process, one context, one
-// launch each per call, every block of all of them co-resident), met at the kernel's start
-// and end. `arr` is null for a plain reduce-copy.
-// - Arrival: block 0 of `rank` raises arr[rank] to `seq` (this call's number, counted from 1
-//   by every rank alike); thread 0 of every block waits until every rank's arr is >= seq, so
-//   every rank's stream has reached this call: its input is written and its output free.
-// - Departure: every block adds 1 to *dep after its writes; block 0 waits until *dep reaches
-//   `depart` (the sum of every rank's blocks over all calls so far), so when the kernel ends
-//   every rank has finished reading this rank's input and writing this rank's output.
+extern "C" __global__ void __launch_bounds__(512, OX_MINBLOCKS) oxk_copy(const u8* __restrict__ src, u8* __restrict__ dst, u64 n, int vec) {
+  copy_bytes(src, dst, n, (u32)vec);
+}
+
+// How the kernels of one call meet each other (ranks as threads of one process and one
+// context, every block of all of them co-resident; or any ranks whose kernels can reach one
+// another's counters). All zero (arr null): no meeting, the launch just does its work.
+// - Collectives (seq != 0): block 0 of `rank` raises arr[rank] to `seq` (this rank's count of
+//   collective launches, the same on every rank); thread 0 of every block waits until every
+//   rank's arr is >= seq, so every rank's stream has reached this call: inputs written,
+//   outputs free. At the end every block adds 1 to *dep after its writes, and block 0 waits
+//   until *dep reaches `depart` (every rank's blocks of every collective launch so far).
+// - Point-to-point, per peer q: at the start a sender raises pready[rank * p + q] to
+//   send_to[q] (its count of sends to q so far), and a receiver waits until
+//   pready[q * p + rank] >= recv_from[q] before copying out of q's buffer. At the end, once
+//   all of the launch's blocks are done (mydep[rank] reaches `mydepart`), a receiver raises
+//   pdone[q * p + rank] to recv_done[q], and a sender's block 0 waits until
+//   pdone[rank * p + q] >= send_done[q], so work after the launch may reuse the send buffer.
 // - A wait longer than `timeout_ns` (0: forever), or a failure already recorded, stops it:
 //   the first failure is recorded in *fail (device) and in host[0..3] (host-mapped: code,
 //   0, seq) for the host to read without waiting for the stream; the code is
 //   1 | waiting rank << 8 | missing rank << 16 (0xff: unknown) | phase << 24 (0 arrival,
-//   1 departure). A failed block skips its work, and every later call sees *fail and skips.
-struct Bar {
+//   1 departure, 2 a peer's send, 3 a receive, 4 a peer's LL data). A failed block skips its
+//   work, and every later launch sees *fail and skips.
+struct Sync {
   u64* arr;
   u64* dep;
   u32* fail;
   u32* host;
+  u64* pready;
+  u64* pdone;
+  u64* mydep;
   u64 seq;
   u64 depart;
+  u64 mydepart;
   u64 timeout_ns;
+  u64 send_to[8];
+  u64 recv_from[8];
+  u64 recv_done[8];
+  u64 send_done[8];
   int rank;
   int p;
 };
@@ -175,7 +383,7 @@ __device__ __forceinline__ u64 ld_acq(const u64* a) { u64 v; asm volatile("ld.ac
 __device__ __forceinline__ u32 ld_acq32(const u32* a) { u32 v; asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(a) : "memory"); return v; }
 __device__ __forceinline__ u64 now_ns() { u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
 
-__device__ void bar_fail(const Bar& b, u32 code) {
+__device__ void sync_fail(const Sync& b, u32 code) {
   if (atomicCAS(b.fail, 0u, code) == 0u) {
     volatile u32* h = (volatile u32*)b.host;
     h[2] = (u32)b.seq;
@@ -187,48 +395,165 @@ __device__ void bar_fail(const Bar& b, u32 code) {
 }
 
 // Thread 0 waits until *a >= want; false (and the failure recorded) if it gave up.
-__device__ bool bar_wait(const Bar& b, const u64* a, u64 want, u32 phase, int missing) {
+__device__ bool sync_wait(const Sync& b, const u64* a, u64 want, u32 phase, int missing) {
   u64 t0 = 0;
   while (ld_acq(a) < want) {
     if (ld_acq32(b.fail) != 0u) return false;
     const u64 t = now_ns();
     if (t0 == 0) t0 = t;
     else if (b.timeout_ns != 0 && t - t0 > b.timeout_ns) {
-      bar_fail(b, 1u | ((u32)b.rank << 8) | ((u32)(missing & 0xff) << 16) | (phase << 24));
+      sync_fail(b, 1u | ((u32)b.rank << 8) | ((u32)(missing & 0xff) << 16) | (phase << 24));
       return false;
     }
-    __nanosleep(200);
+    __nanosleep(100);
   }
   return true;
 }
 
-__device__ bool bar_arrive(const Bar& b) {
+__device__ bool sync_arrive(const Sync& b) {
   __shared__ int ok;
   if (threadIdx.x == 0) {
+    const int p = b.p;
     if (blockIdx.x == 0) {
       __threadfence();
-      atomicMax(&b.arr[b.rank], b.seq);
+      if (b.seq != 0) atomicMax(&b.arr[b.rank], b.seq);
+      for (int q = 0; q < p; q++)
+        if (b.send_to[q] != 0) atomicMax(&b.pready[b.rank * p + q], b.send_to[q]);
     }
     bool good = ld_acq32(b.fail) == 0u;
-    for (int q = 0; q < b.p && good; q++) good = bar_wait(b, &b.arr[q], b.seq, 0, q);
+    if (b.seq != 0)
+      for (int q = 0; q < p && good; q++) good = sync_wait(b, &b.arr[q], b.seq, 0, q);
+    for (int q = 0; q < p && good; q++)
+      if (b.recv_from[q] != 0) good = sync_wait(b, &b.pready[q * p + b.rank], b.recv_from[q], 2, q);
     ok = good;
   }
   __syncthreads();
   return ok != 0;
 }
 
-__device__ void bar_depart(const Bar& b) {
+__device__ void sync_depart(const Sync& b) {
   __syncthreads();
   if (threadIdx.x == 0) {
+    const int p = b.p;
+    bool done = false;
+    for (int q = 0; q < p; q++) done |= b.recv_done[q] != 0;
     __threadfence();
-    atomicAdd(b.dep, 1ull);
-    if (blockIdx.x == 0) bar_wait(b, b.dep, b.depart, 1, 0xff);
+    if (b.seq != 0) atomicAdd(b.dep, 1ull);
+    if (done) atomicAdd(&b.mydep[b.rank], 1ull);
+    if (blockIdx.x == 0) {
+      if (done && sync_wait(b, &b.mydep[b.rank], b.mydepart, 3, 0xff)) {
+        __threadfence();
+        for (int q = 0; q < p; q++)
+          if (b.recv_done[q] != 0) atomicMax(&b.pdone[q * p + b.rank], b.recv_done[q]);
+      }
+      if (b.seq != 0) sync_wait(b, b.dep, b.depart, 1, 0xff);
+      for (int q = 0; q < p; q++)
+        if (b.send_done[q] != 0) sync_wait(b, &b.pdone[b.rank * p + q], b.send_done[q], 3, q);
+    }
+  }
+}
+
+
+// LL all-reduce (small sizes, ranks whose kernels reach one another's memory): one launch, one
+// flag exchange, no barrier. The group's LL buffer holds, per destination rank q, two slots
+// (call parity) of one line per source rank r and 8 payload bytes:
+// line(q, parity, r, i) = ll + ((q * 2 + parity) * p + r) * ll_lines + i, 16 bytes each:
+// {data lo, flag, data hi, flag}, written with one 16-byte store whose two 8-byte halves each
+// carry the flag (NCCL's LL line). Thread i of rank r reads its input's 8 bytes i, stores
+// them to line(q, parity, r, i) of every rank q, then waits for line(r, parity, q, i) of every
+// q to carry this call's flag, reduces them in rank order and writes 8 bytes of its output.
+// A slot is reused two calls later: a rank can start call n + 2 only after every rank has
+// started call n + 1, which each does after finishing call n, so nobody still reads it. No
+// rank reads another's input or writes another's output, so no meeting is needed.
+__device__ __forceinline__ void ll_store(u64* a, u64 v, u32 flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(a), "r"((u32)v), "r"(flag), "r"((u32)(v >> 32)), "r"(flag) : "memory");
+}
+
+__device__ __forceinline__ bool ll_load(const u64* a, u32 flag, u64* v) {
+  u32 d0, f0, d1, f1;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1) : "l"(a) : "memory");
+  *v = (u64)d0 | ((u64)d1 << 32);
+  return f0 == flag && f1 == flag;
+}
+
+// An LL launch's arguments (small: launches from several threads of one context serialise,
+// and each copies its arguments).
+struct LlArgs {
+  u64 src;
+  u64 dst;
+  u64 n;
+  u64 scalar;
+  u64 buf;
+  u32* fail;
+  u32* host;
+  u64 timeout_ns;
+  u32 seq;
+  u32 lines;
+  u32 div;
+  int rank;
+  int p;
+};
+
+template <typename T, typename Op>
+__device__ __forceinline__ void ll_all_reduce(const LlArgs& w) {
+  typedef typename Acc<T>::A A;
+  constexpr int PER = 8 / sizeof(T);
+  union W { u64 u; T e[PER]; };
+  const u64 n = w.n;
+  const int p = w.p, rank = w.rank;
+  const u32 par = w.seq & 1u;
+  u64* ll = (u64*)w.buf;
+  const u64 L = w.lines;
+  Sync b;
+  b.fail = w.fail;
+  b.host = w.host;
+  b.seq = w.seq;
+  b.timeout_ns = w.timeout_ns;
+  b.rank = rank;
+  const A s = Op::PRE ? Acc<T>::ld(from_bits<T>(w.scalar)) : A();
+  const u64 lines = (n + PER - 1) / PER;
+  const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  const u64 stride = (u64)gridDim.x * blockDim.x;
+  for (u64 i = tid; i < lines; i += stride) {
+    const u64 first = i * PER;
+    const int valid = (int)((n - first) < (u64)PER ? (n - first) : (u64)PER);
+    W in;
+    in.u = 0;
+    for (int k = 0; k < valid; k++) in.e[k] = ((const T*)w.src)[first + k];
+    for (int q = 0; q < p; q++) ll_store(ll + 2 * ((((u64)q * 2 + par) * p + rank) * L + i), in.u, w.seq);
+    A acc[PER];
+    u64 t0 = 0;
+    u32 spins = 0;
+    for (int q = 0; q < p; q++) {
+      const u64* line = ll + 2 * ((((u64)rank * 2 + par) * p + q) * L + i);
+      W got;
+      while (!ll_load(line, w.seq, &got.u)) {
+        if (++spins % 1024 == 0) {
+          if (ld_acq32(b.fail) != 0u) return;
+          const u64 now = now_ns();
+          if (t0 == 0) t0 = now;
+          else if (b.timeout_ns != 0 && now - t0 > b.timeout_ns) {
+            sync_fail(b, 1u | ((u32)rank << 8) | ((u32)(q & 0xff) << 16) | (4u << 24));
+            return;
+          }
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < PER; k++) {
+        const A x = load_acc<T, Op>(got.e[k], s);
+        acc[k] = q == 0 ? x : Op::f(acc[k], x);
+      }
+    }
+    for (int k = 0; k < valid; k++) ((T*)w.dst)[first + k] = store_val<T, Op>(acc[k], w.div);
   }
 }
 
 #define OXK(opname, Op, tname, T) \
-  extern "C" __global__ void __launch_bounds__(512) oxk_##opname##_##tname(Srcs s, int nsrc, Dsts d, int ndst, u64 n, int vec, Bar b) { \
-    if (b.arr == 0) { reduce_body<T, Op<T> >(s, nsrc, d, ndst, n, vec); return; } \
-    if (bar_arrive(b)) reduce_body<T, Op<T> >(s, nsrc, d, ndst, n, vec); \
-    bar_depart(b); \
+  extern "C" __global__ void __launch_bounds__(512, OX_MINBLOCKS) oxk_##opname##_##tname(Work w, Sync s) { \
+    if (s.arr == 0) { run_work<T, Op<T> >(w); return; } \
+    if (sync_arrive(s)) run_work<T, Op<T> >(w); \
+    sync_depart(s); \
+  } \
+  extern "C" __global__ void __launch_bounds__(512, OX_MINBLOCKS) oxk_ll_##opname##_##tname(LlArgs a) { \
+    ll_all_reduce<T, Op<T> >(a); \
   }

@@ -1,22 +1,31 @@
 //! oxccl's copy and reduce-copy kernels: CUDA C (`kernels.cu` plus one instantiation per
 //! operator and type, listed here), compiled by NVRTC for the device's architecture at first
-//! use, cached per process, and loaded with every kernel resolved at once.
+//! use, cached per process and on disk, and loaded with every kernel resolved at once.
+//!
+//! A launch carries a work list of up to [`MAX_TASKS`] tasks (oxccl-core's
+//! `plan::device::Task`: sources reduced into destinations) and a [`Sync`] saying how it meets
+//! the launches of the other ranks (nothing, or the counters of a thread group).
 
 use super::driver::{CuDevicePtr, Handle};
 use super::{arg, nvrtc, CudaError, Device, Stream};
+use oxccl_core::plan::device::Task;
 use oxccl_core::{DataType, ReduceOp};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// The most sources one reduce-copy launch combines.
+/// The most sources one task combines.
 pub const MAX_SOURCES: usize = 8;
+/// The most destinations one task writes.
+pub const MAX_DESTS: usize = 8;
+/// The most tasks one launch carries (the kernels' `OX_MAXTASK`).
+pub const MAX_TASKS: usize = 8;
 /// Threads per block of every kernel (`__launch_bounds__(512)` in the source).
 pub const BLOCK_THREADS: u32 = 512;
 
 const BODY: &str = include_str!("kernels.cu");
 
 /// The types the kernels serve and their names in the source.
-pub const TYPES: [(DataType, &str, &str); 10] = [
+pub const TYPES: [(DataType, &str, &str); 12] = [
     (DataType::I8, "i8", "i8"),
     (DataType::U8, "u8", "u8"),
     (DataType::I32, "i32", "i32"),
@@ -27,29 +36,44 @@ pub const TYPES: [(DataType, &str, &str); 10] = [
     (DataType::F32, "f32", "float"),
     (DataType::F64, "f64", "double"),
     (DataType::Bf16, "bf16", "b16"),
+    (DataType::F8E4M3, "f8e4m3", "e4m3"),
+    (DataType::F8E5M2, "f8e5m2", "e5m2"),
 ];
 
-/// The operators the kernels compute directly (`Avg` is a sum and a division at the end).
-pub const OPS: [(ReduceOp, &str, &str); 7] = [
-    (ReduceOp::Sum, "sum", "OpSum"),
-    (ReduceOp::Prod, "prod", "OpProd"),
-    (ReduceOp::Max, "max", "OpMax"),
-    (ReduceOp::Min, "min", "OpMin"),
-    (ReduceOp::BitAnd, "band", "OpBand"),
-    (ReduceOp::BitOr, "bor", "OpBor"),
-    (ReduceOp::BitXor, "bxor", "OpBxor"),
+/// What a launch computes: one of NCCL's operators, or PreMulSum (each source scaled by a
+/// scalar, then summed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kop {
+    Op(ReduceOp),
+    PreMulSum,
+}
+
+/// The operators the kernels compute and their names in the source.
+pub const OPS: [(Kop, &str, &str); 9] = [
+    (Kop::Op(ReduceOp::Sum), "sum", "OpSum"),
+    (Kop::Op(ReduceOp::Prod), "prod", "OpProd"),
+    (Kop::Op(ReduceOp::Max), "max", "OpMax"),
+    (Kop::Op(ReduceOp::Min), "min", "OpMin"),
+    (Kop::Op(ReduceOp::BitAnd), "band", "OpBand"),
+    (Kop::Op(ReduceOp::BitOr), "bor", "OpBor"),
+    (Kop::Op(ReduceOp::BitXor), "bxor", "OpBxor"),
+    (Kop::Op(ReduceOp::Avg), "avg", "OpAvg"),
+    (Kop::PreMulSum, "premul", "OpPremul"),
 ];
 
 fn is_float(t: DataType) -> bool {
-    matches!(t, DataType::F16 | DataType::F32 | DataType::F64 | DataType::Bf16)
+    matches!(
+        t,
+        DataType::F16 | DataType::F32 | DataType::F64 | DataType::Bf16 | DataType::F8E4M3 | DataType::F8E5M2
+    )
 }
 
 /// Every (type, operator) with a kernel: bitwise operators on integer types only.
-pub fn variants() -> Vec<(DataType, ReduceOp)> {
+pub fn variants() -> Vec<(DataType, Kop)> {
     let mut v = Vec::new();
     for (op, ..) in OPS {
         for (t, ..) in TYPES {
-            let bitwise = matches!(op, ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor);
+            let bitwise = matches!(op, Kop::Op(ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor));
             if !(bitwise && is_float(t)) {
                 v.push((t, op));
             }
@@ -59,47 +83,74 @@ pub fn variants() -> Vec<(DataType, ReduceOp)> {
 }
 
 /// The kernel's name for `(t, op)`.
-pub fn reduce_name(t: DataType, op: ReduceOp) -> Option<String> {
+pub fn reduce_name(t: DataType, op: Kop) -> Option<String> {
     let tn = TYPES.iter().find(|x| x.0 == t)?.1;
     let on = OPS.iter().find(|x| x.0 == op)?.1;
     variants().contains(&(t, op)).then(|| format!("oxk_{on}_{tn}"))
 }
 
-/// The full source: the body and every instantiation.
-pub fn source() -> String {
+/// The source of the body and the instantiations of `which` (every variant: [`variants`]).
+pub fn source_of(which: &[(DataType, Kop)]) -> String {
     let mut s = String::from(BODY);
-    for (t, op) in variants() {
-        let (_, tn, tc) = TYPES.iter().find(|x| x.0 == t).copied().unwrap_or((t, "?", "?"));
-        let (_, on, oc) = OPS.iter().find(|x| x.0 == op).copied().unwrap_or((op, "?", "?"));
+    for &(t, op) in which {
+        let (Some((_, tn, tc)), Some((_, on, oc))) =
+            (TYPES.iter().find(|x| x.0 == t), OPS.iter().find(|x| x.0 == op))
+        else {
+            continue;
+        };
         s += &format!("OXK({on}, {oc}, {tn}, {tc})\n");
     }
     s
 }
 
-/// Every kernel name in the module.
-pub fn names() -> Vec<String> {
+/// The full source: the body and every instantiation.
+pub fn source() -> String {
+    source_of(&variants())
+}
+
+/// The LL all-reduce kernel's name for `(t, op)`.
+pub fn ll_name(t: DataType, op: Kop) -> Option<String> {
+    reduce_name(t, op).map(|n| n.replacen("oxk_", "oxk_ll_", 1))
+}
+
+/// The names of the kernels of `which` (reduce-copy and LL), and the copy kernel.
+pub fn names_of(which: &[(DataType, Kop)]) -> Vec<String> {
     let mut v = vec!["oxk_copy".to_string()];
-    v.extend(variants().into_iter().filter_map(|(t, op)| reduce_name(t, op)));
+    v.extend(which.iter().filter_map(|&(t, op)| reduce_name(t, op)));
+    v.extend(which.iter().filter_map(|&(t, op)| ll_name(t, op)));
     v
 }
 
-/// CUBINs compiled in this process, by architecture and defines.
+/// Every kernel name in the module.
+pub fn names() -> Vec<String> {
+    names_of(&variants())
+}
+
+/// CUBINs compiled in this process, by [`disk_name`] (source, architecture, defines).
 static CACHE: OnceLock<Mutex<HashMap<String, Arc<Vec<u8>>>>> = OnceLock::new();
 
 /// The kernels' CUBIN for `arch` with `defines`: compiled once per process, and kept on disk
 /// (see [`disk_cache_dir`]) so later processes skip NVRTC (tens of seconds for every variant).
 pub fn cubin(arch: &str, defines: &[String]) -> Result<Arc<Vec<u8>>, CudaError> {
-    cubin_from(arch, defines, true)
+    cubin_from(&source(), arch, defines, true)
 }
 
-fn cubin_from(arch: &str, defines: &[String], use_disk: bool) -> Result<Arc<Vec<u8>>, CudaError> {
-    let key = format!("{arch} {}", defines.join(" "));
+/// The CUBIN of the copy kernel and the reduce-copy kernels of `which` only.
+pub fn cubin_of(
+    which: &[(DataType, Kop)],
+    arch: &str,
+    defines: &[String],
+) -> Result<Arc<Vec<u8>>, CudaError> {
+    cubin_from(&source_of(which), arch, defines, true)
+}
+
+fn cubin_from(src: &str, arch: &str, defines: &[String], use_disk: bool) -> Result<Arc<Vec<u8>>, CudaError> {
+    let key = disk_name(src, arch, defines);
     let cache = CACHE.get_or_init(Default::default);
     if let Some(c) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(c.clone());
     }
-    let src = source();
-    let file = disk_cache_dir().map(|d| d.join(disk_name(&src, arch, defines)));
+    let file = disk_cache_dir().map(|d| d.join(&key));
     let from_disk = file
         .as_ref()
         .filter(|_| use_disk)
@@ -108,7 +159,7 @@ fn cubin_from(arch: &str, defines: &[String], use_disk: bool) -> Result<Arc<Vec<
     let bin = match from_disk {
         Some(b) => Arc::new(b),
         None => {
-            let b = nvrtc::compile(&src, "oxccl_kernels.cu", arch, defines)?;
+            let b = nvrtc::compile(src, "oxccl_kernels.cu", arch, defines)?;
             if let Some(f) = file.as_ref().filter(|_| use_disk) {
                 store(f, &b);
             }
@@ -119,14 +170,14 @@ fn cubin_from(arch: &str, defines: &[String], use_disk: bool) -> Result<Arc<Vec<
     Ok(bin)
 }
 
-/// Forgets `arch`/`defines`' CUBIN in this process and on disk (one the driver refused).
-fn forget(arch: &str, defines: &[String]) {
-    let key = format!("{arch} {}", defines.join(" "));
+/// Forgets a CUBIN in this process and on disk (one the driver refused).
+fn forget(src: &str, arch: &str, defines: &[String]) {
+    let key = disk_name(src, arch, defines);
     if let Some(c) = CACHE.get() {
         c.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
     }
     if let Some(d) = disk_cache_dir() {
-        let _ = std::fs::remove_file(d.join(disk_name(&source(), arch, defines)));
+        let _ = std::fs::remove_file(d.join(key));
     }
 }
 
@@ -179,59 +230,133 @@ pub struct Kernels {
     /// The module, loaded for the life of the process (kernels are cached per process).
     pub module: Handle,
     copy: Handle,
-    reduce: HashMap<(DataType, ReduceOp), Handle>,
-    /// Blocks per launch (a few per multiprocessor).
+    reduce: HashMap<(DataType, Kop), Handle>,
+    ll: HashMap<(DataType, Kop), Handle>,
+    /// Blocks of each reduce-copy kernel one multiprocessor holds (asked once, at load).
+    occupancy: HashMap<(DataType, Kop), u32>,
+    /// Blocks per launch without a meeting (a few per multiprocessor).
     pub blocks: u32,
 }
 
 // SAFETY: module and function handles may be used from any thread with the context current.
 unsafe impl Send for Kernels {}
 // SAFETY: as above; the handles are only passed to the driver.
-unsafe impl Sync for Kernels {}
+unsafe impl std::marker::Sync for Kernels {}
 
-/// `#[repr(C)]` twin of the kernels' `Srcs` and `Dsts`.
+/// `#[repr(C)]` twin of the kernels' `Task`.
 #[repr(C)]
-struct Ptrs {
-    p: [CuDevicePtr; MAX_SOURCES],
+#[derive(Clone, Copy, Default)]
+struct KTask {
+    src: [CuDevicePtr; MAX_SOURCES],
+    dst: [CuDevicePtr; MAX_DESTS],
+    n: u64,
+    nsrc: u32,
+    ndst: u32,
+    vec: u32,
+    copy: u32,
 }
 
-/// `#[repr(C)]` twin of the kernels' `Bar`: the barrier a reduce-copy meets with the same
-/// call's kernels on the other ranks' streams (see kernels.cu for the protocol). All zero:
-/// no barrier.
+/// `#[repr(C)]` twin of the kernels' `Work`.
+#[repr(C)]
+struct Work {
+    t: [KTask; MAX_TASKS],
+    scalar: u64,
+    ntask: u32,
+    div: u32,
+}
+
+/// `#[repr(C)]` twin of the kernels' `LlArgs`.
+#[repr(C)]
+struct LlArgs {
+    src: CuDevicePtr,
+    dst: CuDevicePtr,
+    n: u64,
+    scalar: u64,
+    buf: CuDevicePtr,
+    fail: CuDevicePtr,
+    host: CuDevicePtr,
+    timeout_ns: u64,
+    seq: u32,
+    lines: u32,
+    div: u32,
+    rank: i32,
+    p: i32,
+}
+
+/// An LL all-reduce's place in its group's LL buffer (see kernels.cu's `ll_all_reduce`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ll {
+    /// Device address of the group's LL buffer.
+    pub buf: CuDevicePtr,
+    /// This call's number among the group's LL calls, from 1 (its flag; parity picks the slot).
+    pub seq: u32,
+    /// Lines per slot (8 payload bytes each): the most a call may carry.
+    pub lines: u32,
+}
+
+/// `#[repr(C)]` twin of the kernels' `Sync`: how a launch meets the other ranks' launches
+/// (see kernels.cu for the protocol). All zero: no meeting.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Bar {
-    /// Device address of `u64[p]`: each rank's latest call to have started.
+pub struct Sync {
+    /// Device address of `u64[p]`: each rank's latest collective launch to have started.
     pub arr: CuDevicePtr,
-    /// Device address of one `u64`: blocks finished, over all calls.
+    /// Device address of one `u64`: blocks of collective launches finished, over all launches.
     pub dep: CuDevicePtr,
     /// Device address of one `u32`: the first failure's code, 0 while none.
     pub fail: CuDevicePtr,
     /// Device address of host-mapped `u32[4]`: the failure's code, 0, and its call number.
     pub host: CuDevicePtr,
-    /// This call's number, from 1.
+    /// Device addresses of `u64[p * p]`: sends published, and receives done, per pair.
+    pub pready: CuDevicePtr,
+    pub pdone: CuDevicePtr,
+    /// Device address of `u64[p]`: each rank's blocks finished in launches that publish
+    /// receives.
+    pub mydep: CuDevicePtr,
+    /// This rank's count of collective launches including this one; 0: none in this launch.
     pub seq: u64,
-    /// Blocks of every rank over all calls up to this one.
+    /// Blocks of every rank over all collective launches up to this one.
     pub depart: u64,
+    /// This rank's blocks over all its launches that publish receives, this one included.
+    pub mydepart: u64,
     /// Longest wait in nanoseconds; 0: forever.
     pub timeout_ns: u64,
+    /// Per peer, at the start: publish this rank's count of sends to it (0: nothing to do).
+    pub send_to: [u64; 8],
+    /// Per peer, at the start: wait until it has published this many sends to this rank.
+    pub recv_from: [u64; 8],
+    /// Per peer, at the end (once this rank's blocks are done): publish this many receives.
+    pub recv_done: [u64; 8],
+    /// Per peer, at the end: wait until it has received this many of this rank's sends.
+    pub send_done: [u64; 8],
     pub rank: i32,
     pub p: i32,
 }
 
 impl Kernels {
-    /// Compiles (or takes from the cache) and loads the kernels on `dev`.
+    /// Compiles (or takes from the cache) and loads every kernel on `dev`.
     pub fn load(dev: &Device, defines: &[String]) -> Result<Kernels, CudaError> {
+        Self::load_only(dev, defines, &variants())
+    }
+
+    /// Like [`load`](Self::load), with only the reduce-copy kernels of `which` (and the copy
+    /// kernel): a fast compile for measurements of a few variants.
+    pub fn load_only(
+        dev: &Device,
+        defines: &[String],
+        which: &[(DataType, Kop)],
+    ) -> Result<Kernels, CudaError> {
         let arch = dev.arch();
         let d = dev.d;
+        let src = source_of(which);
         let mut module = std::ptr::null_mut();
-        let bin = cubin(&arch, defines)?;
+        let bin = cubin_from(&src, &arch, defines, true)?;
         // SAFETY: a CUBIN image (from NVRTC or the disk cache); the driver copies what it needs.
         let r = unsafe { (d.module_load_data)(&mut module, bin.as_ptr().cast()) };
         if d.check("cuModuleLoadData", r).is_err() {
             // A cached image this driver refuses (say, from a newer NVRTC): compile afresh.
-            forget(&arch, defines);
-            let bin = cubin_from(&arch, defines, false)?;
+            forget(&src, &arch, defines);
+            let bin = cubin_from(&src, &arch, defines, false)?;
             // SAFETY: as above.
             d.check("cuModuleLoadData", unsafe { (d.module_load_data)(&mut module, bin.as_ptr().cast()) })?;
         }
@@ -243,16 +368,21 @@ impl Kernels {
             Ok(f)
         };
         let copy = func("oxk_copy")?;
-        let mut reduce = HashMap::new();
-        for (t, op) in variants() {
-            let name = reduce_name(t, op).unwrap_or_default();
-            reduce.insert((t, op), func(&name)?);
+        let (mut reduce, mut ll, mut occupancy) = (HashMap::new(), HashMap::new(), HashMap::new());
+        for &(t, op) in which {
+            if let (Some(name), Some(lname)) = (reduce_name(t, op), ll_name(t, op)) {
+                let f = func(&name)?;
+                let mut n: i32 = 0;
+                // SAFETY: a resolved function; writes one int.
+                d.check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
+                    (d.occupancy_blocks)(&mut n, f, BLOCK_THREADS as i32, 0)
+                })?;
+                reduce.insert((t, op), f);
+                occupancy.insert((t, op), n.max(0) as u32);
+                ll.insert((t, op), func(&lname)?);
+            }
         }
-        Ok(Kernels { dev_d: d, module, copy, reduce, blocks: (dev.sms.max(1) as u32) * 4 })
-    }
-
-    fn launch(&self, f: Handle, s: &Stream, params: &mut [*mut std::ffi::c_void]) -> Result<(), CudaError> {
-        self.launch_blocks(f, self.blocks, s, params)
+        Ok(Kernels { dev_d: d, module, copy, reduce, ll, occupancy, blocks: (dev.sms.max(1) as u32) * 4 })
     }
 
     fn launch_blocks(
@@ -268,7 +398,7 @@ impl Kernels {
         d.check("cuLaunchKernel", unsafe {
             (d.launch_kernel)(
                 f,
-                blocks,
+                blocks.max(1),
                 1,
                 1,
                 BLOCK_THREADS,
@@ -292,7 +422,14 @@ impl Kernels {
     ) -> Result<(), CudaError> {
         let vec: i32 = ((dst | src) % 16 == 0) as i32;
         let n = bytes as u64;
-        self.launch(self.copy, s, &mut [arg(&src), arg(&dst), arg(&n), arg(&vec)])
+        self.launch_blocks(self.copy, self.blocks, s, &mut [arg(&src), arg(&dst), arg(&n), arg(&vec)])
+    }
+
+    fn function(&self, t: DataType, op: Kop) -> Result<Handle, CudaError> {
+        self.reduce
+            .get(&(t, op))
+            .copied()
+            .ok_or_else(|| CudaError::Invalid(format!("no device kernel reduces {t} with {op:?}")))
     }
 
     /// Enqueues `dst[i] = op(srcs[0][i], srcs[1][i], ...)` over `count` elements of `t`.
@@ -305,71 +442,132 @@ impl Kernels {
         dst: CuDevicePtr,
         count: usize,
     ) -> Result<(), CudaError> {
-        self.reduce_multi(s, t, op, srcs, &[dst], count)
+        let task = Task { srcs: srcs.to_vec(), dsts: vec![dst], n: count, copy: false };
+        self.run(s, t, Kop::Op(op), &[task], 0, 0, self.blocks, &Sync::default())
     }
 
-    /// Like [`reduce`](Self::reduce), writing the result to every one of `dsts`.
-    pub fn reduce_multi(
-        &self,
-        s: &Stream,
-        t: DataType,
-        op: ReduceOp,
-        srcs: &[CuDevicePtr],
-        dsts: &[CuDevicePtr],
-        count: usize,
-    ) -> Result<(), CudaError> {
-        self.reduce_met(s, t, op, srcs, dsts, count, self.blocks, &Bar::default())
-    }
-
-    /// Like [`reduce_multi`](Self::reduce_multi) on `blocks` blocks, meeting the same call's
-    /// kernels on the other ranks' streams at `bar` (which every block of every rank's
-    /// kernel must be able to reach at once: see [`max_blocks_per_sm`](Self::max_blocks_per_sm)).
+    /// Enqueues one launch doing `tasks` in order, with `t` and `op` (`scalar`: PreMulSum's
+    /// scalar as the element's bit pattern; `div`: Avg's divisor), on `blocks` blocks, meeting
+    /// the other ranks' launches as `sync` says (every block of every launch that meets must
+    /// be resident at once: see [`max_blocks_per_sm`](Self::max_blocks_per_sm)).
     #[allow(clippy::too_many_arguments)]
-    pub fn reduce_met(
+    pub fn run(
         &self,
         s: &Stream,
         t: DataType,
-        op: ReduceOp,
-        srcs: &[CuDevicePtr],
-        dsts: &[CuDevicePtr],
-        count: usize,
+        op: Kop,
+        tasks: &[Task],
+        scalar: u64,
+        div: u32,
         blocks: u32,
-        bar: &Bar,
+        sync: &Sync,
     ) -> Result<(), CudaError> {
-        if srcs.is_empty() || srcs.len() > MAX_SOURCES || dsts.is_empty() || dsts.len() > MAX_SOURCES {
+        if tasks.len() > MAX_TASKS {
             return Err(CudaError::Invalid(format!(
-                "a reduce-copy combines 1 to {MAX_SOURCES} sources into 1 to {MAX_SOURCES} destinations, not {} into {}",
-                srcs.len(),
-                dsts.len()
+                "a launch carries at most {MAX_TASKS} tasks, not {}",
+                tasks.len()
             )));
         }
-        let f = *self
-            .reduce
-            .get(&(t, op))
-            .ok_or_else(|| CudaError::Invalid(format!("no device kernel reduces {t:?} with {op:?}")))?;
-        let mut sp = Ptrs { p: [0; MAX_SOURCES] };
-        sp.p[..srcs.len()].copy_from_slice(srcs);
-        let mut dp = Ptrs { p: [0; MAX_SOURCES] };
-        dp.p[..dsts.len()].copy_from_slice(dsts);
-        let vec: i32 = (srcs.iter().chain(dsts).fold(0, |a, b| a | b) % 16 == 0) as i32;
-        let (nsrc, ndst, n) = (srcs.len() as i32, dsts.len() as i32, count as u64);
-        let params = &mut [arg(&sp), arg(&nsrc), arg(&dp), arg(&ndst), arg(&n), arg(&vec), arg(bar)];
-        self.launch_blocks(f, blocks.max(1), s, params)
+        self.launch_work(s, t, op, tasks, scalar, div, blocks, sync)
     }
 
-    /// How many blocks of the `(t, op)` reduce-copy one multiprocessor holds at once.
-    pub fn max_blocks_per_sm(&self, t: DataType, op: ReduceOp) -> Result<u32, CudaError> {
-        let f = *self
-            .reduce
+    /// Enqueues an LL all-reduce of `task` (its one source is this rank's input, its one
+    /// destination this rank's output) through the group's LL buffer; `sync` gives the rank,
+    /// the rank count, the failure record and the timeout.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_ll(
+        &self,
+        s: &Stream,
+        t: DataType,
+        op: Kop,
+        task: &Task,
+        scalar: u64,
+        div: u32,
+        ll: Ll,
+        sync: &Sync,
+    ) -> Result<(), CudaError> {
+        let per = (8 / t.size_bytes()).max(1);
+        let lines = task.n.div_ceil(per);
+        if task.srcs.len() != 1
+            || task.dsts.len() != 1
+            || lines > ll.lines as usize
+            || ll.buf == 0
+            || ll.seq == 0
+        {
+            return Err(CudaError::Invalid(format!(
+                "an LL all-reduce takes one source and one destination of at most {} lines, not {} into {} of {lines}",
+                ll.lines,
+                task.srcs.len(),
+                task.dsts.len()
+            )));
+        }
+        let f = self
+            .ll
             .get(&(t, op))
-            .ok_or_else(|| CudaError::Invalid(format!("no device kernel reduces {t:?} with {op:?}")))?;
-        let d = self.dev_d;
-        let mut n: i32 = 0;
-        // SAFETY: a resolved function; writes one int.
-        d.check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
-            (d.occupancy_blocks)(&mut n, f, BLOCK_THREADS as i32, 0)
-        })?;
-        Ok(n.max(0) as u32)
+            .copied()
+            .ok_or_else(|| CudaError::Invalid(format!("no LL kernel reduces {t} with {op:?}")))?;
+        let a = LlArgs {
+            src: task.srcs[0],
+            dst: task.dsts[0],
+            n: task.n as u64,
+            scalar,
+            buf: ll.buf,
+            fail: sync.fail,
+            host: sync.host,
+            timeout_ns: sync.timeout_ns,
+            seq: ll.seq,
+            lines: ll.lines,
+            div,
+            rank: sync.rank,
+            p: sync.p,
+        };
+        let blocks = lines.div_ceil(BLOCK_THREADS as usize).max(1) as u32;
+        self.launch_blocks(f, blocks, s, &mut [arg(&a)])
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch_work(
+        &self,
+        s: &Stream,
+        t: DataType,
+        op: Kop,
+        tasks: &[Task],
+        scalar: u64,
+        div: u32,
+        blocks: u32,
+        sync: &Sync,
+    ) -> Result<(), CudaError> {
+        let f = self.function(t, op)?;
+        let mut w = Work { t: [KTask::default(); MAX_TASKS], scalar, ntask: tasks.len() as u32, div };
+        for (k, task) in w.t.iter_mut().zip(tasks) {
+            if task.srcs.is_empty()
+                || task.srcs.len() > MAX_SOURCES
+                || task.dsts.is_empty()
+                || task.dsts.len() > MAX_DESTS
+            {
+                return Err(CudaError::Invalid(format!(
+                    "a reduce-copy combines 1 to {MAX_SOURCES} sources into 1 to {MAX_DESTS} destinations, not {} into {}",
+                    task.srcs.len(),
+                    task.dsts.len()
+                )));
+            }
+            k.src[..task.srcs.len()].copy_from_slice(&task.srcs);
+            k.dst[..task.dsts.len()].copy_from_slice(&task.dsts);
+            k.n = task.n as u64;
+            k.nsrc = task.srcs.len() as u32;
+            k.ndst = task.dsts.len() as u32;
+            k.vec = task.aligned() as u32;
+            k.copy = task.copy as u32;
+        }
+        self.launch_blocks(f, blocks, s, &mut [arg(&w), arg(sync)])
+    }
+
+    /// How many blocks of the `(t, op)` kernel one multiprocessor holds at once.
+    pub fn max_blocks_per_sm(&self, t: DataType, op: Kop) -> Result<u32, CudaError> {
+        self.occupancy
+            .get(&(t, op))
+            .copied()
+            .ok_or_else(|| CudaError::Invalid(format!("no device kernel reduces {t} with {op:?}")))
     }
 }
 
@@ -380,19 +578,23 @@ mod tests {
     #[test]
     fn every_operator_and_type_has_one_kernel_name() {
         let v = variants();
-        // 10 types x 4 arithmetic operators, and the 3 bitwise ones on the 6 integer types.
-        assert_eq!(v.len(), 10 * 4 + 6 * 3);
+        // 12 types x (4 arithmetic operators, Avg, PreMulSum), and the 3 bitwise ones on the 6
+        // integer types.
+        assert_eq!(v.len(), 12 * 6 + 6 * 3);
         let n = names();
-        assert_eq!(n.len(), v.len() + 1);
+        assert_eq!(n.len(), 2 * v.len() + 1);
         let mut uniq = n.clone();
         uniq.sort();
         uniq.dedup();
         assert_eq!(uniq.len(), n.len());
-        assert_eq!(reduce_name(DataType::Bf16, ReduceOp::Sum).as_deref(), Some("oxk_sum_bf16"));
-        assert_eq!(reduce_name(DataType::F32, ReduceOp::BitXor), None);
-        assert_eq!(reduce_name(DataType::F8E4M3, ReduceOp::Sum), None);
+        assert_eq!(reduce_name(DataType::Bf16, Kop::Op(ReduceOp::Sum)).as_deref(), Some("oxk_sum_bf16"));
+        assert_eq!(reduce_name(DataType::F8E4M3, Kop::Op(ReduceOp::Avg)).as_deref(), Some("oxk_avg_f8e4m3"));
+        assert_eq!(reduce_name(DataType::I8, Kop::PreMulSum).as_deref(), Some("oxk_premul_i8"));
+        assert_eq!(reduce_name(DataType::F32, Kop::Op(ReduceOp::BitXor)), None);
+        assert_eq!(reduce_name(DataType::F8E5M2, Kop::Op(ReduceOp::BitAnd)), None);
         let src = source();
-        for name in &n[1..] {
+        for name in n[1..].iter().filter(|n| !n.starts_with("oxk_ll_")) {
+            assert!(n.contains(&name.replacen("oxk_", "oxk_ll_", 1)), "{name} has no LL twin");
             let (op, t) = name["oxk_".len()..].split_once('_').unwrap();
             assert!(src.contains(&format!("OXK({op}, ")) && src.contains(&format!(", {t}, ")), "{name}");
         }
@@ -434,17 +636,29 @@ mod tests {
             Err(e) => panic!("{e}; tried {:?}", nvrtc::candidates()),
             Ok((lib, v)) => eprintln!("NVRTC {}.{} from {lib}", v.0, v.1),
         }
-        for arch in ["sm_90", "sm_80"] {
-            for unroll in ["OX_UNROLL=8", "OX_UNROLL=1"] {
-                // Compiled here, never taken from the disk cache.
-                let bin = cubin_from(arch, &[unroll.to_string()], false).unwrap_or_else(|e| panic!("{e}"));
-                assert_eq!(&bin[..4], b"\x7fELF", "{arch}: not an ELF image");
-                for name in names() {
-                    let found = bin
-                        .windows(name.len() + 1)
-                        .any(|w| &w[..name.len()] == name.as_bytes() && w[name.len()] == 0);
-                    assert!(found, "{arch} {unroll}: {name} is not in the CUBIN");
-                }
+        // Every kernel of the default build for Hopper; for Ampere, and for the other code paths
+        // the defines select (one vector in flight, one source at a time, unrolls by type), a
+        // kernel of every type and operator kind (a full build takes over a minute).
+        let mut some: Vec<(DataType, Kop)> = TYPES.iter().map(|t| (t.0, Kop::Op(ReduceOp::Sum))).collect();
+        some.extend([
+            (DataType::F32, Kop::Op(ReduceOp::Avg)),
+            (DataType::Bf16, Kop::PreMulSum),
+            (DataType::I8, Kop::Op(ReduceOp::BitXor)),
+            (DataType::F8E4M3, Kop::Op(ReduceOp::Max)),
+            (DataType::F64, Kop::Op(ReduceOp::Prod)),
+        ]);
+        let other = ["OX_UNROLL=1", "OX_PAIR=0", "OX_TYPED_UNROLL=1"].map(String::from).to_vec();
+        for (arch, defines, which) in
+            [("sm_90", vec![], variants()), ("sm_80", vec![], some.clone()), ("sm_90", other, some)]
+        {
+            // Compiled here, never taken from the disk cache.
+            let bin = cubin_from(&source_of(&which), arch, &defines, false).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(&bin[..4], b"\x7fELF", "{arch}: not an ELF image");
+            for name in names_of(&which) {
+                let found = bin
+                    .windows(name.len() + 1)
+                    .any(|w| &w[..name.len()] == name.as_bytes() && w[name.len()] == 0);
+                assert!(found, "{arch} {defines:?}: {name} is not in the CUBIN");
             }
         }
         // The stream-wait kernel of the staged path, likewise.

@@ -9,9 +9,15 @@
 //!   launch, which stalls behind a spinning kernel; see docs/architecture.md);
 //! - [`stage`]: what memory a pointer is, and stream-ordered copies to and from pinned host
 //!   mirrors (device buffers over the host transports);
-//! - [`group`]: ranks as threads on one GPU;
-//! - [`ipc`]: device buffers of other processes mapped here (CUDA IPC).
+//! - [`call`]: calls on device buffers, and how a group of them becomes launches;
+//! - [`group`]: the device engine of ranks that are threads of one process on one GPU;
+//! - [`ipc`]: device buffers of other processes mapped here (CUDA IPC), and the device engine
+//!   of ranks that are processes of one host;
+//! - [`comm`]: [`DevComm`], a communicator's calls on device buffers, served by whichever
+//!   engine fits its ranks (or staged through host memory).
 
+pub mod call;
+pub mod comm;
 mod dl;
 pub mod driver;
 pub mod group;
@@ -20,6 +26,7 @@ pub mod kernels;
 pub mod nvrtc;
 pub mod stage;
 
+pub use comm::DevComm;
 use driver::{CuDevicePtr, Driver, Handle};
 use std::ffi::c_void;
 
@@ -38,6 +45,16 @@ pub enum CudaError {
     /// A request this layer refuses before calling CUDA.
     #[error("{0}")]
     Invalid(String),
+}
+
+/// What went wrong with a call on device buffers: CUDA, or the communicator the device
+/// engine exchanges its records over.
+#[derive(Debug, thiserror::Error)]
+pub enum DevError {
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    #[error(transparent)]
+    Comm(#[from] crate::Error),
 }
 
 /// One device with its primary context current on the calling thread.
@@ -187,6 +204,31 @@ impl Stream {
     pub fn wait(&self, e: &Event) -> Result<(), CudaError> {
         // SAFETY: a live stream and a live event (borrowed for the call).
         self.d.check("cuStreamWaitEvent", unsafe { (self.d.stream_wait_event)(self.h, e.h, 0) })
+    }
+
+    /// Copies `src` to device address `dst` in this stream's order, complete on return (the
+    /// stream is synchronised; no other stream or rank is waited for).
+    pub fn upload(&self, dst: CuDevicePtr, src: &[u8]) -> Result<(), CudaError> {
+        if !src.is_empty() {
+            // SAFETY: the caller passes a device range of `src.len()` writable bytes; `src`
+            // stays borrowed until the stream is synchronised below.
+            self.d.check("cuMemcpyHtoDAsync", unsafe {
+                (self.d.memcpy_htod_async)(dst, src.as_ptr().cast(), src.len(), self.h)
+            })?;
+        }
+        self.sync()
+    }
+
+    /// Copies device address `src` into `dst` in this stream's order, complete on return.
+    pub fn download(&self, dst: &mut [u8], src: CuDevicePtr) -> Result<(), CudaError> {
+        if !dst.is_empty() {
+            // SAFETY: the caller passes a device range of `dst.len()` readable bytes; `dst`
+            // stays borrowed until the stream is synchronised below.
+            self.d.check("cuMemcpyDtoHAsync", unsafe {
+                (self.d.memcpy_dtoh_async)(dst.as_mut_ptr().cast(), src, dst.len(), self.h)
+            })?;
+        }
+        self.sync()
     }
 
     /// Enqueues filling `bytes` at `dst` with `v`.
