@@ -468,7 +468,29 @@ impl Kernels {
                 tasks.len()
             )));
         }
-        self.launch_work(s, t, op, tasks, scalar, div, blocks, sync)
+        let f = self.function(t, op)?;
+        let mut w = Work { t: [KTask::default(); MAX_TASKS], scalar, ntask: tasks.len() as u32, div };
+        for (k, task) in w.t.iter_mut().zip(tasks) {
+            if task.srcs.is_empty()
+                || task.srcs.len() > MAX_SOURCES
+                || task.dsts.is_empty()
+                || task.dsts.len() > MAX_DESTS
+            {
+                return Err(CudaError::Invalid(format!(
+                    "a reduce-copy combines 1 to {MAX_SOURCES} sources into 1 to {MAX_DESTS} destinations, not {} into {}",
+                    task.srcs.len(),
+                    task.dsts.len()
+                )));
+            }
+            k.src[..task.srcs.len()].copy_from_slice(&task.srcs);
+            k.dst[..task.dsts.len()].copy_from_slice(&task.dsts);
+            k.n = task.n as u64;
+            k.nsrc = task.srcs.len() as u32;
+            k.ndst = task.dsts.len() as u32;
+            k.vec = task.aligned() as u32;
+            k.copy = task.copy as u32;
+        }
+        self.launch_blocks(f, blocks, s, &mut [arg(&w), arg(sync)])
     }
 
     /// Enqueues an LL all-reduce of `task` (its one source is this rank's input, its one
@@ -523,43 +545,6 @@ impl Kernels {
         };
         let blocks = lines.div_ceil(BLOCK_THREADS as usize).max(1) as u32;
         self.launch_blocks(f, blocks, s, &mut [arg(&a)])
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn launch_work(
-        &self,
-        s: &Stream,
-        t: DataType,
-        op: Kop,
-        tasks: &[Task],
-        scalar: u64,
-        div: u32,
-        blocks: u32,
-        sync: &Sync,
-    ) -> Result<(), CudaError> {
-        let f = self.function(t, op)?;
-        let mut w = Work { t: [KTask::default(); MAX_TASKS], scalar, ntask: tasks.len() as u32, div };
-        for (k, task) in w.t.iter_mut().zip(tasks) {
-            if task.srcs.is_empty()
-                || task.srcs.len() > MAX_SOURCES
-                || task.dsts.is_empty()
-                || task.dsts.len() > MAX_DESTS
-            {
-                return Err(CudaError::Invalid(format!(
-                    "a reduce-copy combines 1 to {MAX_SOURCES} sources into 1 to {MAX_DESTS} destinations, not {} into {}",
-                    task.srcs.len(),
-                    task.dsts.len()
-                )));
-            }
-            k.src[..task.srcs.len()].copy_from_slice(&task.srcs);
-            k.dst[..task.dsts.len()].copy_from_slice(&task.dsts);
-            k.n = task.n as u64;
-            k.nsrc = task.srcs.len() as u32;
-            k.ndst = task.dsts.len() as u32;
-            k.vec = task.aligned() as u32;
-            k.copy = task.copy as u32;
-        }
-        self.launch_blocks(f, blocks, s, &mut [arg(&w), arg(sync)])
     }
 
     /// How many blocks of the `(t, op)` kernel one multiprocessor holds at once.
