@@ -347,23 +347,119 @@ fn describe_failure(code: u32, seq: u64, timeout: Option<Duration>) -> String {
     }
 }
 
-/// What one rank remembers between calls.
-#[derive(Default)]
-struct State {
+/// The GPU meeting's arithmetic one rank keeps between calls.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Counters {
     /// Collective launches so far (the GPU meeting's `seq` of the last one).
     seq: u64,
     /// Blocks of collective launches so far by every rank (the departure target).
     depart: u64,
-    /// This rank's blocks of launches with receives so far.
+    /// This rank's blocks of launches that publish receives, so far.
     mydepart: u64,
     /// LL all-reduces so far.
     ll_seq: u32,
     /// Sends to, and receives from, each peer so far.
     sent: [u64; MAX_RANKS],
     received: [u64; MAX_RANKS],
+}
+
+/// What one rank remembers between calls.
+#[derive(Default)]
+struct State {
+    counters: Counters,
     /// The stream of the last launch, and an event recorded after it on that stream.
     last: Option<usize>,
     done: Option<Event>,
+}
+
+/// One launch as planned: its blocks and its meeting (counters; the addresses are the
+/// group's), or, for an LL all-reduce, its LL call number.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Planned {
+    blocks: u32,
+    sync: Sync,
+    ll: Option<u32>,
+}
+
+impl Planned {
+    /// Whether the launch meets other ranks' launches through the counters.
+    fn meets(&self) -> bool {
+        let s = &self.sync;
+        self.ll.is_none()
+            && (s.seq != 0
+                || [&s.send_to, &s.recv_from, &s.recv_done, &s.send_done]
+                    .iter()
+                    .any(|a| a.iter().any(|&n| n > 0)))
+    }
+}
+
+/// Plans rank `rank`'s launches of a group (collective launches `units`, then send/receive
+/// launches `p2p`; `sent[q]` sends to and `recv[q]` receives from each peer in the group;
+/// `caps[i]` the most blocks launch i may take; `ll(u)` whether a collective launch runs as LL)
+/// and advances `c` past them. Every rank computes the same collective launches, block counts
+/// and call numbers from the same calls: that is what lets their kernels meet.
+#[allow(clippy::too_many_arguments)]
+fn plan_launches(
+    c: &mut Counters,
+    rank: usize,
+    p: usize,
+    units: &[call::Unit],
+    p2p: &[call::Unit],
+    (sent, recv): (&[u64; MAX_RANKS], &[u64; MAX_RANKS]),
+    caps: &[u32],
+    ll: impl Fn(&call::Unit) -> bool,
+    timeout_ns: u64,
+) -> Vec<Planned> {
+    let (n_coll, n_p2p) = (units.len(), p2p.len());
+    let mut out = Vec::with_capacity(n_coll + n_p2p);
+    for (i, u) in units.iter().chain(p2p).enumerate() {
+        let cap = caps.get(i).copied().unwrap_or(1);
+        let mut sync = Sync { timeout_ns, rank: rank as i32, p: p as i32, ..Sync::default() };
+        if u.collective && ll(u) {
+            c.ll_seq = if c.ll_seq >= u32::MAX - 1 { 1 } else { c.ll_seq + 1 };
+            out.push(Planned { blocks: 0, sync, ll: Some(c.ll_seq) });
+            continue;
+        }
+        let blocks;
+        if u.collective {
+            // The same number of blocks on every rank: from global arguments only.
+            blocks = blocks_for(u.work, cap);
+            c.seq += 1;
+            c.depart += blocks as u64 * p as u64;
+            sync.seq = c.seq;
+            sync.depart = c.depart;
+        } else {
+            blocks = blocks_for(u.own_bytes(), cap);
+            let j = i - n_coll;
+            // The first send/receive launch publishes every send of the group and waits for
+            // every send it receives; the last one, once all copies are done, says every
+            // receive is done and waits until the peers have received this rank's sends.
+            for q in 0..p {
+                if j == 0 && sent[q] > 0 {
+                    sync.send_to[q] = c.sent[q] + sent[q];
+                }
+                if j == 0 && recv[q] > 0 {
+                    sync.recv_from[q] = c.received[q] + recv[q];
+                }
+                if j + 1 == n_p2p && recv[q] > 0 {
+                    sync.recv_done[q] = c.received[q] + recv[q];
+                }
+                if j + 1 == n_p2p && sent[q] > 0 {
+                    sync.send_done[q] = c.sent[q] + sent[q];
+                }
+            }
+            if sync.recv_done.iter().any(|&n| n > 0) {
+                c.mydepart += blocks as u64;
+                sync.mydepart = c.mydepart;
+            }
+        }
+        out.push(Planned { blocks, sync, ll: None });
+    }
+    for q in 0..p {
+        c.sent[q] += sent[q];
+        c.received[q] += recv[q];
+    }
+    out
 }
 
 /// One rank (thread) of a group made by [`thread_group`]: its device and kernels.
@@ -597,7 +693,8 @@ impl Member {
             }
         }
         let sms = self.dev.sms.max(1) as u32;
-        for (i, u) in units.iter().chain(&p2p).enumerate() {
+        let mut caps = Vec::with_capacity(n_coll + n_p2p);
+        for u in units.iter().chain(&p2p) {
             let (t, op) = u.kernel();
             let resident = self.kernels.max_blocks_per_sm(t, op)?;
             if resident == 0 {
@@ -605,79 +702,48 @@ impl Member {
                     "rank {rank}: the {t} {op:?} kernel does not fit a multiprocessor"
                 )));
             }
-            let cap = (self.blocks_per_sm.min(resident) * sms) / p as u32;
-            let mut sync = Sync {
-                arr: 0,
-                timeout_ns: self.shared.timeout.map_or(0, |t| t.as_nanos().clamp(1, u64::MAX as u128) as u64),
-                rank: rank as i32,
-                p: p as i32,
-                ..Sync::default()
-            };
-            let blocks;
-            if u.collective {
-                // The same number of blocks on every rank: from global arguments only.
-                blocks = blocks_for(u.work, cap);
-                sync.seq = st.seq + 1;
-                sync.depart = st.depart + blocks as u64 * p as u64;
-            } else {
-                blocks = blocks_for(u.own_bytes(), cap);
-                let j = i - n_coll;
-                // The first send/receive launch publishes every send of the group and waits
-                // for every send it receives; the last one, once all copies are done, says
-                // every receive is done and waits until the peers have received its sends.
-                for q in 0..p {
-                    if j == 0 && sent[q] > 0 {
-                        sync.send_to[q] = st.sent[q] + sent[q];
-                    }
-                    if j == 0 && recv_from[q] > 0 {
-                        sync.recv_from[q] = st.received[q] + recv_from[q];
-                    }
-                    if j + 1 == n_p2p && recv_from[q] > 0 {
-                        sync.recv_done[q] = st.received[q] + recv_from[q];
-                    }
-                    if j + 1 == n_p2p && sent[q] > 0 {
-                        sync.send_done[q] = st.sent[q] + sent[q];
-                    }
-                }
-                if sync.recv_done.iter().any(|&n| n > 0) {
-                    sync.mydepart = st.mydepart + blocks as u64;
-                }
-            }
-            let pairs = [&sync.send_to, &sync.recv_from, &sync.recv_done, &sync.send_done];
-            if sync.seq != 0 || pairs.iter().any(|a| a.iter().any(|&n| n > 0)) {
-                let bar = self.shared.bar.as_ref().map_or(0, |b| b.ptr);
+            caps.push((self.blocks_per_sm.min(resident) * sms) / p as u32);
+        }
+        let timeout_ns = self.shared.timeout.map_or(0, |t| t.as_nanos().clamp(1, u64::MAX as u128) as u64);
+        let plans = plan_launches(
+            &mut st.counters,
+            rank,
+            p,
+            &units,
+            &p2p,
+            (&sent, &recv_from),
+            &caps,
+            |u| self.ll_call(u).is_some(),
+            timeout_ns,
+        );
+        for (u, plan) in units.iter().chain(&p2p).zip(plans) {
+            let (t, op) = u.kernel();
+            let mut sync = plan.sync;
+            let bar = self.shared.bar.as_ref().map_or(0, |b| b.ptr);
+            sync.fail = bar + 192;
+            sync.host = self.shared.fail_dev;
+            if plan.meets() {
                 sync.arr = bar;
                 sync.dep = bar + 128;
-                sync.fail = bar + 192;
                 sync.mydep = bar + 256;
                 sync.pready = bar + 512;
                 sync.pdone = bar + 1024;
-                sync.host = self.shared.fail_dev;
             }
             let div = if op == Kop::Op(ReduceOp::Avg) { p as u32 } else { 0 };
-            if let (Some(c), Some(ll)) = (self.ll_call(u), self.shared.ll.as_ref()) {
-                // One flag exchange instead of the meeting (see kernels.cu's ll_all_reduce).
-                let task = Task { srcs: vec![c.send], dsts: vec![c.recv], n: c.count, copy: false };
-                let seq = if st.ll_seq >= u32::MAX - 1 { 1 } else { st.ll_seq + 1 };
-                sync.fail = self.shared.bar.as_ref().map_or(0, |b| b.ptr) + 192;
-                sync.host = self.shared.fail_dev;
-                let l = super::kernels::Ll { buf: ll.ptr, seq, lines: LL_LINES as u32 };
-                self.kernels.run_ll(s, t, op, &task, u.scalar, div, l, &sync)?;
-                st.ll_seq = seq;
-                continue;
+            let launched = match (plan.ll, self.ll_call(u), self.shared.ll.as_ref()) {
+                (Some(seq), Some(c), Some(ll)) => {
+                    // One flag exchange instead of the meeting (see kernels.cu's ll_all_reduce).
+                    let task = Task { srcs: vec![c.send], dsts: vec![c.recv], n: c.count, copy: false };
+                    let l = super::kernels::Ll { buf: ll.ptr, seq, lines: LL_LINES as u32 };
+                    self.kernels.run_ll(s, t, op, &task, u.scalar, div, l, &sync)
+                }
+                _ => self.kernels.run(s, t, op, &u.tasks, u.scalar, div, plan.blocks, &sync),
+            };
+            if let Err(e) = launched {
+                // The other ranks' kernels of this group wait for this one's: nobody may go on.
+                self.shared.break_with(format!("rank {rank} could not launch its part of a call: {e}"));
+                return Err(e);
             }
-            self.kernels.run(s, t, op, &u.tasks, u.scalar, div, blocks, &sync)?;
-            if sync.seq != 0 {
-                st.seq = sync.seq;
-                st.depart = sync.depart;
-            }
-            if sync.mydepart != 0 {
-                st.mydepart = sync.mydepart;
-            }
-        }
-        for q in 0..p {
-            st.sent[q] += sent[q];
-            st.received[q] += recv_from[q];
         }
         if n_coll + n_p2p > 0 {
             if st.done.is_none() {
@@ -813,6 +879,363 @@ mod tests {
         let same =
             vec![Entry { calls: vec![a], ..Entry::default() }, Entry { calls: vec![a], ..Entry::default() }];
         assert_eq!(mismatch(1, &same), None);
+    }
+
+    /// A CPU model of kernels.cu's meeting (`sync_arrive`, `sync_depart`, and the LL flag
+    /// exchange): each rank's launches run in stream order, every block of the running launches
+    /// is stepped round-robin (the GPU runs them at once: they are all resident). It reports a
+    /// deadlock (no block can move), and checks the promises the counters make: a collective
+    /// launch works only once every rank's stream reached it and no rank starts the next one
+    /// before every block of it is done; a receive copies only after its sender published the
+    /// send, and a sender's launch ends only after the copy.
+    struct Emu {
+        p: usize,
+        arr: Vec<u64>,
+        dep: u64,
+        mydep: Vec<u64>,
+        pready: Vec<u64>,
+        pdone: Vec<u64>,
+        ll: Vec<u32>,
+        /// Blocks of each collective launch number that have departed, and how many it has.
+        departed: HashMap<u64, (u64, u64)>,
+        /// Receives copied: (sender, receiver, message number).
+        copied: std::collections::HashSet<(usize, usize, u64)>,
+        /// Messages with bytes to copy: (sender, receiver, message number).
+        nonempty: Vec<(usize, usize, u64)>,
+    }
+
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    enum B {
+        Start,
+        Arrive,
+        Work,
+        Depart,
+        Mine,
+        All,
+        Sends,
+        Done,
+    }
+
+    /// One planned launch, what it copies ((sender, message number) per receive task), and
+    /// the messages whose buffers the stream may reuse once it ends ((receiver, number)).
+    struct L {
+        plan: Planned,
+        recvs: Vec<(usize, u64)>,
+        sends: Vec<(usize, u64)>,
+    }
+
+    impl Emu {
+        fn new(p: usize) -> Emu {
+            Emu {
+                p,
+                arr: vec![0; p],
+                dep: 0,
+                mydep: vec![0; p],
+                pready: vec![0; p * p],
+                pdone: vec![0; p * p],
+                ll: vec![0; p],
+                departed: HashMap::new(),
+                copied: Default::default(),
+                nonempty: Vec::new(),
+            }
+        }
+
+        /// Moves block `b` of `rank`'s launch `l` one state on; whether it moved.
+        fn step(&mut self, rank: usize, l: &L, b: usize, st: &mut B) -> bool {
+            let (p, s) = (self.p, &l.plan.sync);
+            if let Some(n) = l.plan.ll {
+                // LL: publish this call's lines, then wait for every rank's.
+                return match *st {
+                    B::Start => {
+                        self.ll[rank] = self.ll[rank].max(n);
+                        *st = B::Arrive;
+                        true
+                    }
+                    B::Arrive if self.ll.iter().all(|&x| x >= n) => {
+                        *st = B::Done;
+                        true
+                    }
+                    _ => false,
+                };
+            }
+            let next = match *st {
+                B::Start => {
+                    if b == 0 {
+                        if s.seq != 0 {
+                            self.arr[rank] = self.arr[rank].max(s.seq);
+                        }
+                        for q in 0..p {
+                            if s.send_to[q] != 0 {
+                                let x = &mut self.pready[rank * p + q];
+                                *x = (*x).max(s.send_to[q]);
+                            }
+                        }
+                    }
+                    B::Arrive
+                }
+                B::Arrive => {
+                    let coll = s.seq == 0 || self.arr.iter().all(|&a| a >= s.seq);
+                    let sends =
+                        (0..p).all(|q| s.recv_from[q] == 0 || self.pready[q * p + rank] >= s.recv_from[q]);
+                    if !(coll && sends) {
+                        return false;
+                    }
+                    B::Work
+                }
+                B::Work => {
+                    if s.seq != 0 {
+                        // The previous collective launch is wholly done on every rank.
+                        if let Some(&(done, all)) = self.departed.get(&(s.seq - 1)) {
+                            assert_eq!(done, all, "rank {rank} works on collective launch {} before every block of the one before departed", s.seq);
+                        }
+                    }
+                    if b == 0 {
+                        for &(q, k) in &l.recvs {
+                            assert!(
+                                self.pready[q * p + rank] >= k,
+                                "rank {rank} copies message {k} of rank {q} before it was sent"
+                            );
+                            self.copied.insert((q, rank, k));
+                        }
+                    }
+                    B::Depart
+                }
+                B::Depart => {
+                    if s.seq != 0 {
+                        self.dep += 1;
+                        self.departed.entry(s.seq).or_insert((0, 0)).0 += 1;
+                    }
+                    if s.recv_done.iter().any(|&n| n > 0) {
+                        self.mydep[rank] += 1;
+                    }
+                    if b == 0 {
+                        B::Mine
+                    } else {
+                        B::Done
+                    }
+                }
+                B::Mine => {
+                    if s.recv_done.iter().any(|&n| n > 0) {
+                        if self.mydep[rank] < s.mydepart {
+                            return false;
+                        }
+                        for q in 0..p {
+                            if s.recv_done[q] != 0 {
+                                let x = &mut self.pdone[q * p + rank];
+                                *x = (*x).max(s.recv_done[q]);
+                            }
+                        }
+                    }
+                    B::All
+                }
+                B::All => {
+                    if s.seq != 0 && self.dep < s.depart {
+                        return false;
+                    }
+                    B::Sends
+                }
+                B::Sends => {
+                    for q in 0..p {
+                        if s.send_done[q] != 0 && self.pdone[rank * p + q] < s.send_done[q] {
+                            return false;
+                        }
+                    }
+                    B::Done
+                }
+                B::Done => return false,
+            };
+            *st = next;
+            true
+        }
+
+        /// Runs every rank's launches to the end, blocks moving in a random order (some held
+        /// back each round, as a GPU schedules them); panics naming the stuck launches on a
+        /// deadlock.
+        fn run(&mut self, mut queues: Vec<VecDeque<L>>, rng: &mut Rng) {
+            for q in &queues {
+                for l in q {
+                    if l.plan.sync.seq != 0 && l.plan.ll.is_none() {
+                        self.departed.entry(l.plan.sync.seq).or_insert((0, 0)).1 += l.plan.blocks as u64;
+                    }
+                }
+            }
+            let mut running: Vec<Option<(L, Vec<B>)>> = (0..self.p).map(|_| None).collect();
+            let mut idle = 0;
+            loop {
+                let mut moved = false;
+                let first = rng.next(self.p as u64) as usize;
+                let p = self.p;
+                for r in (0..p).map(|i| (i + first) % p) {
+                    if running[r].is_none() {
+                        if let Some(l) = queues[r].pop_front() {
+                            let n = if l.plan.ll.is_some() { 1 } else { l.plan.blocks.max(1) as usize };
+                            running[r] = Some((l, vec![B::Start; n]));
+                            moved = true;
+                        }
+                    }
+                    if let Some((l, blocks)) = running[r].as_mut() {
+                        for (b, st) in blocks.iter_mut().enumerate() {
+                            // Held back this round (but never forever: see `idle`).
+                            if idle == 0 && rng.next(3) == 0 {
+                                continue;
+                            }
+                            moved |= self.step(r, l, b, st);
+                        }
+                        if blocks.iter().all(|b| *b == B::Done) {
+                            // The stream goes on: work after the launch may use its results
+                            // and reuse its buffers.
+                            let s = &l.plan.sync;
+                            if s.seq != 0 && l.plan.ll.is_none() {
+                                let (done, all) = self.departed[&s.seq];
+                                assert_eq!(done, all, "rank {r}'s collective launch {} ends while other ranks' blocks still work", s.seq);
+                            }
+                            for &(q, k) in &l.sends {
+                                if self.nonempty.contains(&(r, q, k)) {
+                                    assert!(
+                                        self.copied.contains(&(r, q, k)),
+                                        "rank {r}'s send {k} to rank {q} ends before its copy"
+                                    );
+                                }
+                            }
+                            running[r] = None;
+                            moved = true;
+                        }
+                    }
+                }
+                if running.iter().all(|x| x.is_none()) && queues.iter().all(|q| q.is_empty()) {
+                    return;
+                }
+                if !moved && idle == 0 {
+                    // Nothing moved, perhaps only because of the holding back: a full round next.
+                    idle = 1;
+                    continue;
+                }
+                idle = 0;
+                if !moved {
+                    let stuck: Vec<String> = running
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(r, x)| {
+                            x.as_ref().map(|(l, b)| format!("rank {r}: {:?} {:?}", l.plan, b))
+                        })
+                        .collect();
+                    panic!("deadlock:\n{}", stuck.join("\n"));
+                }
+            }
+        }
+    }
+
+    /// A tiny deterministic generator.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self, n: u64) -> u64 {
+            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (self.0 >> 33) % n.max(1)
+        }
+    }
+
+    /// Random groups of collectives (the same on every rank) and sends/receives (random pairs,
+    /// self included, some empty), planned by every rank with the engine's own functions
+    /// (`call::collective_units`, `call::p2p_units`, `plan_launches`), then run through the
+    /// meeting's model: no deadlock, and every promise the counters make holds.
+    #[test]
+    fn planned_launches_meet_without_deadlock_and_keep_their_promises() {
+        use device::Coll;
+        let mut rng = Rng(7);
+        for trial in 0..300 {
+            let p = 2 + rng.next(7) as usize;
+            let ll_on = rng.next(2) == 0;
+            let mut counters = vec![Counters::default(); p];
+            let mut queues: Vec<VecDeque<L>> = (0..p).map(|_| VecDeque::new()).collect();
+            let bufs: Vec<Bufs> =
+                (0..p).map(|q| Bufs { send: (q as u64 + 1) << 40, recv: (q as u64 + 9) << 40 }).collect();
+            let mut nonempty = Vec::new();
+            for _group in 0..8 {
+                // Collectives every rank makes alike.
+                let kinds = [
+                    Coll::AllReduce,
+                    Coll::AllGather,
+                    Coll::AllToAll,
+                    Coll::Broadcast(p - 1),
+                    Coll::ReduceScatter,
+                ];
+                let colls: Vec<DevCall> = (0..rng.next(4))
+                    .map(|_| {
+                        let k = kinds[rng.next(kinds.len() as u64) as usize];
+                        let count = [1usize, 4, 1000, 5 << 20][rng.next(4) as usize];
+                        let op = [ReduceOp::Sum, ReduceOp::Max][rng.next(2) as usize];
+                        DevCall::coll(k, DataType::F32, op, count, 0, 0)
+                    })
+                    .collect();
+                // Messages: per (sender, receiver), how many (their byte counts, some zero).
+                let mut msgs: Vec<(usize, usize, usize)> = Vec::new();
+                for _ in 0..rng.next(4 * p as u64 + 12) {
+                    let (a, b) = (rng.next(p as u64) as usize, rng.next(p as u64) as usize);
+                    msgs.push((a, b, [0usize, 8, 1 << 20][rng.next(3) as usize]));
+                }
+                for r in 0..p {
+                    let coll_tasks: Vec<(DevCall, Vec<Task>)> = colls
+                        .iter()
+                        .map(|c| (*c, device::tasks(c.collective().unwrap(), c.count, 4, r, &bufs)))
+                        .collect();
+                    let units = call::collective_units(&coll_tasks, p);
+                    let mut sent = [0u64; MAX_RANKS];
+                    let mut recv = [0u64; MAX_RANKS];
+                    let mut tasks = Vec::new();
+                    let mut sends = Vec::new();
+                    for &(a, b, bytes) in &msgs {
+                        if a == r {
+                            sent[b] += 1;
+                            sends.push((b, counters[r].sent[b] + sent[b]));
+                        }
+                        if b == r {
+                            recv[a] += 1;
+                            let k = counters[r].received[a] + recv[a];
+                            if bytes > 0 {
+                                tasks.push(Task::copy(((a as u64) << 32) | k, vec![1], bytes));
+                                nonempty.push((a, r, k));
+                            }
+                        }
+                    }
+                    let any = sent.iter().chain(&recv).any(|&n| n > 0);
+                    let p2p = call::p2p_units(tasks, any);
+                    // Caps: by kernel for collective launches (the occupancy, alike everywhere).
+                    let caps: Vec<u32> = units
+                        .iter()
+                        .map(|u| 1 + (u.kernel().1 == Kop::Op(ReduceOp::Max)) as u32 * 2)
+                        .chain(p2p.iter().map(|_| 1 + rng.next(3) as u32))
+                        .collect();
+                    let ll = |u: &call::Unit| {
+                        ll_on
+                            && matches!(u.calls.as_slice(), [c] if c.what == What::Coll(Coll::AllReduce) && c.bytes() <= LL_MAX_BYTES)
+                    };
+                    let plans =
+                        plan_launches(&mut counters[r], r, p, &units, &p2p, (&sent, &recv), &caps, ll, 0);
+                    let n_coll = units.len();
+                    let n = plans.len();
+                    for (i, plan) in plans.into_iter().enumerate() {
+                        // Each receive's copy is in the launch that holds its task.
+                        let mine: Vec<(usize, u64)> = if i >= n_coll {
+                            p2p[i - n_coll]
+                                .tasks
+                                .iter()
+                                .map(|t| ((t.srcs[0] >> 32) as usize, t.srcs[0] & 0xffff_ffff))
+                                .collect()
+                        } else {
+                            Vec::new()
+                        };
+                        // The group's sends are done with once its last launch ends.
+                        let sends = if i + 1 == n { std::mem::take(&mut sends) } else { Vec::new() };
+                        queues[r].push_back(L { plan, recvs: mine, sends });
+                    }
+                }
+            }
+            let mut emu = Emu::new(p);
+            emu.nonempty = nonempty;
+            let total: usize = queues.iter().map(|q| q.len()).sum();
+            emu.run(queues, &mut rng);
+            assert!(total > 0 || trial > 0);
+        }
     }
 
     #[test]
