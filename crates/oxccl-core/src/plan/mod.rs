@@ -189,6 +189,18 @@ pub struct Geometry {
     /// `OXCCL_DETERMINISTIC`: every reduction folds the ranks' inputs in rank order
     /// (`plan/det.rs`), whatever the size and algorithm.
     pub deterministic: bool,
+    /// What every rank's plans derive from `ring` and `hosts` alone, computed once
+    /// ([`Geometry::cached`]); `None`: computed by each plan that needs it.
+    pub cache: Option<Arc<GeometryCache>>,
+}
+
+/// Derived from a geometry's ring and hosts, the same for all its ranks.
+#[derive(Debug)]
+pub struct GeometryCache {
+    /// Each rank's position in the ring.
+    pub ring_pos: Vec<u32>,
+    /// The tree all-reduce's two rank-level trees ([`tree::places`]).
+    pub tree: [Vec<tree::Place>; 2],
 }
 
 impl Geometry {
@@ -204,16 +216,36 @@ impl Geometry {
             hosts: vec![0; size].into(),
             select: None,
             deterministic: false,
+            cache: None,
         }
+    }
+
+    /// This geometry with its [`GeometryCache`] (for every rank of a communicator: clone it
+    /// and set `rank`). Plans are the same with or without it.
+    pub fn cached(mut self) -> Geometry {
+        self.cache = None;
+        let mut ring_pos = vec![0u32; self.size];
+        for (i, r) in self.ring.iter().enumerate() {
+            if let Some(x) = ring_pos.get_mut(r.idx()) {
+                *x = i as u32;
+            }
+        }
+        let tree = tree::places(&self);
+        self.cache = Some(Arc::new(GeometryCache { ring_pos, tree }));
+        self
     }
 
     /// This geometry with rank `r` on host `host_of(r)`.
     pub fn with_hosts(mut self, host_of: impl Fn(usize) -> u32) -> Geometry {
         self.hosts = (0..self.size).map(host_of).collect::<Vec<_>>().into();
+        self.cache = None;
         self
     }
 
     fn ring_pos(&self, r: Rank) -> usize {
+        if let Some(c) = &self.cache {
+            return c.ring_pos.get(r.idx()).map_or(0, |&p| p as usize);
+        }
         self.ring.iter().position(|x| *x == r).unwrap_or(0)
     }
 
@@ -573,4 +605,56 @@ pub fn job_connections(job: &Job) -> Vec<(ConnKey, bool)> {
     v.sort();
     v.dedup();
     v
+}
+
+#[cfg(test)]
+mod cache_tests {
+    use super::*;
+
+    /// Every step of every lane, with its connections, for rank `g.rank`.
+    fn trace(g: &Geometry, op: &OpSpec) -> Vec<String> {
+        let job = plan_group(g, std::slice::from_ref(op)).unwrap();
+        let mut out = Vec::new();
+        for lane in job.phases.into_iter().flatten() {
+            out.push(format!("{:?} {:?}", lane.inbound, lane.outbound));
+            out.extend(lane.steps.map(|s| format!("{s:?}")));
+        }
+        out
+    }
+
+    /// The cache only saves work: ring and tree plans are the same step for step, whatever the
+    /// ring order and hosts.
+    #[test]
+    fn cached_geometries_plan_the_same_steps() {
+        for (size, per_host) in [(5usize, 2usize), (9, 3), (12, 4), (7, 1)] {
+            // A ring order that is not rank order: reversed.
+            let ring: Vec<Rank> = (0..size).rev().map(Rank::new).collect();
+            for algo in [crate::tuner::Algo::Ring, crate::tuner::Algo::Tree] {
+                for rank in 0..size {
+                    let mut g = Geometry::simple(Rank::new(rank), size, 2, 4096)
+                        .with_hosts(|r| (r / per_host) as u32);
+                    g.ring = ring.clone().into();
+                    g.select = Some(Arc::new(crate::tuner::Selector::always(algo)));
+                    let c = g.clone().cached();
+                    let cache = c.cache.as_ref().unwrap();
+                    assert_eq!(cache.tree, tree::places(&g));
+                    assert_eq!(cache.ring_pos[rank] as usize, g.ring_pos(Rank::new(rank)));
+                    for count in [1usize, 100, 5000] {
+                        let op = OpSpec::AllReduce {
+                            count,
+                            dtype: DataType::F32,
+                            op: ReduceOp::Sum,
+                            src: Loc::start(BufId(0)),
+                            dst: Loc::start(BufId(1)),
+                        };
+                        assert_eq!(
+                            trace(&g, &op),
+                            trace(&c, &op),
+                            "size {size} rank {rank} {algo:?} count {count}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

@@ -214,6 +214,27 @@ impl RingCollective {
     }
 }
 
+impl RingCollective {
+    /// All-reduce: moves `k` to the next step that carries data. Step `k` of a loop handles
+    /// segment `(pos − 1 − k) mod P` (both halves), and only segments below
+    /// `⌈loop elements / rc⌉` hold data, so the next such step is found at once rather than by
+    /// trying each of the loop's `2P − 1` (a small call on many ranks has few).
+    fn skip_empty(&mut self) {
+        let p = self.p;
+        if self.kind != RingKind::AllReduce || p <= 1 || self.rc == 0 {
+            return;
+        }
+        let m = self.loop_elems().div_ceil(self.rc);
+        if m >= p || self.k >= 2 * p - 1 {
+            return;
+        }
+        let seg = (self.pos + 2 * p - 1 - self.k) % p;
+        if seg >= m {
+            self.k += seg - (m - 1);
+        }
+    }
+}
+
 impl Iterator for RingCollective {
     type Item = Step;
 
@@ -221,6 +242,13 @@ impl Iterator for RingCollective {
         loop {
             if self.base >= self.end || self.rc == 0 {
                 return None;
+            }
+            self.skip_empty();
+            if self.k >= self.steps_per_loop() {
+                self.k = 0;
+                self.base += self.loop_elems();
+                self.start_loop();
+                continue;
             }
             let step = self.step_at(self.k);
             self.k += 1;

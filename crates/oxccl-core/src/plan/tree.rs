@@ -43,11 +43,15 @@ pub struct Place {
 pub fn places(g: &Geometry) -> [Vec<Place>; 2] {
     // Hosts in ring order, each with its ranks in ring order.
     let mut hosts: Vec<(u32, Vec<Rank>)> = Vec::new();
+    let mut index: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
     for &r in g.ring.iter() {
         let h = g.hosts.get(r.idx()).copied().unwrap_or(0);
-        match hosts.iter_mut().find(|(x, _)| *x == h) {
-            Some((_, v)) => v.push(r),
-            None => hosts.push((h, vec![r])),
+        match index.get(&h) {
+            Some(&i) => hosts[i].1.push(r),
+            None => {
+                index.insert(h, hosts.len());
+                hosts.push((h, vec![r]));
+            }
         }
     }
     let trees = double_btree(hosts.len());
@@ -85,7 +89,14 @@ pub fn all_reduce(
     let ctx = ReduceCtx::new(dtype, op, g.size as u32)?;
     let es = dtype.size_bytes();
     let chunk = (g.chunk_bytes / es).max(1);
-    let trees = places(g);
+    let computed;
+    let trees = match &g.cache {
+        Some(c) => &c.tree,
+        None => {
+            computed = places(g);
+            &computed
+        }
+    };
     let by_size = (count * es).checked_div(g.channel_min_bytes).unwrap_or(usize::MAX).max(1);
     let parts = 2 * g.nchannels.clamp(1, MAX_TREE_CHANNELS).min(by_size);
     let mut lanes = Vec::new();

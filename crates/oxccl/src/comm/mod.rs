@@ -326,7 +326,9 @@ impl Communicator {
             hosts: host_indices(&peers).into(),
             deterministic: p.config.deterministic,
             select: None,
-        };
+            cache: None,
+        }
+        .cached();
         let model = Arc::new(oxccl_core::tuner::Model::cpu(
             p.size,
             geometry.hosts.iter().max().map_or(1, |h| *h as usize + 1),
