@@ -19,6 +19,7 @@ pub mod fp8;
 pub mod ifname;
 pub mod json;
 pub mod launch;
+pub mod netsim;
 pub mod plan;
 pub mod premul;
 pub mod proto;

@@ -8,6 +8,15 @@
 //! - `oxccl explain COLLECTIVE --ranks N [--topo FILE]` prints, for sizes 8 B .. 4 GiB, the
 //!   predicted time of every algorithm × protocol and the choice (`NCCL_ALGO`, `NCCL_PROTO`,
 //!   `NCCL_MIN/MAX_NCHANNELS` apply).
+//! - `oxccl sim --cluster FILE --ranks N,... [-b 8 -e 64M -f 8] [--algo ring,tree]` simulates
+//!   oxccl's own all-reduce plans on a cluster file and prints nccl-tests tables, the ring
+//!   against the tree, and the tuner's pick (see `simcmd`).
+
+#[allow(dead_code)]
+mod plot;
+#[allow(dead_code)]
+mod report;
+mod simcmd;
 
 use oxccl_core::topo::{graphs, Topo};
 use oxccl_core::tuner::{explain_sizes, Coll, Model};
@@ -147,6 +156,30 @@ fn explain(args: &[String]) {
     print!("{}", m.explain_text(c, &explain_sizes(), &en));
 }
 
+fn sim(args: &[String]) {
+    // `--name value`, `-b/-e/-f value`, and the flag `--exact`.
+    let mut opts = std::collections::BTreeMap::new();
+    let mut flags = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let key = match a.as_str() {
+            "--exact" => {
+                flags.push("exact".to_string());
+                continue;
+            }
+            "-b" | "-e" | "-f" => &a[1..],
+            k if k.starts_with("--") => &k[2..],
+            _ => fail("sim", format!("unexpected argument {a:?}")),
+        };
+        let v = it.next().unwrap_or_else(|| fail("sim", format!("{a} needs a value")));
+        opts.insert(key.to_string(), v.clone());
+    }
+    let o = simcmd::parse(&opts, &flags).unwrap_or_else(|e| fail("sim", e));
+    if let Err(e) = simcmd::run(&o) {
+        fail("sim", e);
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.split_first() {
@@ -158,6 +191,7 @@ fn main() {
         }
         Some((cmd, rest)) if cmd == "topo" => topo(rest),
         Some((cmd, rest)) if cmd == "explain" => explain(rest),
+        Some((cmd, rest)) if cmd == "sim" => sim(rest),
         _ => usage(),
     }
 }
