@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! oxccl sim --cluster fixtures/clusters/summit.json --ranks 96,1536,24576 -b 8 -e 64M -f 8
+//! oxccl sim --cluster local --ranks 4 --algo ring --protos Simple --channels 1 --chunk 1M
 //!           [--algo ring,tree] [--protos LL,Simple] [--channels 2] [--chunk 512K]
 //!           [--exact] [--json FILE] [--plot FILE.svg]
 //! ```
@@ -199,8 +200,18 @@ pub fn parse(opts: &BTreeMap<String, String>, flags: &[String]) -> Result<Opts, 
 
 /// Runs the sweep and prints it; returns every point.
 pub fn run(o: &Opts) -> Result<Vec<Point>, String> {
-    let text = std::fs::read_to_string(&o.cluster).map_err(|e| format!("{}: {e}", o.cluster))?;
-    let c = Cluster::parse(&text).map_err(|e| format!("{}: {e}", o.cluster))?;
+    let c = if o.cluster == "local" {
+        // This host, from the calibration probe (measured once, cached), as the tuner sees it.
+        let config = oxccl::Config::from_lookup(|k| std::env::var(k).ok()).map_err(|e| e.to_string())?;
+        let costs = oxccl::calib::host_costs(
+            oxccl::sys::host::host_id(config.host_id.as_deref()),
+            config.calibrate.as_deref(),
+        );
+        Cluster::from_cpu(&costs, o.ranks.iter().copied().max().unwrap_or(2), 1)
+    } else {
+        let text = std::fs::read_to_string(&o.cluster).map_err(|e| format!("{}: {e}", o.cluster))?;
+        Cluster::parse(&text).map_err(|e| format!("{}: {e}", o.cluster))?
+    };
     println!("# oxccl sim: {}", c.name);
     println!(
         "# cluster file {}; {} GPUs per node, {} NICs per node",

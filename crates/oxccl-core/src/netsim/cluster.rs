@@ -146,6 +146,35 @@ impl Cluster {
         })
     }
 
+    /// This host as the simulator sees it, from the calibration probe's measurements (the
+    /// tuner's `Model::cpu` reads the same): `ranks` CPU ranks ("GPUs") per host joined by
+    /// shared memory (a chunk is copied into a slot and out again: half the copy bandwidth; a
+    /// hop costs the core-to-core hand-off plus the engine's step), hosts by TCP (the
+    /// loopback's latency and bandwidth), one NIC per host, one switch tier, no base latency.
+    /// Every protocol costs the same here (the CPU engine's flagged formats cost encoding
+    /// passes the simulator does not model).
+    pub fn from_cpu(c: &crate::tuner::CpuCosts, ranks: usize, hosts: usize) -> Cluster {
+        let hop = c.hop_us + crate::tuner::CPU_STEP_US;
+        let net = c.tcp_us + crate::tuner::CPU_STEP_US;
+        Cluster {
+            name: format!(
+                "this host ({} calibration): {ranks} CPU ranks per host, shared memory {:.2} GB/s {hop:.2} us per hop, TCP {:.2} GB/s {net:.2} us",
+                if c.measured { "measured" } else { "built-in" },
+                c.copy_gbs / 2.0,
+                c.tcp_gbs
+            ),
+            sources: vec!["oxccl's calibration probe of this host (~/.cache/oxccl)".into()],
+            gpus_per_node: ranks.max(1),
+            nics_per_node: 1,
+            rail_optimized: false,
+            intra: LinkClass { gbs: (c.copy_gbs / 2.0).max(0.01), ring_us: [hop; 3], tree_us: [hop; 3] },
+            net: LinkClass { gbs: c.tcp_gbs.max(0.01), ring_us: [net; 3], tree_us: [net; 3] },
+            base_ring_us: [0.0; 3],
+            base_tree_us: [0.0; 3],
+            tiers: vec![Tier { name: "host network".into(), nodes: hosts.max(1), switch_us: 0.0, oversubscription: 1.0 }],
+        }
+    }
+
     /// The base cost of a call of `algo` in `proto`, µs.
     pub fn base_us(&self, algo: Algo, proto: Proto) -> f64 {
         let t = if algo == Algo::Tree { &self.base_tree_us } else { &self.base_ring_us };
