@@ -24,6 +24,7 @@
 //! | `OXCCL_DIRECT` | `0`: single-host communicators use the ring engine, not direct memory access | `1` |
 //! | `OXCCL_FLIGHT_RECORDER` | calls each communicator's flight recorder keeps (0: off) | `2000` |
 //! | `OXCCL_FLIGHT_DIR` | where flight recorder dumps are written | the temporary directory |
+//! | `OXCCL_BOOTSTRAP_SPARSE_FROM` | from this many ranks on, the peer table is relayed down a binary tree of ranks and control connections go to ring and tree neighbours only (`0`: never) | `128` |
 //! | `OXCCL_CHECK_CALLS` | `0`: chunks carry no call signatures and none are compared (the contract check is off; for measuring its cost) | `1` |
 
 use crate::error::CoreError;
@@ -136,6 +137,10 @@ pub struct Config {
     pub tuner: bool,
     /// `OXCCL_CALIBRATE`: `0` built-in costs, `force` measure again; unset, the cached probe.
     pub calibrate: Option<String>,
+    /// `OXCCL_BOOTSTRAP_SPARSE_FROM`: the rank count from which the bootstrap relays the peer
+    /// table down a tree and keeps control connections to neighbours only (0: never). Rank
+    /// 0's value holds for the whole communicator.
+    pub bootstrap_sparse_from: usize,
 }
 
 impl Default for Config {
@@ -160,6 +165,7 @@ impl Default for Config {
             deterministic: false,
             tuner: true,
             calibrate: None,
+            bootstrap_sparse_from: tuning::BOOTSTRAP_SPARSE_FROM,
         }
     }
 }
@@ -250,6 +256,9 @@ impl Config {
         }
         if let Some(v) = get("OXCCL_CALIBRATE").filter(|v| !v.trim().is_empty()) {
             c.calibrate = Some(v);
+        }
+        if let Some(v) = get("OXCCL_BOOTSTRAP_SPARSE_FROM") {
+            c.bootstrap_sparse_from = parse_usize("OXCCL_BOOTSTRAP_SPARSE_FROM", &v)?;
         }
         if let Some(v) = get("OXCCL_DIRECT") {
             c.direct = parse_bool("OXCCL_DIRECT", &v)?;
@@ -357,6 +366,12 @@ impl Config {
 
     pub fn with_log(mut self, level: LogLevel) -> Self {
         self.log = level;
+        self
+    }
+
+    /// `OXCCL_BOOTSTRAP_SPARSE_FROM` (0: never sparse).
+    pub fn with_bootstrap_sparse_from(mut self, ranks: usize) -> Self {
+        self.bootstrap_sparse_from = ranks;
         self
     }
 }

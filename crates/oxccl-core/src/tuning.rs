@@ -36,6 +36,10 @@ pub const HELLO_DEADLINE_MS: u64 = 10_000;
 pub const MAX_PENDING_CONNECTIONS: usize = 1024;
 /// Bootstrap: delay between attempts to reach a root or peer that is not listening yet.
 pub const CONNECT_RETRY_MS: u64 = 20;
+/// Bootstrap: from this many ranks on (`OXCCL_BOOTSTRAP_SPARSE_FROM`), the peer table goes
+/// down a binary tree of ranks instead of from the root to each, and each rank opens control
+/// connections (lifelines) only to its ring and tree neighbours instead of to every peer.
+pub const BOOTSTRAP_SPARSE_FROM: usize = 128;
 
 /// Direct path: the largest contribution a rank copies into its inline post (bytes); larger
 /// calls read peers' buffers in place (shared allocations) or take the ring.
