@@ -207,6 +207,13 @@ impl ShmSend {
             .recv(&mut buf)
             .map_err(io("wait for a shared-memory answer"))?
             .ok_or_else(|| Error::Internal("empty unix socket answer".into()))?;
+        if n == 0 {
+            // End of stream: the peer's service closed (its process or communicator ended).
+            return Err(io("wait for a shared-memory answer")(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the peer closed its unix socket without answering",
+            )));
+        }
         if let Err(why) = decode_offer_reply(&buf[..n])? {
             return Err(Error::InvalidUsage(format!(
                 "rank {} refused the shared-memory connection: {why}",
