@@ -31,10 +31,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub use service::{Incoming, Mailbox, PeerState, Service};
+pub use service::{Incoming, Mailbox, PeerState, Service, Word};
 
 /// Protocol version of every bootstrap message.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Frame kinds.
 pub(crate) mod kind {
@@ -43,6 +43,9 @@ pub(crate) mod kind {
     pub const REJECT: u8 = 3;
     /// Root → joined ranks while the rendezvous is incomplete: who is still missing.
     pub const STATUS: u8 = 4;
+    /// Root → each rank once all joined, before any table: how the table reaches it
+    /// ([`super::Route`]).
+    pub const ROUTE: u8 = 5;
     pub const HELLO: u8 = 10;
     pub const MSG: u8 = 11;
     /// The last frame of a control connection closed in order.
@@ -56,7 +59,18 @@ pub(crate) mod kind {
     /// "Rank r is gone" (payload: r as u32): the sender saw r's connection end, so the
     /// receiver need not find out by itself.
     pub const GONE: u8 = 16;
+    /// "Rank r failed, for this reason" (payload: r as u32, then the reason), passed on by a
+    /// sparse communicator's rank that was not r's lifeline.
+    pub const FAILED_BY: u8 = 17;
+    /// "Rank r is gone" (payload: r as u32), passed on by a sparse communicator's herald:
+    /// unlike [`GONE`], the sender has not failed.
+    pub const PASS_GONE: u8 = 18;
 }
+
+/// A rank waiting this long for its relayed table looks whether its parent still listens,
+/// and again this often.
+const RELAY_LOOK_AFTER_MS: u64 = 500;
+const RELAY_LOOK_EVERY_MS: u64 = 500;
 
 /// A wait stuck this long asks the peers it waits for where their calls stand.
 pub const PROBE_AFTER_MS: u64 = 200;
@@ -75,6 +89,18 @@ pub const REPORT_ANSWER_MS: u64 = 1000;
 
 /// The most bytes of a failure's reason sent to peers.
 pub const MAX_FAIL_REASON_BYTES: usize = 2048;
+
+/// `reason`, cut to at most [`MAX_FAIL_REASON_BYTES`] on a character boundary.
+fn bounded(reason: &str) -> &str {
+    let mut end = reason.len().min(MAX_FAIL_REASON_BYTES);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    &reason[..end]
+}
+
+/// The tag of the peer table relayed from a rank to its children in the relay tree.
+pub(crate) const TAG_TABLE: u64 = 0xB0 << 56;
 
 const JOIN_MAGIC: u32 = u32::from_le_bytes(*b"OXJN");
 const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"OXHL");
@@ -588,6 +614,8 @@ pub(crate) struct Join {
     pub secret: [u8; 32],
     pub rank: u32,
     pub nranks: u32,
+    /// The joining rank's `OXCCL_BOOTSTRAP_SPARSE_FROM` (rank 0's decides).
+    pub sparse_from: u32,
     pub info: PeerInfo,
 }
 
@@ -595,6 +623,7 @@ impl Join {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::new();
         w.u32(JOIN_MAGIC).u32(self.version).raw(&self.secret).u32(self.rank).u32(self.nranks);
+        w.u32(self.sparse_from);
         self.info.encode(&mut w);
         w.finish()
     }
@@ -609,6 +638,7 @@ impl Join {
             secret: r.fixed()?,
             rank: r.u32()?,
             nranks: r.u32()?,
+            sparse_from: r.u32()?,
             info: PeerInfo::decode(&mut r)?,
         };
         r.finish()?;
@@ -670,14 +700,105 @@ pub(crate) fn decode_table(b: &[u8]) -> Result<Vec<PeerInfo>, CoreError> {
     Ok(t)
 }
 
-/// Joins the root at `root`: returns the peer table, in rank order.
+/// How the peer table reaches a rank, as the root tells each rank once all have joined.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Route {
+    /// Rank 0's `OXCCL_BOOTSTRAP_SPARSE_FROM`, which holds for the communicator (0: never).
+    pub sparse_from: u32,
+    /// Sparse: the table comes down the relay tree, from this rank's parent there (rank 0
+    /// gets it from the root), and lifelines go to neighbours only.
+    pub sparse: bool,
+    /// Sparse, below rank 0: the services of the rank's ancestors in the relay tree, parent
+    /// first (at most 32), so a rank whose parent's process ended before it relayed finds
+    /// out (a refused connection) and knows whether an ancestor still lives to relay past it.
+    pub ancestors: Vec<SocketAddr>,
+}
+
+impl Route {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.u32(self.sparse_from).u8(self.sparse as u8).u8(self.ancestors.len() as u8);
+        for a in &self.ancestors {
+            put_addr(&mut w, a);
+        }
+        w.finish()
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Route, CoreError> {
+        let mut r = Reader::new(b, "route");
+        let sparse_from = r.u32()?;
+        let sparse = match r.u8()? {
+            0 => false,
+            1 => true,
+            k => return Err(CoreError::Malformed { what: "route", reason: format!("mode {k}") }),
+        };
+        let n = r.u8()? as usize;
+        if n > 32 {
+            return Err(CoreError::Malformed { what: "route", reason: format!("{n} ancestors") });
+        }
+        let ancestors = (0..n).map(|_| get_addr(&mut r)).collect::<Result<Vec<_>, _>>()?;
+        r.finish()?;
+        Ok(Route { sparse_from, sparse, ancestors })
+    }
+
+    /// The ranks above `me` in the relay tree, parent first.
+    pub fn ancestors_of(me: Rank) -> Vec<Rank> {
+        let mut v = Vec::new();
+        let mut r = me.idx();
+        while r > 0 {
+            r = (r - 1) / 2;
+            v.push(Rank::new(r));
+        }
+        v
+    }
+
+    /// Whether a communicator of `size` ranks is sparse under the threshold `sparse_from`.
+    pub fn is_sparse(size: usize, sparse_from: usize) -> bool {
+        sparse_from != 0 && size >= sparse_from.max(2)
+    }
+}
+
+/// The relay tree that carries the peer table in a sparse bootstrap: a binary heap over rank
+/// numbers (rank 0 at the top, which the root sends the table to): `(parent, children)`.
+pub fn relay_links(me: Rank, size: usize) -> (Option<Rank>, Vec<Rank>) {
+    let r = me.idx();
+    let parent = (r > 0).then(|| Rank::new((r - 1) / 2));
+    let children = [2 * r + 1, 2 * r + 2].into_iter().filter(|c| *c < size).map(Rank::new).collect();
+    (parent, children)
+}
+
+/// What joining gives a rank.
+pub(crate) struct Joined {
+    /// The peer table, in rank order.
+    pub peers: Vec<PeerInfo>,
+    pub route: Route,
+    /// Control connections opened while joining (a sparse bootstrap's relay to this rank's
+    /// children), hello sent: the first of the rank's lifelines.
+    pub links: HashMap<u32, TcpStream>,
+}
+
+/// Where and how a rank joins: the root's address, the communicator's secret, its size, and this
+/// rank's sparse-bootstrap threshold (rank 0's decides).
+#[derive(Clone, Copy)]
+pub(crate) struct Rendezvous<'a> {
+    pub root: SocketAddr,
+    pub secret: &'a [u8; 32],
+    pub size: usize,
+    pub sparse_from: usize,
+}
+
+/// Joins the root at `rv.root`: the peer table, from the root or (a sparse bootstrap) from this
+/// rank's parent in the relay tree, which it forwards to its own children. `mailbox` is this
+/// rank's service's, where a relayed table arrives; `w` should watch it, so a parent whose
+/// process ends before it relays is named at once.
 pub(crate) fn join(
-    root: SocketAddr,
-    secret: &[u8; 32],
-    size: usize,
+    rv: Rendezvous<'_>,
     info: &PeerInfo,
+    mailbox: &Mailbox,
     w: &Waiter,
-) -> Result<Vec<PeerInfo>> {
+    log: &crate::log::Logger,
+) -> Result<Joined> {
+    let Rendezvous { root, secret, size, sparse_from } = rv;
     let what = "bootstrap: joining the rendezvous root";
     let mut s = connect_retry(root, w, what, &[Rank(0)])?;
     let req = Join {
@@ -685,34 +806,170 @@ pub(crate) fn join(
         secret: *secret,
         rank: info.rank.0,
         nranks: size as u32,
+        sparse_from: sparse_from.min(u32::MAX as usize) as u32,
         info: info.clone(),
     };
     write_frame(&mut s, kind::JOIN, &req.encode())
         .map_err(|e| Error::io(w.rank, "bootstrap: send join request", None, e))?;
-    // Until the table comes, the root's status frames say who has not joined yet: a timeout
+    // Until the route comes, the root's status frames say who has not joined yet: a timeout
     // names them.
     let mut missing: Vec<Rank> = Vec::new();
-    let (k, payload) = loop {
-        let (k, payload) = read_frame(&mut s, w, "bootstrap: waiting for all ranks to join", &missing)?;
-        if k != kind::STATUS {
-            break (k, payload);
+    let next = |s: &mut TcpStream, missing: &mut Vec<Rank>| -> Result<(u8, Vec<u8>)> {
+        loop {
+            let (k, payload) = read_frame(s, w, "bootstrap: waiting for all ranks to join", missing)?;
+            match k {
+                kind::STATUS => *missing = JoinStatus::decode(&payload)?.missing,
+                kind::REJECT => {
+                    return Err(Error::Rejected { rank: w.rank, reason: decode_reject(&payload)? })
+                }
+                _ => return Ok((k, payload)),
+            }
         }
-        missing = JoinStatus::decode(&payload)?.missing;
     };
-    match k {
-        kind::TABLE => {
-            let t = decode_table(&payload)?;
-            if t.len() != size || t.iter().enumerate().any(|(i, p)| p.rank.idx() != i) {
-                return Err(Error::Internal(format!(
-                    "root sent a table of {} entries for world size {size}",
-                    t.len()
+    let unexpected = |k: u8| -> Error {
+        CoreError::Malformed { what: "root reply", reason: format!("frame kind {k}") }.into()
+    };
+    let (k, payload) = next(&mut s, &mut missing)?;
+    if k != kind::ROUTE {
+        return Err(unexpected(k));
+    }
+    let route = Route::decode(&payload)?;
+    let (parent, children) = relay_links(info.rank, size);
+    let table = match (route.sparse, parent) {
+        (false, _) | (true, None) => match next(&mut s, &mut missing)? {
+            (kind::TABLE, t) => t,
+            (k, _) => return Err(unexpected(k)),
+        },
+        (true, Some(_)) => {
+            drop(s);
+            await_table(info.rank, &route.ancestors, mailbox, w)?
+        }
+    };
+    let peers = decode_table(&table)?;
+    if peers.len() != size || peers.iter().enumerate().any(|(i, p)| p.rank.idx() != i) {
+        return Err(Error::Internal(format!(
+            "bootstrap: a peer table of {} entries for world size {size}",
+            peers.len()
+        )));
+    }
+    let mut links = HashMap::new();
+    if route.sparse {
+        let mut msg = Writer::new();
+        msg.u64(TAG_TABLE).raw(&table);
+        let msg = msg.finish();
+        // A child that is gone is skipped: its children get the table from this rank (and
+        // so on down), so one rank's death costs no other rank its table. Its death is found
+        // again (and named, and told) when the lifelines open.
+        let mut todo: Vec<Rank> = children;
+        while let Some(c) = todo.pop() {
+            let op = "bootstrap: relaying the peer table down the relay tree";
+            let addr = peers[c.idx()].addr;
+            let sent = (|| -> Result<Option<TcpStream>> {
+                // The child's service listened before it joined: a refusal means its process
+                // has ended.
+                let mut cs = match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+                    Ok(cs) => cs,
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => return Ok(None),
+                    Err(_) => connect_retry(addr, w, op, &[c])?,
+                };
+                let _ = cs.set_nodelay(true);
+                let hello = Hello { secret: *secret, from: info.rank, to: c, data: None };
+                let wrote =
+                    write_frame_within(&mut cs, kind::HELLO, &hello.encode(), w, "bootstrap hello", c)
+                        .and_then(|_| write_frame_within(&mut cs, kind::MSG, &msg, w, op, c));
+                match wrote {
+                    Ok(()) => Ok(Some(cs)),
+                    // Reset or closed under the write: gone.
+                    Err(Error::Io { source, .. })
+                        if matches!(
+                            source.kind(),
+                            io::ErrorKind::ConnectionReset
+                                | io::ErrorKind::BrokenPipe
+                                | io::ErrorKind::WriteZero
+                        ) =>
+                    {
+                        Ok(None)
+                    }
+                    Err(e) => Err(e),
+                }
+            })()?;
+            match sent {
+                Some(cs) => {
+                    links.insert(c.0, cs);
+                }
+                None => {
+                    log.warn(format_args!(
+                        "bootstrap: rank {c} is gone (its service refuses connections); relaying the peer table past it to its children"
+                    ));
+                    todo.extend(relay_links(c, size).1);
+                }
+            }
+        }
+    }
+    Ok(Joined { peers, route, links })
+}
+
+/// How long a rank whose parent in the relay tree is gone waits for an ancestor to relay
+/// the table past it before it gives up, naming the parent.
+const ORPHAN_GRACE_MS: u64 = 10_000;
+
+/// A sparse bootstrap's wait for the table: from this rank's parent in the relay tree, or
+/// from a live ancestor that relays past a parent that is gone. Ends with an error naming
+/// the parent once the parent and every ancestor refuse connections (their processes
+/// ended), once the parent's connection ends mid-relay, after `ORPHAN_GRACE_MS` without a
+/// parent, or at the deadline.
+fn await_table(me: Rank, addrs: &[SocketAddr], mailbox: &Mailbox, w: &Waiter) -> Result<Vec<u8>> {
+    let chain = Route::ancestors_of(me);
+    let parent = chain[0];
+    let what = format!(
+        "bootstrap: waiting for the peer table from rank {parent}, this rank's parent in the relay tree"
+    );
+    let mut next_look = Instant::now() + Duration::from_millis(RELAY_LOOK_AFTER_MS);
+    // The nearest ancestor not known to be gone, and since when the parent is.
+    let (mut k, mut orphan_since) = (0usize, None::<Instant>);
+    let gone = |why: String| Error::PeerClosed {
+        rank: me,
+        op: format!("{what}: {why}"),
+        peer: parent,
+        host: "?".into(),
+    };
+    loop {
+        if let Some(t) = mailbox.take_any_within(&chain, TAG_TABLE, w.slice().min(Duration::from_millis(50)))
+        {
+            return Ok(t);
+        }
+        w.check(&what, &[parent])?;
+        if Instant::now() < next_look {
+            continue;
+        }
+        next_look = Instant::now() + Duration::from_millis(RELAY_LOOK_EVERY_MS);
+        while let Some(a) = addrs.get(k) {
+            match TcpStream::connect_timeout(a, Duration::from_millis(200)) {
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => k += 1,
+                _ => break,
+            }
+        }
+        if k > 0 && k >= addrs.len().min(chain.len()) {
+            // Every rank above fails once the topmost is gone (none of them gets the
+            // table): that one is the cause.
+            let top = chain[k - 1];
+            return Err(Error::PeerClosed {
+                rank: me,
+                op: format!(
+                    "{what}: rank {top} at the top of this rank's branch of the tree is gone (its service refuses connections), so none below it has the table"
+                ),
+                peer: top,
+                host: "?".into(),
+            });
+        }
+        if k > 0 {
+            let since = *orphan_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= Duration::from_millis(ORPHAN_GRACE_MS) {
+                return Err(gone(format!(
+                    "its service refuses connections (its process ended), and rank {} above it did not relay past it within {ORPHAN_GRACE_MS} ms",
+                    chain[k]
                 )));
             }
-            Ok(t)
-        }
-        kind::REJECT => Err(Error::Rejected { rank: w.rank, reason: decode_reject(&payload)? }),
-        other => {
-            Err(CoreError::Malformed { what: "root reply", reason: format!("frame kind {other}") }.into())
         }
     }
 }
@@ -809,6 +1066,11 @@ pub struct Bootstrap {
     secret: [u8; 32],
     peers: Arc<Vec<PeerInfo>>,
     mailbox: Arc<Mailbox>,
+    /// The peers this rank keeps control connections to from the start (and tells of a
+    /// failure): every other one, or in a sparse communicator its neighbours only.
+    lifelines: Vec<Rank>,
+    /// Set by [`close`](Self::close): no control connection opens again.
+    closed: AtomicBool,
     out: Mutex<HashMap<u32, TcpStream>>,
     /// Bytes of probe answers read but not yet parsed, per peer (locked inside `out`).
     answers: Mutex<HashMap<u32, Vec<u8>>>,
@@ -816,18 +1078,29 @@ pub struct Bootstrap {
 }
 
 impl Bootstrap {
+    /// `lifelines`: the peers to hold control connections to (`None`: all); `links`:
+    /// control connections already open (hello sent), by peer.
     pub(crate) fn new(
         me: Rank,
         secret: [u8; 32],
         peers: Arc<Vec<PeerInfo>>,
         mailbox: Arc<Mailbox>,
+        lifelines: Option<Vec<Rank>>,
+        links: HashMap<u32, TcpStream>,
     ) -> Bootstrap {
+        let lifelines = lifelines
+            .unwrap_or_else(|| (0..peers.len()).map(Rank::new).collect())
+            .into_iter()
+            .filter(|r| *r != me && r.idx() < peers.len())
+            .collect();
         Bootstrap {
             me,
             secret,
             peers,
             mailbox,
-            out: Mutex::new(HashMap::new()),
+            lifelines,
+            closed: AtomicBool::new(false),
+            out: Mutex::new(links),
             answers: Mutex::new(HashMap::new()),
             nonce: std::sync::atomic::AtomicU64::new(1),
         }
@@ -875,16 +1148,22 @@ impl Bootstrap {
         })
     }
 
-    /// Opens the control connection to every peer. Each is also this rank's lifeline: if it
-    /// ends without a goodbye, the peer knows this rank is gone.
+    /// Opens the control connection to every lifeline peer (every peer, or in a sparse
+    /// communicator the neighbours). Each is this rank's lifeline: if it ends without a
+    /// goodbye, the peer knows this rank is gone. Others open when first used.
     pub fn connect_all(&self, w: &Waiter) -> Result<()> {
         let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
         w.holding(|| {
-            for r in (0..self.peers.len()).map(Rank::new).filter(|r| *r != self.me) {
+            for &r in &self.lifelines {
                 self.conn(&mut out, r, w)?;
             }
             Ok(())
         })
+    }
+
+    /// The peers this rank holds control connections to from the start.
+    pub fn lifelines(&self) -> &[Rank] {
+        &self.lifelines
     }
 
     /// Sends `payload` to `to` under `tag`.
@@ -928,6 +1207,7 @@ impl Bootstrap {
     /// Closes outgoing control connections in order: a goodbye, then end of stream (so
     /// peers do not take this rank for gone).
     pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
         let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
         for s in out.values_mut() {
             let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
@@ -972,18 +1252,41 @@ impl Bootstrap {
 
     /// Tells every peer this rank's communicator failed and why (best effort, bounded: each
     /// write may take at most 100 ms), so their waits on it end at once naming this rank and
-    /// the reason instead of at their own deadline.
+    /// the reason instead of at their own deadline. (In a sparse communicator, the lifelines;
+    /// their heralds pass it on.)
     pub fn tell_failure(&self, reason: &str) {
-        let mut end = reason.len().min(MAX_FAIL_REASON_BYTES);
-        while !reason.is_char_boundary(end) {
-            end -= 1;
-        }
+        self.tell(kind::FAIL, bounded(reason).as_bytes(), None);
+    }
+
+    /// Passes on that `culprit`'s communicator failed for `reason` (a sparse communicator's
+    /// herald), to every lifeline but the culprit.
+    pub fn tell_failed_by(&self, culprit: Rank, reason: &str) {
+        let mut w = Writer::new();
+        w.u32(culprit.0).raw(bounded(reason).as_bytes());
+        self.tell(kind::FAILED_BY, &w.finish(), Some(culprit));
+    }
+
+    /// Tells every other peer that `gone` is gone (best effort, bounded like
+    /// [`tell_failure`](Self::tell_failure)).
+    pub fn tell_gone(&self, gone: Rank) {
+        self.tell(kind::GONE, &gone.0.to_le_bytes(), Some(gone));
+    }
+
+    /// Passes on that `gone` is gone (a sparse communicator's herald; this rank has not
+    /// failed), to every lifeline but `gone`.
+    pub fn pass_gone(&self, gone: Rank) {
+        self.tell(kind::PASS_GONE, &gone.0.to_le_bytes(), Some(gone));
+    }
+
+    /// Sends one frame on every control connection but `skip`'s, opening the lifelines not
+    /// yet open first.
+    fn tell(&self, k: u8, payload: &[u8], skip: Option<Rank>) {
         let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
         self.connect_rest(&mut out);
         let mut broken = Vec::new();
-        for (r, s) in out.iter_mut() {
+        for (r, s) in out.iter_mut().filter(|(r, _)| Some(Rank(**r)) != skip) {
             let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
-            if write_frame(s, kind::FAIL, &reason.as_bytes()[..end]).is_err() {
+            if write_frame(s, k, payload).is_err() {
                 broken.push(*r);
             }
             let _ = s.set_write_timeout(None);
@@ -993,16 +1296,15 @@ impl Bootstrap {
         }
     }
 
-    /// Opens the control connections not yet open (a failure during setup reaches peers this
-    /// rank had not connected to yet), giving each little time: peers that cannot be reached
-    /// quickly are not told.
+    /// Opens the lifelines not yet open (a failure during setup reaches peers this rank had
+    /// not connected to yet), giving each little time: peers that cannot be reached quickly
+    /// are not told.
     fn connect_rest(&self, out: &mut HashMap<u32, TcpStream>) {
-        let gone: Vec<Rank> = (0..self.peers.len())
-            .map(Rank::new)
-            .filter(|r| self.mailbox.gone_among(&[*r]).is_some())
-            .collect();
-        for r in (0..self.peers.len()).map(Rank::new) {
-            if r == self.me || out.contains_key(&r.0) || gone.contains(&r) {
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        for &r in &self.lifelines {
+            if out.contains_key(&r.0) || self.mailbox.gone_among(&[r]).is_some() {
                 continue;
             }
             let peer = &self.peers[r.idx()];
@@ -1016,24 +1318,6 @@ impl Bootstrap {
                 let _ = s.set_write_timeout(None);
                 out.insert(r.0, s);
             }
-        }
-    }
-
-    /// Tells every other peer that `gone` is gone (best effort, bounded like
-    /// [`tell_failure`](Self::tell_failure)).
-    pub fn tell_gone(&self, gone: Rank) {
-        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
-        self.connect_rest(&mut out);
-        let mut broken = Vec::new();
-        for (r, s) in out.iter_mut().filter(|(r, _)| **r != gone.0) {
-            let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
-            if write_frame(s, kind::GONE, &gone.0.to_le_bytes()).is_err() {
-                broken.push(*r);
-            }
-            let _ = s.set_write_timeout(None);
-        }
-        for r in broken {
-            out.remove(&r);
         }
     }
 
@@ -1068,6 +1352,39 @@ impl Bootstrap {
         let Some(mut out) = self.out_by(Instant::now() + wait) else {
             return Err(Probed::NoAnswer);
         };
+        if !out.contains_key(&peer.0)
+            && peer != self.me
+            && peer.idx() < self.peers.len()
+            && !self.lifelines.contains(&peer)
+        {
+            // Not a lifeline (a sparse communicator's peer away from this rank): connect now,
+            // briefly; a refusal means its process or communicator has ended.
+            let addr = self.peers[peer.idx()].addr;
+            match TcpStream::connect_timeout(
+                &addr,
+                wait.clamp(Duration::from_millis(1), Duration::from_millis(200)),
+            ) {
+                Ok(mut s) => {
+                    let _ = s.set_nodelay(true);
+                    let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
+                    let hello = Hello { secret: self.secret, from: self.me, to: peer, data: None };
+                    if write_frame(&mut s, kind::HELLO, &hello.encode()).is_ok() {
+                        out.insert(peer.0, s);
+                    }
+                }
+                // Refused: its process or communicator has ended. If another departure is
+                // known, this one is most likely its consequence, whose word is still on its
+                // way over the lifelines: no verdict (the known departure ends the wait).
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                    return Err(if self.mailbox.first_gone().is_some() {
+                        Probed::NoAnswer
+                    } else {
+                        Probed::Gone
+                    })
+                }
+                Err(_) => {}
+            }
+        }
         let Some(s) = out.get_mut(&peer.0) else {
             return Err(Probed::NoAnswer);
         };
@@ -1168,6 +1485,114 @@ impl Bootstrap {
 mod tests {
     use super::*;
 
+    fn info(r: u32, addr: SocketAddr) -> PeerInfo {
+        PeerInfo {
+            rank: Rank(r),
+            pid: 0,
+            host_id: 0,
+            hostname: "vm".into(),
+            addr,
+            unix_name: [0; 16],
+            costs: Default::default(),
+        }
+    }
+
+    /// A sparse rendezvous of 5 ranks (relay tree 0 -> 1, 2; 1 -> 3, 4) where rank 1 joins
+    /// and is gone before (`early`) or just after (`!early`) rank 0 relays the table to it.
+    /// Returns each real rank's result and how long its join took.
+    /// Per rank: its number, what joining gave (table length, sparse) and how long it took.
+    type JoinOutcome = (u32, Result<(usize, bool)>, Duration);
+
+    fn relay_with_rank1_gone(early: bool) -> Vec<JoinOutcome> {
+        let secret = [9u8; 32];
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let root_addr = listener.local_addr().unwrap();
+        let quiet = crate::log::Logger::new(&oxccl_core::config::Config::default(), None);
+        root::spawn(listener, secret, quiet).unwrap();
+        let n = 5;
+        let real = |r: u32| {
+            std::thread::spawn(move || {
+                let doorbell = Arc::new(crate::sys::fd::EventFd::new().unwrap());
+                let ctl = Arc::new(crate::transport::hostmem::Ctl::create(r).unwrap());
+                let log = crate::log::Logger::new(&oxccl_core::config::Config::default(), Some(r));
+                let svc =
+                    Service::start("127.0.0.1".parse().unwrap(), Rank(r), n, secret, doorbell, ctl, log)
+                        .unwrap();
+                let me = info(r, svc.addr);
+                let w = Waiter::new(Rank(r), Some(Duration::from_secs(30)), Arc::new(AtomicBool::new(false)))
+                    .watching(&svc.mailbox);
+                let t = Instant::now();
+                let rv = Rendezvous { root: root_addr, secret: &secret, size: n, sparse_from: 2 };
+                let got = join(rv, &me, &svc.mailbox, &w, &log);
+                // The service lives on (as in a rank whose init went on) until all are done.
+                (r, got.map(|j| (j.peers.len(), j.route.sparse)), t.elapsed(), svc)
+            })
+        };
+        let hs: Vec<_> = [0, 2, 3, 4].into_iter().map(real).collect();
+        // Rank 1: a listener as its service (closed at once when `early`), joins, hears its
+        // route, and (unless early) takes rank 0's relay and is gone.
+        let fake = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let fake_addr = fake.local_addr().unwrap();
+        let fake = if early {
+            drop(fake);
+            None
+        } else {
+            Some(fake)
+        };
+        let w1 = Waiter::new(Rank(1), Some(Duration::from_secs(10)), Arc::new(AtomicBool::new(false)));
+        let mut s = connect_retry(root_addr, &w1, "test", &[]).unwrap();
+        let req = Join {
+            version: PROTOCOL_VERSION,
+            secret,
+            rank: 1,
+            nranks: n as u32,
+            sparse_from: 2,
+            info: info(1, fake_addr),
+        };
+        write_frame(&mut s, kind::JOIN, &req.encode()).unwrap();
+        let route = loop {
+            let (k, p) = read_frame(&mut s, &w1, "test", &[]).unwrap();
+            if k == kind::ROUTE {
+                break Route::decode(&p).unwrap();
+            }
+        };
+        assert!(route.sparse && route.ancestors.len() == 1, "{route:?}");
+        if let Some(f) = fake {
+            let (relay, _) = f.accept().unwrap();
+            drop(relay);
+        }
+        drop(s);
+        let all: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        all.into_iter().map(|(r, got, took, _svc)| (r, got, took)).collect()
+    }
+
+    /// Rank 1 is gone before rank 0 relays: rank 0 relays past it, so every live rank
+    /// (its children 3 and 4 too) gets the whole table; no join fails.
+    #[test]
+    fn a_relay_tree_routes_around_a_rank_that_is_gone() {
+        for (r, got, _) in relay_with_rank1_gone(true) {
+            assert_eq!(got.unwrap_or_else(|e| panic!("rank {r}: {e}")), (5, true), "rank {r}");
+        }
+    }
+
+    /// Rank 1 took rank 0's relay and is gone before passing it on: its children (3, 4),
+    /// whose ancestor 0 lives, wait out the orphan grace and fail naming rank 1; ranks 0
+    /// and 2 have their tables.
+    #[test]
+    fn a_relay_parent_that_dies_with_the_table_is_named_by_its_children() {
+        for (r, got, took) in relay_with_rank1_gone(false) {
+            match r {
+                0 | 2 => assert_eq!(got.unwrap_or_else(|e| panic!("rank {r}: {e}")), (5, true)),
+                _ => {
+                    let e = got.expect_err("rank 1 never relayed to this rank");
+                    assert!(matches!(&e, Error::PeerClosed { peer: Rank(1), .. }), "rank {r}: {e}");
+                    let grace = Duration::from_millis(ORPHAN_GRACE_MS);
+                    assert!(took < grace + Duration::from_secs(3), "rank {r}: {took:?}");
+                }
+            }
+        }
+    }
+
     /// A send to a peer that takes the connection but never reads blocks once the socket's
     /// buffers fill. Its waiter probes stuck peers over these same control connections, whose
     /// lock the send holds: the send must still end at its deadline with a timeout naming the
@@ -1176,18 +1601,9 @@ mod tests {
     #[test]
     fn a_send_stuck_on_a_peer_that_never_reads_ends_at_its_deadline() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let info = |r: u32, addr: SocketAddr| PeerInfo {
-            rank: Rank(r),
-            pid: 0,
-            host_id: 0,
-            hostname: "vm".into(),
-            addr,
-            unix_name: [0; 16],
-            costs: Default::default(),
-        };
         let peers = Arc::new(vec![info(0, "127.0.0.1:9".parse().unwrap()), info(1, l.local_addr().unwrap())]);
         let mailbox = Arc::new(Mailbox::default());
-        let boot = Arc::new(Bootstrap::new(Rank(0), [7; 32], peers, mailbox.clone()));
+        let boot = Arc::new(Bootstrap::new(Rank(0), [7; 32], peers, mailbox.clone(), None, HashMap::new()));
         // The peer accepts and holds the connection open, reading nothing.
         let holder = std::thread::spawn(move || {
             let (s, _) = l.accept().unwrap();

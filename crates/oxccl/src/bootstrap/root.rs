@@ -7,14 +7,19 @@
 //!    size, or a rank that joins twice fails the whole rendezvous: every rank that joined (and
 //!    every later one) receives the reason, naming the culprit, so no rank waits forever for a
 //!    communicator that cannot form.
-//! 3. Once ranks `0..size` have all joined, each receives the table and the root exits. After
-//!    a failure it keeps answering late joiners for `FAIL_LINGER`, then exits.
+//! 3. Once ranks `0..size` have all joined, each receives its [`Route`] and then the table
+//!    and the root exits. A sparse communicator (at least rank 0's `OXCCL_BOOTSTRAP_SPARSE_FROM`
+//!    ranks) gets the table only at rank 0, which starts relaying it down the relay tree
+//!    ([`super::relay_links`]): the root sends O(N) bytes, not N tables. After a failure it
+//!    keeps answering late joiners for `FAIL_LINGER`, then exits.
 //! 4. The thread never blocks on one client: every socket is non-blocking, requests are
 //!    bounded in size and in the time they take to arrive.
 //! 5. While the set is incomplete, joined ranks hear who is still missing (a status frame
 //!    after joins, at most every `STATUS_EVERY`), so a rank that times out can name them.
 
-use super::{encode_reject, encode_table, kind, write_frame, Join, JoinStatus, PeerInfo, PROTOCOL_VERSION};
+use super::{
+    encode_reject, encode_table, kind, write_frame, Join, JoinStatus, PeerInfo, Route, PROTOCOL_VERSION,
+};
 use crate::bootstrap::service::same_secret;
 use crate::error::RejectReason;
 use crate::log::Logger;
@@ -48,6 +53,7 @@ struct Pending {
 struct Joined {
     s: TcpStream,
     nranks: u32,
+    sparse_from: u32,
     info: PeerInfo,
 }
 
@@ -150,6 +156,12 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                     continue;
                 }
             };
+            // The version first: a join of another version need not decode as this one's.
+            let theirs = payload.get(4..8).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+            if let Some(v) = theirs.filter(|v| *v != PROTOCOL_VERSION) {
+                reject(&mut p.s, &RejectReason::Version { ours: PROTOCOL_VERSION, theirs: v });
+                continue;
+            }
             let j = match Join::decode(&payload) {
                 Ok(j) => j,
                 Err(e) => {
@@ -181,7 +193,10 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                 continue;
             }
             let _ = p.s.set_nonblocking(false);
-            joined.insert(j.rank, Joined { s: p.s, nranks: j.nranks, info: j.info });
+            joined.insert(
+                j.rank,
+                Joined { s: p.s, nranks: j.nranks, sparse_from: j.sparse_from, info: j.info },
+            );
             changed = true;
         }
         pending = still;
@@ -191,9 +206,25 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                 Some(Ok(())) => {
                     let table: Vec<PeerInfo> = joined.values().map(|j| j.info.clone()).collect();
                     let msg = encode_table(&table);
+                    let sparse_from = joined.get(&0).map_or(0, |j| j.sparse_from);
+                    let sparse = Route::is_sparse(table.len(), sparse_from as usize);
+                    // Rank 0 first: in a sparse communicator every other rank waits for it.
                     for j in joined.values_mut() {
+                        let ancestors = if sparse {
+                            Route::ancestors_of(j.info.rank).iter().map(|a| table[a.idx()].addr).collect()
+                        } else {
+                            Vec::new()
+                        };
+                        let route = Route { sparse_from, sparse, ancestors };
                         let _ = j.s.set_write_timeout(Some(Duration::from_secs(10)));
-                        if let Err(e) = write_frame(&mut j.s, kind::TABLE, &msg) {
+                        let r = write_frame(&mut j.s, kind::ROUTE, &route.encode()).and_then(|_| {
+                            if sparse && j.info.rank.0 != 0 {
+                                Ok(())
+                            } else {
+                                write_frame(&mut j.s, kind::TABLE, &msg)
+                            }
+                        });
+                        if let Err(e) = r {
                             log.warn(format_args!(
                                 "root: cannot send the table to rank {}: {e}",
                                 j.info.rank
@@ -202,7 +233,11 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                     }
                     log.info_in(
                         oxccl_core::config::subsys::BOOTSTRAP,
-                        format_args!("root: {} ranks joined", table.len()),
+                        format_args!(
+                            "root: {} ranks joined; the table went {}",
+                            table.len(),
+                            if sparse { "to rank 0, to relay down the tree" } else { "to every rank" }
+                        ),
                     );
                     return;
                 }

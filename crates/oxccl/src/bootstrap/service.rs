@@ -190,6 +190,18 @@ pub struct Mailbox {
     gone: Gone,
     /// Where this rank's calls stand, for peers that ask (probes).
     pub progress: Progress,
+    /// A sparse communicator's herald: first word of each departure goes here, to be passed
+    /// on to this rank's lifelines (a flood over the lifeline graph, each word once per rank).
+    herald: Mutex<Option<std::sync::mpsc::Sender<Word>>>,
+}
+
+/// Word of a departure, as a sparse communicator's rank passes it on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Word {
+    /// The rank is gone (its connection ended without a goodbye).
+    Gone(Rank),
+    /// The rank's communicator failed, for this reason.
+    Failed(Rank, String),
 }
 
 /// Where a rank's calls stand: the call it is in (its signature) and how many collective
@@ -355,9 +367,26 @@ impl Mailbox {
         self.mark(r, Why::Because(gone));
     }
 
+    /// Records that `culprit`'s communicator failed for `reason` (word passed on by a rank
+    /// that has not failed itself).
+    pub(crate) fn mark_failed_by(&self, culprit: Rank, reason: String) {
+        self.mark(culprit, Why::Failed(reason));
+    }
+
+    /// Sends the first word of every later departure to `tx` (a sparse communicator's
+    /// herald), until the mailbox closes.
+    pub(crate) fn set_herald(&self, tx: std::sync::mpsc::Sender<Word>) {
+        *self.herald.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+    }
+
     fn mark(&self, r: Rank, why: Why) {
-        {
+        let news = {
             let mut g = self.gone.ranks.lock().unwrap_or_else(|e| e.into_inner());
+            let news = match (&why, g.iter().find(|(x, _)| *x == r).map(|(_, w)| w)) {
+                (Why::Closed, None) => Some(Word::Gone(r)),
+                (Why::Failed(reason), None | Some(Why::Closed)) => Some(Word::Failed(r, reason.clone())),
+                _ => None,
+            };
             match g.iter_mut().find(|(x, _)| *x == r) {
                 // What a rank said outranks a connection that ended.
                 Some((_, w)) => {
@@ -366,6 +395,12 @@ impl Mailbox {
                     }
                 }
                 None => g.push((r, why)),
+            }
+            news
+        };
+        if let Some(word) = news {
+            if let Some(tx) = self.herald.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                let _ = tx.send(word);
             }
         }
         self.gone.any.store(true, std::sync::atomic::Ordering::Release);
@@ -420,7 +455,8 @@ impl Mailbox {
     /// Why `peer` closed its connection, if a failure explains it: what `peer` said, or else
     /// the first failure any peer reported (the one that made `peer` give up), waiting up to
     /// `wait` for word to arrive (a peer that fails tells everyone, then may exit at once: its
-    /// data connections can end before its word is filed).
+    /// data connections can end before its word is filed); with no word by then, the first
+    /// other rank known gone.
     pub fn root_cause(&self, peer: Rank, wait: Duration) -> Option<Culprit> {
         let until = Instant::now() + wait;
         let mut st = self.lock();
@@ -443,7 +479,10 @@ impl Mailbox {
             }
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return None;
+                // No word of `peer`. A rank known to have gone before explains it best: in
+                // a sparse communicator `peer` may have told only its own lifelines why.
+                let g = self.gone.ranks.lock().unwrap_or_else(|e| e.into_inner());
+                return g.iter().find(|(r, w)| *r != peer && *w == Why::Closed).map(|(r, _)| (*r, None));
             }
             st = self.cv.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
         }
@@ -473,7 +512,16 @@ impl Mailbox {
             st = self.cv.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
         }
         drop(st);
-        self.mark_gone(peer);
+        // It ended without a word. If another rank is known gone, this one most likely ended
+        // because of it (in a sparse communicator its word went to its own lifelines only).
+        let before = {
+            let g = self.gone.ranks.lock().unwrap_or_else(|e| e.into_inner());
+            g.iter().find(|(r, _)| *r != peer).map(|(r, _)| *r)
+        };
+        match before {
+            Some(b) => self.mark(peer, Why::Because(b)),
+            None => self.mark_gone(peer),
+        }
         true
     }
 
@@ -536,6 +584,7 @@ impl Mailbox {
 
     /// Marks the mailbox closed: waiters fail.
     pub fn close(&self) {
+        self.herald.lock().unwrap_or_else(|e| e.into_inner()).take();
         self.lock().closed = true;
         self.cv.notify_all();
     }
@@ -576,6 +625,24 @@ impl Mailbox {
         self.wait(w, "bootstrap: waiting for a peer's message", from, |st| {
             st.msgs.get_mut(&(from.0, tag)).and_then(|q| q.pop_front())
         })
+    }
+
+    /// A message under `tag` from any of `from`, if one comes within `wait`.
+    pub fn take_any_within(&self, from: &[Rank], tag: u64, wait: Duration) -> Option<Vec<u8>> {
+        let until = Instant::now() + wait;
+        let mut st = self.lock();
+        loop {
+            for f in from {
+                if let Some(m) = st.msgs.get_mut(&(f.0, tag)).and_then(|q| q.pop_front()) {
+                    return Some(m);
+                }
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() || st.closed {
+                return None;
+            }
+            st = self.cv.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
     }
 
     /// Waits for the control block `from` offers.
@@ -892,10 +959,28 @@ fn tcp_step(ctx: &Ctx, c: &mut TcpConn, now: Instant, deadline: Duration) -> Ste
                     ctx.mailbox.mark_because(*from, Rank(r));
                 }
             }
+            (ConnState::Msgs { from, .. }, (kind::PASS_GONE, payload)) => {
+                let r =
+                    u32::from_le_bytes(payload.get(..4).and_then(|b| b.try_into().ok()).unwrap_or([0xff; 4]));
+                if (r as usize) < ctx.size && Rank(r) != ctx.me {
+                    ctx.log.warn(format_args!("service: rank {from} passes on that rank {r} is gone"));
+                    ctx.mailbox.mark_gone(Rank(r));
+                }
+            }
             (ConnState::Msgs { from, .. }, (kind::FAIL, payload)) => {
                 let reason = String::from_utf8_lossy(&payload).into_owned();
                 ctx.log.warn(format_args!("service: rank {from} failed: {reason}"));
                 ctx.mailbox.mark_failed(*from, reason);
+            }
+            (ConnState::Msgs { from, .. }, (kind::FAILED_BY, payload)) => {
+                let r =
+                    u32::from_le_bytes(payload.get(..4).and_then(|b| b.try_into().ok()).unwrap_or([0xff; 4]));
+                if (r as usize) < ctx.size && Rank(r) != ctx.me {
+                    let reason = String::from_utf8_lossy(&payload[4..]).into_owned();
+                    ctx.log
+                        .warn(format_args!("service: rank {from} passes on that rank {r} failed: {reason}"));
+                    ctx.mailbox.mark_failed_by(Rank(r), reason);
+                }
             }
             (ConnState::Msgs { from, .. }, (kind::MSG, payload)) => {
                 if payload.len() < 8 {

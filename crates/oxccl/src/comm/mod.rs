@@ -12,7 +12,7 @@ mod api;
 pub mod group;
 pub mod scope;
 
-use crate::bootstrap::{self, root, Bootstrap, Mailbox, PeerInfo, Service, Waiter};
+use crate::bootstrap::{self, root, Bootstrap, Mailbox, PeerInfo, Route, Service, Waiter};
 use crate::engine::{direct, Engine, EngineCtx, RawBuf};
 use crate::env;
 use crate::error::{Error, Result};
@@ -27,8 +27,8 @@ use oxccl_core::plan::{ConnClass, ConnKey, Geometry, OpSpec};
 use oxccl_core::uniqueid::{derive_secret, UniqueId};
 use oxccl_core::wire::{Reader, Writer};
 use oxccl_core::{coll, ifname, tuning, ChannelId, CommHash, CoreError, Rank};
-use std::collections::VecDeque;
-use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -117,6 +117,9 @@ pub(crate) struct Inner {
     split_seq: AtomicU64,
     shrink_seq: AtomicU64,
     worker: Mutex<Option<JoinHandle<()>>>,
+    /// The `OXCCL_BOOTSTRAP_SPARSE_FROM` the communicator agreed on (rank 0's): its children
+    /// (splits, shrinks) go sparse by it too.
+    sparse_from: u32,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -155,30 +158,69 @@ fn choose_ip(config: &Config, root: Option<IpAddr>, rank: Rank) -> Result<IpAddr
 
 /// The ring order: ranks of one host adjacent, hosts in order of their lowest rank.
 fn ring_order(peers: &[PeerInfo]) -> Vec<Rank> {
-    let mut hosts: Vec<u64> = Vec::new();
-    for p in peers {
-        if !hosts.contains(&p.host_id) {
-            hosts.push(p.host_id);
-        }
-    }
+    let host = host_indices(peers);
     let mut order: Vec<Rank> = peers.iter().map(|p| p.rank).collect();
-    order.sort_by_key(|r| (hosts.iter().position(|h| *h == peers[r.idx()].host_id), r.0));
+    order.sort_by_key(|r| (host[r.idx()], r.0));
     order
 }
 
-/// Each rank's host as a small index (in order of first appearance).
+/// Each rank's host as a small index (in order of first appearance). Linear in the rank
+/// count (a map, not a search per rank: 100,000 ranks on 12,500 hosts).
 fn host_indices(peers: &[PeerInfo]) -> Vec<u32> {
-    let mut hosts: Vec<u64> = Vec::new();
+    let mut hosts: HashMap<u64, u32> = HashMap::new();
     peers
         .iter()
-        .map(|p| match hosts.iter().position(|h| *h == p.host_id) {
-            Some(i) => i as u32,
-            None => {
-                hosts.push(p.host_id);
-                hosts.len() as u32 - 1
-            }
+        .map(|p| {
+            let n = hosts.len() as u32;
+            *hosts.entry(p.host_id).or_insert(n)
         })
         .collect()
+}
+
+/// A sparse communicator's lifelines for `me`: its neighbours on the ring, in both trees
+/// and in the relay tree. The relation is symmetric, so each pair holds connections both
+/// ways and each learns of the other's end.
+fn sparse_lifelines(me: Rank, geometry: &Geometry) -> Vec<Rank> {
+    let n = geometry.size;
+    let ring = &geometry.ring;
+    let mut v: Vec<Rank> = Vec::new();
+    if let Some(pos) = ring.iter().position(|r| *r == me) {
+        v.push(ring[(pos + 1) % n]);
+        v.push(ring[(pos + n - 1) % n]);
+    }
+    if n > 2 {
+        for t in oxccl_core::plan::tree::places(geometry) {
+            let pl = &t[me.idx()];
+            v.extend(pl.parent);
+            v.extend(pl.children.iter().copied());
+        }
+    }
+    let (parent, children) = bootstrap::relay_links(me, n);
+    v.extend(parent);
+    v.extend(children);
+    v.sort();
+    v.dedup();
+    v.retain(|r| *r != me);
+    v
+}
+
+/// A sparse communicator's herald: passes the first word of each departure this rank
+/// learns on to its lifelines, so word floods the lifeline graph (whose diameter is at most
+/// twice the relay tree's depth) as it would reach every rank directly in a full mesh. Ends
+/// when the mailbox closes or the communicator is gone.
+fn spawn_herald(boot: &Arc<Bootstrap>, mailbox: &Mailbox, rank: Rank) {
+    let (tx, rx) = std::sync::mpsc::channel::<bootstrap::Word>();
+    mailbox.set_herald(tx);
+    let weak = Arc::downgrade(boot);
+    let _ = std::thread::Builder::new().name(format!("oxccl-herald-{rank}")).spawn(move || {
+        while let Ok(word) = rx.recv() {
+            let Some(boot) = weak.upgrade() else { return };
+            match word {
+                bootstrap::Word::Gone(r) => boot.pass_gone(r),
+                bootstrap::Word::Failed(r, reason) => boot.tell_failed_by(r, &reason),
+            }
+        }
+    });
 }
 
 struct Parts {
@@ -188,6 +230,10 @@ struct Parts {
     config: Config,
     secret: [u8; 32],
     peers: Vec<PeerInfo>,
+    /// How the bootstrap went: sparse or not, and the threshold the communicator agreed on.
+    route: Route,
+    /// Control connections the bootstrap opened (the table's relay to this rank's children).
+    links: HashMap<u32, TcpStream>,
     service: Service,
     doorbell: Arc<EventFd>,
     abort: Arc<AtomicBool>,
@@ -225,8 +271,14 @@ impl Communicator {
                 config.calibrate.as_deref(),
             ),
         };
-        let w = Waiter::new(rank, config.timeout, abort.clone());
-        let peers = bootstrap::join(id.root, &id.secret, size, &info, &w)?;
+        let w = Waiter::new(rank, config.timeout, abort.clone()).watching(&service.mailbox);
+        let rv = bootstrap::Rendezvous {
+            root: id.root,
+            secret: &id.secret,
+            size,
+            sparse_from: config.bootstrap_sparse_from,
+        };
+        let joined = bootstrap::join(rv, &info, &service.mailbox, &w, &log)?;
         log.info(format_args!(
             "joined communicator {} as rank {rank} of {size} ({})",
             id.comm_hash(),
@@ -238,7 +290,9 @@ impl Communicator {
             size,
             config,
             secret: id.secret,
-            peers,
+            peers: joined.peers,
+            route: joined.route,
+            links: joined.links,
             service,
             doorbell,
             abort,
@@ -442,7 +496,24 @@ impl Communicator {
         // Control connections to every peer first: they are the lifelines that tell a peer
         // this rank is gone, from the moment the communicator exists; every later wait of the
         // setup watches them and probes the peers it waits for.
-        let boot = Arc::new(Bootstrap::new(p.rank, p.secret, peers.clone(), mailbox.clone()));
+        let lifelines = p.route.sparse.then(|| sparse_lifelines(p.rank, &geometry));
+        if let Some(l) = &lifelines {
+            p.log.info_in(
+                subsys::BOOTSTRAP,
+                format_args!(
+                    "sparse bootstrap ({} ranks >= OXCCL_BOOTSTRAP_SPARSE_FROM={}): table relayed from rank {}, lifelines to ranks {l:?}",
+                    p.size,
+                    p.route.sparse_from,
+                    bootstrap::relay_links(p.rank, p.size).0.map_or("- (the root)".to_string(), |r| r.to_string())
+                ),
+            );
+        }
+        let sparse = lifelines.is_some();
+        let boot =
+            Arc::new(Bootstrap::new(p.rank, p.secret, peers.clone(), mailbox.clone(), lifelines, p.links));
+        if sparse {
+            spawn_herald(&boot, &mailbox, p.rank);
+        }
         let w = Waiter::new(p.rank, p.config.timeout, p.abort.clone()).watching(&mailbox).probing(
             &boot,
             oxccl_core::contract::Sig::NONE,
@@ -524,6 +595,7 @@ impl Communicator {
             split_seq: AtomicU64::new(0),
             shrink_seq: AtomicU64::new(0),
             worker: Mutex::new(None),
+            sparse_from: p.route.sparse_from,
             config: p.config,
         });
         let comm = Communicator { inner };
@@ -605,6 +677,13 @@ impl Communicator {
 
     pub fn peers(&self) -> &[PeerInfo] {
         &self.inner.peers
+    }
+
+    /// The peers this rank has held control connections to since init: every other rank,
+    /// or in a sparse communicator (`OXCCL_BOOTSTRAP_SPARSE_FROM`) its ring and tree
+    /// neighbours only.
+    pub fn lifelines(&self) -> &[Rank] {
+        self.inner.boot.lifelines()
     }
 
     /// The settings the communicator runs with.
@@ -882,7 +961,13 @@ impl Inner {
             size: parents.len(),
             config: self.config.clone(),
             secret,
+            route: Route {
+                sparse_from: self.sparse_from,
+                sparse: Route::is_sparse(peers.len(), self.sparse_from as usize),
+                ancestors: Vec::new(),
+            },
             peers,
+            links: HashMap::new(),
             service,
             doorbell,
             abort: Arc::new(AtomicBool::new(false)),
