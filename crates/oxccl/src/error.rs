@@ -20,6 +20,9 @@ pub enum RejectReason {
     RankOutOfRange { rank: u32, size: u32 },
     /// Peers run incompatible protocol versions.
     Version { ours: u32, theirs: u32 },
+    /// The root's process ran out of file descriptors (it holds one connection per joined
+    /// rank until all have joined) after `joined` ranks; `limit` is its `RLIMIT_NOFILE`.
+    RootOutOfDescriptors { joined: u32, limit: u64 },
 }
 
 impl core::fmt::Display for RejectReason {
@@ -41,6 +44,10 @@ impl core::fmt::Display for RejectReason {
             RejectReason::Version { ours, theirs } => {
                 write!(f, "protocol version {theirs} cannot join a version {ours} communicator")
             }
+            RejectReason::RootOutOfDescriptors { joined, limit } => write!(
+                f,
+                "the rendezvous root (in rank 0's process) ran out of file descriptors after {joined} ranks joined: its limit is {limit}; raise `ulimit -n` above the world size for the process that calls new_unique_id"
+            ),
         }
     }
 }

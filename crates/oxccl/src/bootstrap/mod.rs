@@ -489,7 +489,7 @@ pub(crate) fn write_frame(s: &mut TcpStream, k: u8, payload: &[u8]) -> io::Resul
 }
 
 /// One frame's bytes: length (u32 LE), kind, three zero bytes, payload.
-fn frame(k: u8, payload: &[u8]) -> Vec<u8> {
+pub(crate) fn frame(k: u8, payload: &[u8]) -> Vec<u8> {
     let mut buf = Vec::with_capacity(8 + payload.len());
     buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     buf.extend_from_slice(&[k, 0, 0, 0]);
@@ -656,6 +656,7 @@ pub(crate) fn encode_reject(reason: &RejectReason) -> Vec<u8> {
         RejectReason::DuplicateRank { rank, first, second } => w.u8(2).u32(*rank).str(first).str(second),
         RejectReason::RankOutOfRange { rank, size } => w.u8(3).u32(*rank).u32(*size),
         RejectReason::Version { ours, theirs } => w.u8(4).u32(*ours).u32(*theirs),
+        RejectReason::RootOutOfDescriptors { joined, limit } => w.u8(5).u32(*joined).u64(*limit),
     };
     w.finish()
 }
@@ -672,6 +673,7 @@ pub(crate) fn decode_reject(b: &[u8]) -> Result<RejectReason, CoreError> {
         },
         3 => RejectReason::RankOutOfRange { rank: r.u32()?, size: r.u32()? },
         4 => RejectReason::Version { ours: r.u32()?, theirs: r.u32()? },
+        5 => RejectReason::RootOutOfDescriptors { joined: r.u32()?, limit: r.u64()? },
         k => return Err(CoreError::Malformed { what: "rejection", reason: format!("code {k}") }),
     })
 }
@@ -712,6 +714,10 @@ pub(crate) struct Route {
     /// first (at most 32), so a rank whose parent's process ended before it relayed finds
     /// out (a refused connection) and knows whether an ancestor still lives to relay past it.
     pub ancestors: Vec<SocketAddr>,
+    /// Sparse: the services of the rank's children in the relay tree (at most 2), so it
+    /// forwards the table before decoding it: decoding (0.3 µs an entry) stays off the
+    /// path the table travels down.
+    pub children: Vec<SocketAddr>,
 }
 
 impl Route {
@@ -719,6 +725,10 @@ impl Route {
         let mut w = Writer::new();
         w.u32(self.sparse_from).u8(self.sparse as u8).u8(self.ancestors.len() as u8);
         for a in &self.ancestors {
+            put_addr(&mut w, a);
+        }
+        w.u8(self.children.len() as u8);
+        for a in &self.children {
             put_addr(&mut w, a);
         }
         w.finish()
@@ -737,8 +747,13 @@ impl Route {
             return Err(CoreError::Malformed { what: "route", reason: format!("{n} ancestors") });
         }
         let ancestors = (0..n).map(|_| get_addr(&mut r)).collect::<Result<Vec<_>, _>>()?;
+        let n = r.u8()? as usize;
+        if n > 2 {
+            return Err(CoreError::Malformed { what: "route", reason: format!("{n} children") });
+        }
+        let children = (0..n).map(|_| get_addr(&mut r)).collect::<Result<Vec<_>, _>>()?;
         r.finish()?;
-        Ok(Route { sparse_from, sparse, ancestors })
+        Ok(Route { sparse_from, sparse, ancestors, children })
     }
 
     /// The ranks above `me` in the relay tree, parent first.
@@ -845,15 +860,34 @@ pub(crate) fn join(
             await_table(info.rank, &route.ancestors, mailbox, w)?
         }
     };
-    let peers = decode_table(&table)?;
-    if peers.len() != size || peers.iter().enumerate().any(|(i, p)| p.rank.idx() != i) {
-        return Err(Error::Internal(format!(
-            "bootstrap: a peer table of {} entries for world size {size}",
-            peers.len()
-        )));
-    }
+    let decode = |table: &[u8]| -> Result<Vec<PeerInfo>> {
+        let peers = decode_table(table)?;
+        if peers.len() != size || peers.iter().enumerate().any(|(i, p)| p.rank.idx() != i) {
+            return Err(Error::Internal(format!(
+                "bootstrap: a peer table of {} entries for world size {size}",
+                peers.len()
+            )));
+        }
+        Ok(peers)
+    };
+    // Relayed first, decoded after: the children's addresses come with the route; the table
+    // is decoded early only to find grandchildren past a child that is gone.
+    let mut peers: Option<Vec<PeerInfo>> = None;
     let mut links = HashMap::new();
     if route.sparse {
+        if route.children.len() != children.len() {
+            return Err(CoreError::Malformed {
+                what: "route",
+                reason: format!(
+                    "{} children's addresses for {} children",
+                    route.children.len(),
+                    children.len()
+                ),
+            }
+            .into());
+        }
+        let direct: HashMap<Rank, SocketAddr> =
+            children.iter().copied().zip(route.children.iter().copied()).collect();
         let mut msg = Writer::new();
         msg.u64(TAG_TABLE).raw(&table);
         let msg = msg.finish();
@@ -863,7 +897,18 @@ pub(crate) fn join(
         let mut todo: Vec<Rank> = children;
         while let Some(c) = todo.pop() {
             let op = "bootstrap: relaying the peer table down the relay tree";
-            let addr = peers[c.idx()].addr;
+            let addr = match direct.get(&c) {
+                Some(a) => *a,
+                None => {
+                    let p = match peers.take() {
+                        Some(p) => p,
+                        None => decode(&table)?,
+                    };
+                    let a = p[c.idx()].addr;
+                    peers = Some(p);
+                    a
+                }
+            };
             let sent = (|| -> Result<Option<TcpStream>> {
                 // The child's service listened before it joined: a refusal means its process
                 // has ended.
@@ -906,6 +951,10 @@ pub(crate) fn join(
             }
         }
     }
+    let peers = match peers {
+        Some(p) => p,
+        None => decode(&table)?,
+    };
     Ok(Joined { peers, route, links })
 }
 
@@ -1648,5 +1697,89 @@ mod tests {
         let mut b = s.encode();
         b.push(0);
         assert!(JoinStatus::decode(&b).is_err());
+    }
+
+    /// Root and relay together: `n` ranks as threads, each with its own service, all join at
+    /// once (services started first), dense against sparse; how long until the last rank has
+    /// the table. A benchmark, run by hand:
+    /// `OXCCL_RELAY_BENCH=256,512,1024,2048 cargo test --release -p oxccl --lib relay_throughput -- --include-ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn relay_throughput() {
+        use std::sync::Barrier;
+        let sizes: Vec<usize> = std::env::var("OXCCL_RELAY_BENCH")
+            .unwrap_or_else(|_| "256,512,1024".into())
+            .split(',')
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        println!("# ranks  mode    all have the table (ms)  depth  slowest rank's join (ms)");
+        for n in sizes {
+            for sparse_from in [0usize, 2] {
+                let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                let root_addr = listener.local_addr().unwrap();
+                let secret = [5u8; 32];
+                let log = crate::log::Logger::new(&oxccl_core::config::Config::default(), None);
+                root::spawn(listener, secret, log).unwrap();
+                let (ready, go) = (Arc::new(Barrier::new(n + 1)), Arc::new(Barrier::new(n + 1)));
+                let hs: Vec<_> = (0..n as u32)
+                    .map(|r| {
+                        let (ready, go) = (ready.clone(), go.clone());
+                        std::thread::Builder::new()
+                            .stack_size(512 << 10)
+                            .spawn(move || {
+                                let doorbell = Arc::new(crate::sys::fd::EventFd::new().unwrap());
+                                let ctl = Arc::new(crate::transport::hostmem::Ctl::create(r).unwrap());
+                                let log =
+                                    crate::log::Logger::new(&oxccl_core::config::Config::default(), Some(r));
+                                let ip = "127.0.0.1".parse().unwrap();
+                                let svc = Service::start(ip, Rank(r), n, secret, doorbell, ctl, log).unwrap();
+                                let me = info(r, svc.addr);
+                                let w = Waiter::new(
+                                    Rank(r),
+                                    Some(Duration::from_secs(120)),
+                                    Arc::new(AtomicBool::new(false)),
+                                )
+                                .watching(&svc.mailbox);
+                                ready.wait();
+                                let t = Instant::now();
+                                let rv =
+                                    Rendezvous { root: root_addr, secret: &secret, size: n, sparse_from };
+                                let j = join(rv, &me, &svc.mailbox, &w, &log).unwrap();
+                                let took = t.elapsed();
+                                assert_eq!(j.peers.len(), n);
+                                assert!(j.peers.iter().enumerate().all(|(i, p)| p.rank.idx() == i));
+                                go.wait();
+                                (took, svc, j.links)
+                            })
+                            .unwrap()
+                    })
+                    .collect();
+                ready.wait();
+                let t0 = Instant::now();
+                go.wait();
+                let all = t0.elapsed();
+                let out: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+                let slowest = out.iter().map(|o| o.0).max().unwrap_or_default();
+                if std::env::var_os("OXCCL_RELAY_LEVELS").is_some() && sparse_from != 0 {
+                    let mut lv = vec![(0.0f64, 0usize); 32];
+                    for (r, o) in out.iter().enumerate() {
+                        let l = (usize::BITS - (r + 1).leading_zeros() - 1) as usize;
+                        lv[l].0 += o.0.as_secs_f64() * 1e3;
+                        lv[l].1 += 1;
+                    }
+                    let means: Vec<String> =
+                        lv.iter().filter(|l| l.1 > 0).map(|l| format!("{:.1}", l.0 / l.1 as f64)).collect();
+                    println!("# mean join (ms) by relay level: {}", means.join(" "));
+                }
+                let depth = usize::BITS - n.leading_zeros() - 1;
+                println!(
+                    "  {n:>6}  {:<6}  {:>23.1}  {:>5}  {:>24.1}",
+                    if sparse_from == 0 { "dense" } else { "sparse" },
+                    all.as_secs_f64() * 1e3,
+                    if sparse_from == 0 { 0 } else { depth },
+                    slowest.as_secs_f64() * 1e3
+                );
+            }
+        }
     }
 }

@@ -18,7 +18,8 @@
 //!    after joins, at most every `STATUS_EVERY`), so a rank that times out can name them.
 
 use super::{
-    encode_reject, encode_table, kind, write_frame, Join, JoinStatus, PeerInfo, Route, PROTOCOL_VERSION,
+    encode_reject, encode_table, kind, relay_links, write_frame, Join, JoinStatus, PeerInfo, Route,
+    PROTOCOL_VERSION,
 };
 use crate::bootstrap::service::same_secret;
 use crate::error::RejectReason;
@@ -36,6 +37,7 @@ const FAIL_LINGER: Duration = Duration::from_secs(60);
 const STATUS_EVERY: Duration = Duration::from_millis(200);
 /// A status frame is a few hundred bytes; a rank that cannot take it this fast is skipped.
 const STATUS_WRITE_TIMEOUT: Duration = Duration::from_millis(100);
+const STATUS_WRITES_PER_SEC: f64 = 20_000.0;
 
 /// The ranks not in `joined`, of the world size rank 0 (else any joined rank) claims.
 fn missing(joined: &BTreeMap<u32, Joined>) -> Vec<Rank> {
@@ -59,6 +61,8 @@ struct Joined {
 
 /// Starts the root thread on `listener`.
 pub(crate) fn spawn(listener: TcpListener, secret: [u8; 32], log: Logger) -> std::io::Result<()> {
+    // All ranks connect at once.
+    fd::widen_backlog(listener.as_raw_fd())?;
     listener.set_nonblocking(true)?;
     std::thread::Builder::new().name("oxccl-root".into()).spawn(move || run(listener, secret, log))?;
     Ok(())
@@ -98,24 +102,90 @@ fn read_join(p: &mut Pending) -> Result<Option<Vec<u8>>, String> {
     }
 }
 
-/// What the joined set says: complete, broken (and why), or still waiting.
-fn judge(joined: &BTreeMap<u32, Joined>) -> Option<Result<(), RejectReason>> {
-    for (r, j) in joined {
-        if *r >= j.nranks {
-            return Some(Err(RejectReason::RankOutOfRange { rank: *r, size: j.nranks }));
-        }
+/// What the joined set says now that `new` joined: complete, broken (and why), or still
+/// waiting. O(1) per join, except once, when rank 0 joins and sets the world size that every
+/// rank already in must match.
+fn judge(joined: &BTreeMap<u32, Joined>, new: u32) -> Option<Result<(), RejectReason>> {
+    let j = joined.get(&new)?;
+    if new >= j.nranks {
+        return Some(Err(RejectReason::RankOutOfRange { rank: new, size: j.nranks }));
     }
     let root = joined.get(&0)?;
-    for (r, j) in joined {
-        if j.nranks != root.nranks {
-            return Some(Err(RejectReason::WorldSizeMismatch {
-                rank: *r,
-                size: j.nranks,
-                root_size: root.nranks,
-            }));
-        }
+    let mismatch = |(r, j): (&u32, &Joined)| {
+        (j.nranks != root.nranks).then_some(RejectReason::WorldSizeMismatch {
+            rank: *r,
+            size: j.nranks,
+            root_size: root.nranks,
+        })
+    };
+    let bad = if new == 0 { joined.iter().find_map(mismatch) } else { mismatch((&new, j)) };
+    if let Some(why) = bad {
+        return Some(Err(why));
     }
     (joined.len() as u32 == root.nranks).then_some(Ok(()))
+}
+
+/// Raises this process's soft `RLIMIT_NOFILE` to its hard limit; the soft limit after.
+fn raise_descriptor_limit() -> u64 {
+    let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) != 0 {
+            return 0;
+        }
+        if l.rlim_cur < l.rlim_max {
+            let raised = libc::rlimit { rlim_cur: l.rlim_max, rlim_max: l.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                l = raised;
+            }
+        }
+    }
+    l.rlim_cur
+}
+
+/// How often joined ranks hear who is missing: every `STATUS_EVERY`, stretched so the root
+/// writes at most `STATUS_WRITES_PER_SEC` status frames a second (at 100,000 ranks, one round
+/// every 5 s): the root's time goes to taking joins.
+fn status_interval(joined: usize) -> Duration {
+    STATUS_EVERY.max(Duration::from_secs_f64(joined as f64 / STATUS_WRITES_PER_SEC))
+}
+
+/// Everyone joined: each rank gets its route, and the table (all ranks, or rank 0 alone in a
+/// sparse communicator).
+fn answer(joined: &mut BTreeMap<u32, Joined>, log: &Logger) {
+    let table: Vec<PeerInfo> = joined.values().map(|j| j.info.clone()).collect();
+    let msg = encode_table(&table);
+    let sparse_from = joined.get(&0).map_or(0, |j| j.sparse_from);
+    let sparse = Route::is_sparse(table.len(), sparse_from as usize);
+    // Rank 0 first: in a sparse communicator every other rank waits for it.
+    for j in joined.values_mut() {
+        let (ancestors, children) = if sparse {
+            let addrs = |v: Vec<Rank>| v.iter().map(|a| table[a.idx()].addr).collect();
+            (addrs(Route::ancestors_of(j.info.rank)), addrs(relay_links(j.info.rank, table.len()).1))
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        let route = Route { sparse_from, sparse, ancestors, children };
+        let _ = j.s.set_write_timeout(Some(Duration::from_secs(10)));
+        let r = write_frame(&mut j.s, kind::ROUTE, &route.encode()).and_then(|_| {
+            if sparse && j.info.rank.0 != 0 {
+                Ok(())
+            } else {
+                write_frame(&mut j.s, kind::TABLE, &msg)
+            }
+        });
+        if let Err(e) = r {
+            log.warn(format_args!("root: cannot send the table to rank {}: {e}", j.info.rank));
+        }
+    }
+    log.info_in(
+        oxccl_core::config::subsys::BOOTSTRAP,
+        format_args!(
+            "root: {} ranks joined; the table went {}",
+            table.len(),
+            if sparse { "to rank 0, to relay down the tree" } else { "to every rank" }
+        ),
+    );
 }
 
 fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
@@ -132,13 +202,42 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
         let mut pfds = vec![fd::pollfd(listener.as_raw_fd(), libc::POLLIN)];
         pfds.extend(pending.iter().map(|p| fd::pollfd(p.s.as_raw_fd(), libc::POLLIN)));
         let _ = fd::poll(&mut pfds, Duration::from_millis(500));
-        while let Ok((s, peer)) = listener.accept() {
+        let mut raised = false;
+        loop {
+            let (s, peer) = match listener.accept() {
+                Ok(c) => c,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                    // One connection per joined rank is held until all have joined: at scale,
+                    // the soft limit (often 1024) is too low. Raise it once; if that is not
+                    // enough, every rank hears why rather than timing out.
+                    if !raised {
+                        raised = true;
+                        let limit = raise_descriptor_limit();
+                        log.info_in(
+                            oxccl_core::config::subsys::BOOTSTRAP,
+                            format_args!("root: out of file descriptors; soft limit now {limit}"),
+                        );
+                        continue;
+                    }
+                    if failed.is_none() {
+                        let why = RejectReason::RootOutOfDescriptors {
+                            joined: joined.len() as u32,
+                            limit: raise_descriptor_limit(),
+                        };
+                        log.warn(format_args!("root: rendezvous failed: {why}"));
+                        failed = Some((why, Instant::now()));
+                    }
+                    break;
+                }
+                Err(_) => break,
+            };
             if pending.len() >= MAX_PENDING_CONNECTIONS || s.set_nonblocking(true).is_err() {
                 log.warn(format_args!("root: dropping connection from {peer}: too many pending"));
                 continue;
             }
             pending.push(Pending { s, peer, buf: Vec::new(), since: Instant::now() });
         }
+        let mut complete = false;
         let mut still = Vec::new();
         for mut p in pending.drain(..) {
             let payload = match read_join(&mut p) {
@@ -193,61 +292,27 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                 continue;
             }
             let _ = p.s.set_nonblocking(false);
-            joined.insert(
-                j.rank,
-                Joined { s: p.s, nranks: j.nranks, sparse_from: j.sparse_from, info: j.info },
-            );
+            let rank = j.rank;
+            joined
+                .insert(rank, Joined { s: p.s, nranks: j.nranks, sparse_from: j.sparse_from, info: j.info });
             changed = true;
-        }
-        pending = still;
-        if failed.is_none() {
-            match judge(&joined) {
-                None => {}
-                Some(Ok(())) => {
-                    let table: Vec<PeerInfo> = joined.values().map(|j| j.info.clone()).collect();
-                    let msg = encode_table(&table);
-                    let sparse_from = joined.get(&0).map_or(0, |j| j.sparse_from);
-                    let sparse = Route::is_sparse(table.len(), sparse_from as usize);
-                    // Rank 0 first: in a sparse communicator every other rank waits for it.
-                    for j in joined.values_mut() {
-                        let ancestors = if sparse {
-                            Route::ancestors_of(j.info.rank).iter().map(|a| table[a.idx()].addr).collect()
-                        } else {
-                            Vec::new()
-                        };
-                        let route = Route { sparse_from, sparse, ancestors };
-                        let _ = j.s.set_write_timeout(Some(Duration::from_secs(10)));
-                        let r = write_frame(&mut j.s, kind::ROUTE, &route.encode()).and_then(|_| {
-                            if sparse && j.info.rank.0 != 0 {
-                                Ok(())
-                            } else {
-                                write_frame(&mut j.s, kind::TABLE, &msg)
-                            }
-                        });
-                        if let Err(e) = r {
-                            log.warn(format_args!(
-                                "root: cannot send the table to rank {}: {e}",
-                                j.info.rank
-                            ));
-                        }
+            if failed.is_none() {
+                match judge(&joined, rank) {
+                    Some(Err(why)) => {
+                        log.warn(format_args!("root: rendezvous failed: {why}"));
+                        failed = Some((why, Instant::now()));
                     }
-                    log.info_in(
-                        oxccl_core::config::subsys::BOOTSTRAP,
-                        format_args!(
-                            "root: {} ranks joined; the table went {}",
-                            table.len(),
-                            if sparse { "to rank 0, to relay down the tree" } else { "to every rank" }
-                        ),
-                    );
-                    return;
-                }
-                Some(Err(why)) => {
-                    log.warn(format_args!("root: rendezvous failed: {why}"));
-                    failed = Some((why, Instant::now()));
+                    Some(Ok(())) => complete = true,
+                    None => {}
                 }
             }
         }
-        if failed.is_none() && changed && last_status.elapsed() >= STATUS_EVERY {
+        pending = still;
+        if failed.is_none() && complete {
+            answer(&mut joined, &log);
+            return;
+        }
+        if failed.is_none() && changed && last_status.elapsed() >= status_interval(joined.len()) {
             let msg = JoinStatus { missing: missing(&joined) }.encode();
             for j in joined.values_mut() {
                 let _ = j.s.set_write_timeout(Some(STATUS_WRITE_TIMEOUT));
@@ -258,6 +323,145 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
         if let Some((why, _)) = &failed {
             for (_, mut j) in std::mem::take(&mut joined) {
                 reject(&mut j.s, why);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{decode_reject, Join};
+    use super::*;
+    use std::io::{Read, Write};
+
+    #[test]
+    fn every_rejection_survives_the_wire() {
+        let all = [
+            RejectReason::WrongSecret,
+            RejectReason::WorldSizeMismatch { rank: 3, size: 4, root_size: 5 },
+            RejectReason::DuplicateRank { rank: 1, first: "a:1".into(), second: "b:2".into() },
+            RejectReason::RankOutOfRange { rank: 9, size: 4 },
+            RejectReason::Version { ours: 4, theirs: 3 },
+            RejectReason::RootOutOfDescriptors { joined: 1021, limit: 1024 },
+        ];
+        for r in all {
+            assert_eq!(decode_reject(&encode_reject(&r)).unwrap(), r);
+        }
+    }
+
+    fn read_frame_raw(s: &mut TcpStream) -> (u8, Vec<u8>) {
+        let mut h = [0u8; 8];
+        s.read_exact(&mut h).unwrap();
+        let mut b = vec![0u8; u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize];
+        s.read_exact(&mut b).unwrap();
+        (h[4], b)
+    }
+
+    /// The root alone at sizes a process can hold here (each join is a connection, two
+    /// descriptors in this one process): how long from the first join to the last rank's
+    /// answer, dense against sparse. A benchmark, run by hand:
+    /// `OXCCL_ROOT_BENCH=1000,2000,4000,8000 cargo test --release -p oxccl --lib root_throughput -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn root_throughput() {
+        let sizes: Vec<usize> = std::env::var("OXCCL_ROOT_BENCH")
+            .unwrap_or_else(|_| "1000,2000,4000".into())
+            .split(',')
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        // The table's codec at 100,000 entries: what each relay hop pays besides the wire.
+        let table: Vec<PeerInfo> = (0..100_000u32)
+            .map(|r| PeerInfo {
+                rank: Rank(r),
+                pid: 1000 + r,
+                host_id: (r / 8) as u64,
+                hostname: format!("node{:05}", r / 8),
+                addr: SocketAddr::from(([10, (r >> 16) as u8, (r >> 8) as u8, r as u8], 40000)),
+                unix_name: [1; 16],
+                costs: Default::default(),
+            })
+            .collect();
+        let t = Instant::now();
+        let bytes = encode_table(&table);
+        let enc = t.elapsed();
+        let t = Instant::now();
+        let back = super::super::decode_table(&bytes).unwrap();
+        let dec = t.elapsed();
+        assert_eq!(back.len(), table.len());
+        println!(
+            "# table of 100000 entries: {} bytes ({:.1} B/entry), encode {:.1} ms, decode {:.1} ms",
+            bytes.len(),
+            bytes.len() as f64 / 1e5,
+            enc.as_secs_f64() * 1e3,
+            dec.as_secs_f64() * 1e3
+        );
+        println!("# ranks  mode    joins sent (ms)  all answered (ms)  root bytes out  us/join");
+        for n in sizes {
+            for sparse in [false, true] {
+                if !sparse && n > 4000 {
+                    continue;
+                }
+                let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+                let addr = listener.local_addr().unwrap();
+                let secret = [7u8; 32];
+                let log = Logger::new(&oxccl_core::config::Config::default(), None);
+                spawn(listener, secret, log).unwrap();
+                let t0 = Instant::now();
+                let clients = 2;
+                let hs: Vec<_> = (0..clients)
+                    .map(|c| {
+                        std::thread::spawn(move || {
+                            let mine: Vec<usize> = (c..n).step_by(clients).collect();
+                            let mut socks = Vec::with_capacity(mine.len());
+                            for &r in &mine {
+                                let mut s = TcpStream::connect(addr).unwrap();
+                                let join = Join {
+                                    version: PROTOCOL_VERSION,
+                                    secret,
+                                    rank: r as u32,
+                                    nranks: n as u32,
+                                    sparse_from: if sparse { 2 } else { 0 },
+                                    info: PeerInfo {
+                                        rank: Rank(r as u32),
+                                        pid: 1000 + r as u32,
+                                        host_id: (r / 8) as u64,
+                                        hostname: format!("node{:05}", r / 8),
+                                        addr: SocketAddr::from(([10, 0, (r >> 8) as u8, r as u8], 40000)),
+                                        unix_name: [1; 16],
+                                        costs: Default::default(),
+                                    },
+                                };
+                                s.write_all(&super::super::frame(kind::JOIN, &join.encode())).unwrap();
+                                socks.push(s);
+                            }
+                            let sent = t0.elapsed();
+                            let mut bytes = 0usize;
+                            for (s, &r) in socks.iter_mut().zip(&mine) {
+                                s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+                                loop {
+                                    let (k, b) = read_frame_raw(s);
+                                    bytes += 8 + b.len();
+                                    if k == kind::TABLE || (k == kind::ROUTE && sparse && r != 0) {
+                                        break;
+                                    }
+                                }
+                            }
+                            (sent, t0.elapsed(), bytes)
+                        })
+                    })
+                    .collect();
+                let res: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+                let sent = res.iter().map(|r| r.0).max().unwrap();
+                let done = res.iter().map(|r| r.1).max().unwrap();
+                let bytes: usize = res.iter().map(|r| r.2).sum();
+                println!(
+                    "  {n:>6}  {:<6}  {:>15.1}  {:>17.1}  {:>14}  {:>7.1}",
+                    if sparse { "sparse" } else { "dense" },
+                    sent.as_secs_f64() * 1e3,
+                    done.as_secs_f64() * 1e3,
+                    bytes,
+                    done.as_secs_f64() * 1e6 / n as f64
+                );
             }
         }
     }

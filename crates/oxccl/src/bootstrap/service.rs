@@ -693,6 +693,9 @@ impl Service {
     ) -> Result<Service> {
         let tcp = TcpListener::bind(SocketAddr::new(ip, 0))
             .map_err(|e| Error::io(me, "bind the service listener", None, e))?;
+        // Every peer may connect at once (a dense bootstrap, a flood of departure news).
+        crate::sys::fd::widen_backlog(tcp.as_raw_fd())
+            .map_err(|e| Error::io(me, "service listener backlog", None, e))?;
         tcp.set_nonblocking(true).map_err(|e| Error::io(me, "service listener", None, e))?;
         let addr = tcp.local_addr().map_err(|e| Error::io(me, "service listener", None, e))?;
         let mut unix_name = [0u8; 16];

@@ -965,6 +965,7 @@ impl Inner {
                 sparse_from: self.sparse_from,
                 sparse: Route::is_sparse(peers.len(), self.sparse_from as usize),
                 ancestors: Vec::new(),
+                children: Vec::new(),
             },
             peers,
             links: HashMap::new(),

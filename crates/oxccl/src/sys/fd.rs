@@ -54,6 +54,17 @@ impl AsRawFd for EventFd {
     }
 }
 
+/// Resizes a listening socket's accept queue to the largest the kernel allows (it clamps to
+/// `net.core.somaxconn`). When many peers connect at once, a full queue (the standard
+/// library's is 128) drops connection attempts, which TCP retries only after 1 s, then 3 s.
+pub fn widen_backlog(fd: RawFd) -> io::Result<()> {
+    // SAFETY: listen(2) on a descriptor the caller owns; a second call resizes the queue.
+    if unsafe { libc::listen(fd, i32::MAX) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// A `pollfd` for `fd` waiting for `events` (`libc::POLLIN`, `libc::POLLOUT`).
 pub fn pollfd(fd: RawFd, events: i16) -> libc::pollfd {
     libc::pollfd { fd, events, revents: 0 }
