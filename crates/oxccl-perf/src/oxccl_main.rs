@@ -163,8 +163,8 @@ fn sim(args: &[String]) {
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let key = match a.as_str() {
-            "--exact" => {
-                flags.push("exact".to_string());
+            "--exact" | "--bootstrap" => {
+                flags.push(a[2..].to_string());
                 continue;
             }
             "-b" | "-e" | "-f" => &a[1..],
@@ -173,6 +173,12 @@ fn sim(args: &[String]) {
         };
         let v = it.next().unwrap_or_else(|| fail("sim", format!("{a} needs a value")));
         opts.insert(key.to_string(), v.clone());
+    }
+    if flags.iter().any(|f| f == "bootstrap") {
+        if let Err(e) = simcmd::run_bootstrap(&opts) {
+            fail("sim", e);
+        }
+        return;
     }
     let o = simcmd::parse(&opts, &flags).unwrap_or_else(|e| fail("sim", e));
     if let Err(e) = simcmd::run(&o) {

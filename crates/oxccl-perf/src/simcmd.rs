@@ -6,7 +6,12 @@
 //! oxccl sim --cluster local --ranks 4 --algo ring --protos Simple --channels 1 --chunk 1M
 //!           [--algo ring,tree] [--protos LL,Simple] [--channels 2] [--chunk 512K]
 //!           [--exact] [--json FILE] [--plot FILE.svg]
+//! oxccl sim --bootstrap --cluster FILE [--ranks 64,10000,100000] [--join-us 40]
+//!           [--connect-us 50] [--boot-gbs G]
 //! ```
+//! `--bootstrap` prints the bootstrap's cost model (`oxccl_core::netsim::bootstrap`), dense
+//! against sparse, with the table's size and decode cost measured here from the real codec
+//! and the bootstrap interface's bandwidth from the cluster file's network (or `--boot-gbs`).
 //! Per rank count and algorithm, each size runs in the protocol the tuner's model of the
 //! cluster prices cheapest for that algorithm (among `--protos`). Rings of 4096 ranks or more
 //! are simulated periodically (`Spec::period`: 96 of the ranks) when the count, rounded to
@@ -311,6 +316,92 @@ fn json(c: &Cluster, points: &[Point]) -> Json {
         })
         .collect();
     obj(vec![("cluster", Json::Str(c.name.clone())), ("results", Json::Arr(results))])
+}
+
+/// `oxccl sim --bootstrap`: the bootstrap's cost model, dense against sparse, per rank count.
+pub fn run_bootstrap(opts: &BTreeMap<String, String>) -> Result<(), String> {
+    use oxccl_core::netsim::bootstrap::{cost, BootParams};
+    let get = |k: &str| opts.get(k).map(String::as_str);
+    let num = |k: &str, d: f64| -> Result<f64, String> {
+        get(k).map_or(Ok(d), |v| {
+            v.parse().ok().filter(|x: &f64| *x > 0.0).ok_or(format!("--{k}: not a positive number"))
+        })
+    };
+    let ranks = list(
+        get("ranks").unwrap_or("64,1024,10000,100000"),
+        |x| x.parse().ok().filter(|&n: &usize| n >= 2),
+        "--ranks",
+    )?;
+    let cluster = get("cluster").ok_or("--cluster FILE is required")?;
+    let c = if cluster == "local" {
+        let config = oxccl::Config::from_lookup(|k| std::env::var(k).ok()).map_err(|e| e.to_string())?;
+        let costs = oxccl::calib::host_costs(
+            oxccl::sys::host::host_id(config.host_id.as_deref()),
+            config.calibrate.as_deref(),
+        );
+        Cluster::from_cpu(&costs, 2, 1)
+    } else {
+        let text = std::fs::read_to_string(cluster).map_err(|e| format!("{cluster}: {e}"))?;
+        Cluster::parse(&text).map_err(|e| format!("{cluster}: {e}"))?
+    };
+    let (entry_bytes, decode_us_per_entry) = oxccl::bootstrap::table_codec_probe(20_000);
+    let p = BootParams {
+        entry_bytes,
+        decode_us_per_entry,
+        join_us: num("join-us", 40.0)?,
+        connect_us: num("connect-us", 50.0)?,
+        gbs: num("boot-gbs", c.net.gbs)?,
+        sparse_lifelines: 11,
+    };
+    println!("# oxccl sim --bootstrap: {} ({cluster})", c.name);
+    println!(
+        "# table {:.1} B/entry, decode {:.3} us/entry (measured here); root {} us/join; connect {} us; bootstrap link {:.2} GB/s",
+        p.entry_bytes, p.decode_us_per_entry, p.join_us, p.connect_us, p.gbs
+    );
+    println!(
+        "# {:>7} {:>6} {:>7} {:>12} {:>12} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "ranks",
+        "mode",
+        "rounds",
+        "messages",
+        "root out",
+        "conns/rank",
+        "joins s",
+        "table s",
+        "decode s",
+        "conn s",
+        "total s"
+    );
+    for &n in &ranks {
+        for sparse in [false, true] {
+            let b = cost(n, sparse, &p);
+            println!(
+                "  {:>7} {:>6} {:>7} {:>12} {:>12} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
+                n,
+                if sparse { "sparse" } else { "dense" },
+                b.rounds,
+                b.messages,
+                human_bytes(b.root_bytes),
+                b.conns_per_rank,
+                b.join_s,
+                b.table_s,
+                b.decode_s,
+                b.connect_s,
+                b.total_s
+            );
+        }
+    }
+    Ok(())
+}
+
+fn human_bytes(b: f64) -> String {
+    match b {
+        b if b >= 1e12 => format!("{:.2} TB", b / 1e12),
+        b if b >= 1e9 => format!("{:.2} GB", b / 1e9),
+        b if b >= 1e6 => format!("{:.2} MB", b / 1e6),
+        b if b >= 1e3 => format!("{:.1} KB", b / 1e3),
+        b => format!("{b:.0} B"),
+    }
 }
 
 #[cfg(test)]

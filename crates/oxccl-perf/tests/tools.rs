@@ -1,4 +1,4 @@
-//! The `oxccl topo` and `oxccl explain` commands, run as a user runs them.
+//! The `oxccl topo`, `oxccl explain` and `oxccl sim --bootstrap` commands, run as a user runs them.
 
 use std::process::Command;
 
@@ -86,4 +86,30 @@ fn explain_prints_every_candidate_and_honours_overrides() {
     let (rc, _, err) = oxccl(&["explain", "allreduce", "--ranks", "999", "--topo", &dgx16], &[]);
     assert_eq!(rc, 1);
     assert!(err.contains("the topology has 128 GPUs"), "{err}");
+}
+
+/// `oxccl sim --bootstrap`: the model's table, sparse rounds growing as log N (2 + depth + 11)
+/// and dense as N, the dense root sending N tables.
+#[test]
+fn sim_bootstrap_prints_the_model_dense_against_sparse() {
+    let cluster = format!("{}/../../fixtures/clusters/summit.json", env!("CARGO_MANIFEST_DIR"));
+    let (rc, out, err) = oxccl(&["sim", "--bootstrap", "--cluster", &cluster, "--ranks", "1024,100000"], &[]);
+    assert_eq!(rc, 0, "{err}");
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| l.split_whitespace().collect())
+        .filter(|r: &Vec<&str>| r.len() >= 12)
+        .collect();
+    assert_eq!(rows.len(), 4, "{out}");
+    let row = |n: &str, mode: &str| rows.iter().find(|r| r[0] == n && r[1] == mode).expect(mode).clone();
+    assert_eq!(row("1024", "sparse")[2], "23"); // 2 + 10 + 11
+    assert_eq!(row("100000", "sparse")[2], "29"); // 2 + 16 + 11
+    assert_eq!(row("100000", "dense")[2], "100001");
+    assert_eq!(row("100000", "dense")[4..6], ["1.13", "TB"]);
+    let total = |r: Vec<&str>| r.last().unwrap().parse::<f64>().unwrap();
+    assert!(total(row("100000", "sparse")) < total(row("100000", "dense")) / 10.0, "{out}");
+    let (rc, _, err) = oxccl(&["sim", "--bootstrap", "--cluster", &cluster, "--join-us", "-1"], &[]);
+    assert_ne!(rc, 0);
+    assert!(err.contains("--join-us"), "{err}");
 }

@@ -3,6 +3,7 @@
 //! ([`engine::simulate`]), the cluster descriptions it reads ([`cluster::Cluster`]), and the
 //! tuner's model of the same cluster ([`model_of`]) so the two can be compared.
 
+pub mod bootstrap;
 pub mod cluster;
 pub mod engine;
 

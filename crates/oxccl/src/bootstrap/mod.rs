@@ -687,6 +687,35 @@ pub(crate) fn encode_table(t: &[PeerInfo]) -> Vec<u8> {
     w.finish()
 }
 
+/// The peer table's codec on a synthetic table of `n` entries (IPv4 addresses, 9-character
+/// host names, 8 ranks a host): bytes per entry and µs to decode one, best of 3. For the
+/// bootstrap model (`oxccl sim --bootstrap`).
+pub fn table_codec_probe(n: usize) -> (f64, f64) {
+    let n = n.max(1);
+    let table: Vec<PeerInfo> = (0..n as u32)
+        .map(|r| PeerInfo {
+            rank: Rank(r),
+            pid: 1000 + r,
+            host_id: u64::from(r / 8),
+            hostname: format!("node{:05}", r / 8),
+            addr: SocketAddr::from(([10, (r >> 16) as u8, (r >> 8) as u8, r as u8], 40000)),
+            unix_name: [1; 16],
+            costs: Default::default(),
+        })
+        .collect();
+    let bytes = encode_table(&table);
+    let best = (0..3)
+        .map(|_| {
+            let t = Instant::now();
+            let back = decode_table(&bytes).map(|v| v.len()).unwrap_or(0);
+            debug_assert_eq!(back, n);
+            t.elapsed()
+        })
+        .min()
+        .unwrap_or_default();
+    (bytes.len() as f64 / n as f64, best.as_secs_f64() * 1e6 / n as f64)
+}
+
 pub(crate) fn decode_table(b: &[u8]) -> Result<Vec<PeerInfo>, CoreError> {
     let mut r = Reader::new(b, "peer table");
     let n = r.u32()? as usize;
