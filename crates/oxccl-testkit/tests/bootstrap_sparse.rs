@@ -132,12 +132,7 @@ fn victim_rank(ctx: oxccl_testkit::ChildCtx) {
         let t = std::time::Instant::now();
         while t.elapsed() < Duration::from_secs(10) {
             if let Err(e) = comm.check() {
-                let named = match &e {
-                    Error::PeerClosed { peer, .. } | Error::PeerFailed { peer, .. } => peer.idx() as i64,
-                    _ => -1,
-                };
-                println!("ERR {} {named} | {e}", epoch_ms());
-                std::thread::sleep(Duration::from_millis(1000));
+                report_err(&e, 1000);
                 return;
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -152,12 +147,7 @@ fn victim_rank(ctx: oxccl_testkit::ChildCtx) {
             std::process::exit(3);
         }
         if let Err(e) = comm.all_reduce_in_place(&mut x, ReduceOp::Sum) {
-            let named = match &e {
-                Error::PeerClosed { peer, .. } | Error::PeerFailed { peer, .. } => peer.idx() as i64,
-                _ => -1,
-            };
-            println!("ERR {} {named} | {e}", epoch_ms());
-            std::thread::sleep(Duration::from_millis(500));
+            report_err(&e, 500);
             return;
         }
         x.fill(1);
@@ -243,4 +233,15 @@ fn a_dead_rank_is_named_by_every_survivor_through_the_lifelines() {
             "sparse ({mode}): rank {victim} of {n} died; all {told} survivors that watched named it within 2 s"
         );
     }
+}
+
+/// Prints `ERR <ms> <named rank or -1> | <error>` for the parent to read, then lingers
+/// `linger_ms` (so the process does not end before its word is out).
+fn report_err(e: &Error, linger_ms: u64) {
+    let named = match e {
+        Error::PeerClosed { peer, .. } | Error::PeerFailed { peer, .. } => peer.idx() as i64,
+        _ => -1,
+    };
+    println!("ERR {} {named} | {e}", epoch_ms());
+    std::thread::sleep(Duration::from_millis(linger_ms));
 }

@@ -1560,7 +1560,7 @@ impl Bootstrap {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn info(r: u32, addr: SocketAddr) -> PeerInfo {
@@ -1728,6 +1728,15 @@ mod tests {
         assert!(JoinStatus::decode(&b).is_err());
     }
 
+    /// A benchmark's sizes: the comma-separated list in `var`, else `default`.
+    pub(crate) fn bench_sizes(var: &str, default: &str) -> Vec<usize> {
+        std::env::var(var)
+            .unwrap_or_else(|_| default.into())
+            .split(',')
+            .filter_map(|v| v.parse().ok())
+            .collect()
+    }
+
     /// Root and relay together: `n` ranks as threads, each with its own service, all join at
     /// once (services started first), dense against sparse; how long until the last rank has
     /// the table. A benchmark, run by hand:
@@ -1736,11 +1745,7 @@ mod tests {
     #[ignore]
     fn relay_throughput() {
         use std::sync::Barrier;
-        let sizes: Vec<usize> = std::env::var("OXCCL_RELAY_BENCH")
-            .unwrap_or_else(|_| "256,512,1024".into())
-            .split(',')
-            .filter_map(|v| v.parse().ok())
-            .collect();
+        let sizes = bench_sizes("OXCCL_RELAY_BENCH", "256,512,1024");
         println!("# ranks  mode    all have the table (ms)  depth  slowest rank's join (ms)");
         for n in sizes {
             for sparse_from in [0usize, 2] {

@@ -360,41 +360,14 @@ mod tests {
     /// The root alone at sizes a process can hold here (each join is a connection, two
     /// descriptors in this one process): how long from the first join to the last rank's
     /// answer, dense against sparse. A benchmark, run by hand:
-    /// `OXCCL_ROOT_BENCH=1000,2000,4000,8000 cargo test --release -p oxccl --lib root_throughput -- --ignored --nocapture`
+    /// `OXCCL_ROOT_BENCH=1000,2000,4000,8000 cargo test --release -p oxccl --lib root_throughput -- --include-ignored --nocapture`
     #[test]
     #[ignore]
     fn root_throughput() {
-        let sizes: Vec<usize> = std::env::var("OXCCL_ROOT_BENCH")
-            .unwrap_or_else(|_| "1000,2000,4000".into())
-            .split(',')
-            .filter_map(|v| v.parse().ok())
-            .collect();
+        let sizes = super::super::tests::bench_sizes("OXCCL_ROOT_BENCH", "1000,2000,4000");
         // The table's codec at 100,000 entries: what each relay hop pays besides the wire.
-        let table: Vec<PeerInfo> = (0..100_000u32)
-            .map(|r| PeerInfo {
-                rank: Rank(r),
-                pid: 1000 + r,
-                host_id: (r / 8) as u64,
-                hostname: format!("node{:05}", r / 8),
-                addr: SocketAddr::from(([10, (r >> 16) as u8, (r >> 8) as u8, r as u8], 40000)),
-                unix_name: [1; 16],
-                costs: Default::default(),
-            })
-            .collect();
-        let t = Instant::now();
-        let bytes = encode_table(&table);
-        let enc = t.elapsed();
-        let t = Instant::now();
-        let back = super::super::decode_table(&bytes).unwrap();
-        let dec = t.elapsed();
-        assert_eq!(back.len(), table.len());
-        println!(
-            "# table of 100000 entries: {} bytes ({:.1} B/entry), encode {:.1} ms, decode {:.1} ms",
-            bytes.len(),
-            bytes.len() as f64 / 1e5,
-            enc.as_secs_f64() * 1e3,
-            dec.as_secs_f64() * 1e3
-        );
+        let (entry, decode_us) = super::super::table_codec_probe(100_000);
+        println!("# table of 100000 entries: {entry:.1} B/entry, decode {decode_us:.3} us/entry");
         println!("# ranks  mode    joins sent (ms)  all answered (ms)  root bytes out  us/join");
         for n in sizes {
             for sparse in [false, true] {
