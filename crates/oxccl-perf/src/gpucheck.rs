@@ -235,16 +235,20 @@ fn threads_all_reduce(copy_gbs: f64) -> Result<usize, CudaError> {
                                 }
                                 let (a, b) = (Event::new(&m.dev)?, Event::new(&m.dev)?);
                                 a.record(&s)?;
+                                let host = std::time::Instant::now();
                                 for _ in 0..iters {
                                     m.all_reduce(&s, t, ReduceOp::Sum, send.ptr, recv.ptr, n)?;
                                 }
+                                // Host time to issue the calls: equal to the GPU's when the
+                                // calls are host-bound (small sizes).
+                                let host_us = host.elapsed().as_secs_f64() * 1e6 / iters as f64;
                                 b.record(&s)?;
                                 let us = b.since(&a)? as f64 * 1e3 / iters as f64;
                                 m.check()?;
                                 if m.rank == 0 {
                                     let bound_us = (2 * p * bytes) as f64 / (copy_gbs * 1e9) * 1e6;
                                     results.lock().unwrap().push(format!(
-                                        "THREADS all_reduce P={p} {t:?} {bytes} B {proto}: {us:.2} us per call; bound {bound_us:.2} us (read each input once, write each output once at {copy_gbs:.0} GB/s); ratio {:.3}",
+                                        "THREADS all_reduce P={p} {t:?} {bytes} B {proto}: {us:.2} us per call (host issues one in {host_us:.2} us); bound {bound_us:.2} us (read each input once, write each output once at {copy_gbs:.0} GB/s); ratio {:.3}",
                                         us / bound_us
                                     ));
                                 }
