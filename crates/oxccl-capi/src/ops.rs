@@ -9,11 +9,11 @@
 //! Memory kinds: a call on host memory completes before it returns, whatever the stream. A
 //! call with device buffers (found by asking the CUDA driver, when the process has loaded
 //! it) runs staged: its inputs are copied into pinned host mirrors on the caller's stream,
-//! the collective runs on the mirrors, and the outputs go back on the same stream; the call
-//! returns once they have landed. With `OXCCL_ASYNC_STREAMS=1` it returns once they are
-//! enqueued: the communicator's proxy thread runs the collective when the inputs have landed,
-//! and the stream waits for it before the outputs go back (see [`staged`] and
-//! [`crate::proxy`]).
+//! the collective runs on the mirrors, and the outputs go back on the same stream. The call
+//! returns once they are enqueued: the communicator's proxy thread runs the collective when
+//! the inputs have landed, and the stream waits for it before the outputs go back (see
+//! [`staged`] and [`crate::proxy`]). `OXCCL_ASYNC_STREAMS=0` makes it return only once the
+//! outputs have landed.
 
 use crate::handle::{invalid, lock, usage, CommState, Fail, PreMul, Scalar, St, R};
 use crate::premul;
@@ -817,13 +817,13 @@ mod staged {
         }
     }
 
-    /// Calls on device buffers return once they have completed, unless
-    /// `OXCCL_ASYNC_STREAMS=1`: then they return once enqueued. Not yet the default: on the
-    /// lent H200, 4 processes on one GPU with the asynchronous path still hung once in a
-    /// 50-call chain on the legacy stream (see docs/capi.md).
+    /// Staged calls on device buffers return once enqueued (the proxy runs them), unless
+    /// `OXCCL_ASYNC_STREAMS=0`: then once they have completed. Asynchronous by default since
+    /// the proxy stopped releasing CUDA objects itself (PyTorch's 4-process check, staged:
+    /// 16 of 16 runs passed after that, 2 of 2 hung before, on the lent H200).
     fn blocking() -> bool {
         static B: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *B.get_or_init(|| !std::env::var("OXCCL_ASYNC_STREAMS").is_ok_and(|v| v == "1"))
+        *B.get_or_init(|| std::env::var("OXCCL_ASYNC_STREAMS").is_ok_and(|v| v.trim() == "0"))
     }
 
     /// Stream-ordered calls a communicator keeps in flight before a new one waits.
@@ -832,6 +832,14 @@ mod staged {
     fn trace() -> bool {
         static T: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *T.get_or_init(|| std::env::var("OXCCL_TRACE_STREAMS").is_ok_and(|v| v == "1"))
+    }
+
+    /// One trace line to stderr in a single write, so lines of processes that share the
+    /// file (a launcher's redirect) do not tear into one another.
+    fn trace_line(args: std::fmt::Arguments<'_>) {
+        use std::io::Write;
+        let line = format!("{args}\n");
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
     }
 
     fn flag(st: St, func: &str) -> R<(usize, u64)> {
@@ -853,6 +861,7 @@ mod staged {
         kinds: &[(MemKind, MemKind, Option<MemKind>)],
     ) -> R<()> {
         let func = calls[0].func;
+        st.proxy.clear_graves();
         st.proxy.check()?;
         let asynchronous = !blocking();
         if asynchronous {
@@ -908,24 +917,24 @@ mod staged {
         if queued {
             let tr = trace();
             if tr {
-                eprintln!(
+                trace_line(format_args!(
                     "oxccl-trace pid {} seq {seq}: enqueued {} stream(s) {:?}",
                     std::process::id(),
                     sg.streams.len(),
                     sg.streams
-                );
+                ));
             }
             return st.proxy.submit(Box::new(move || {
                 let pid = std::process::id();
                 if tr {
-                    eprintln!("oxccl-trace pid {pid} seq {seq}: proxy starts");
+                    trace_line(format_args!("oxccl-trace pid {pid} seq {seq}: proxy starts"));
                 }
                 let r = sg.execute(comm);
                 if tr {
-                    eprintln!(
+                    trace_line(format_args!(
                         "oxccl-trace pid {pid} seq {seq}: collective {}",
                         if r.is_ok() { "ok" } else { "FAILED" }
-                    );
+                    ));
                 }
                 if let Some(set) = set_flag {
                     set();
@@ -934,9 +943,13 @@ mod staged {
                     let _ = ev.wait();
                 }
                 if tr {
-                    eprintln!("oxccl-trace pid {pid} seq {seq}: outputs landed");
+                    trace_line(format_args!("oxccl-trace pid {pid} seq {seq}: outputs landed"));
                 }
-                drop(sg);
+                // Events are destroyed on the next calling thread, not here: cuEventDestroy
+                // takes the context lock, which a caller blocked in a synchronous copy on a
+                // stream that waits for the next job may hold (seen: 4 PyTorch processes hung).
+                let proxy = sg.proxy;
+                proxy.bury(Box::new(sg));
                 r.inspect_err(|f| crate::handle::record(func, Some(st), f))
             }));
         }

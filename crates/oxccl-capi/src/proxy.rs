@@ -44,6 +44,11 @@ pub struct Proxy {
     pub seq: AtomicU32,
     /// The pinned word streams wait on: `(host address, device address)` (`ops::staged`).
     pub flag: OnceLock<(usize, u64)>,
+    /// What jobs leave to be dropped on a calling thread ([`bury`](Self::bury),
+    /// [`clear_graves`](Self::clear_graves)): CUDA objects whose release takes the driver's
+    /// context lock, which a calling thread may hold while it waits for a stream that waits
+    /// for this very proxy.
+    graves: Mutex<Vec<Box<dyn Send>>>,
 }
 
 impl Proxy {
@@ -110,20 +115,33 @@ impl Proxy {
         }
     }
 
+    /// Keeps `x` to be dropped later on a calling thread (from a job: never drop a CUDA
+    /// object on the proxy thread).
+    pub fn bury(&self, x: Box<dyn Send>) {
+        lock(&self.graves).push(x);
+    }
+
+    /// Drops what jobs buried (on the calling thread).
+    pub fn clear_graves(&self) {
+        let v = std::mem::take(&mut *lock(&self.graves));
+        drop(v);
+    }
+
     /// Jobs submitted and not finished.
     pub fn pending(&self) -> usize {
         self.pending.load(Ordering::Acquire)
     }
 
-    /// Waits until every job submitted so far has finished.
+    /// Waits until every job submitted so far has finished, then drops what they buried
+    /// (called on calling threads only).
     pub fn drain(&self) {
-        if self.pending() == 0 {
-            return;
+        if self.pending() > 0 {
+            let mut q = lock(&self.q);
+            while self.pending() > 0 {
+                q = self.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+            }
         }
-        let mut q = lock(&self.q);
-        while self.pending() > 0 {
-            q = self.cv.wait(q).unwrap_or_else(|e| e.into_inner());
-        }
+        self.clear_graves();
     }
 
     /// Waits until fewer than `n` jobs are pending.
@@ -225,6 +243,30 @@ mod tests {
         assert_eq!(ran.load(Ordering::SeqCst), 1);
         let e = p.error().expect("an error is kept");
         assert_eq!((e.code, e.msg.as_str()), (6, "first"));
+    }
+
+    /// What a job buries is dropped on the calling thread (by `drain` here), never on the
+    /// proxy's.
+    #[test]
+    fn buried_values_are_dropped_on_the_calling_thread() {
+        struct Grave(Arc<Mutex<Option<std::thread::ThreadId>>>);
+        impl Drop for Grave {
+            fn drop(&mut self) {
+                *self.0.lock().unwrap() = Some(std::thread::current().id());
+            }
+        }
+        let p = leak();
+        let dropped_on = Arc::new(Mutex::new(None));
+        let d = dropped_on.clone();
+        p.submit(Box::new(move || {
+            p.bury(Box::new(Grave(d)));
+            Ok(())
+        }))
+        .unwrap();
+        p.wait_below(1);
+        assert_eq!(*dropped_on.lock().unwrap(), None, "dropped before the calling thread cleared it");
+        p.drain();
+        assert_eq!(*dropped_on.lock().unwrap(), Some(std::thread::current().id()));
     }
 
     /// An idle proxy's thread leaves, and the next job starts a new one.
