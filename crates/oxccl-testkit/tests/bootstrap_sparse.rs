@@ -245,3 +245,78 @@ fn report_err(e: &Error, linger_ms: u64) {
     println!("ERR {} {named} | {e}", epoch_ms());
     std::thread::sleep(Duration::from_millis(linger_ms));
 }
+
+/// A rank of `a_root_out_of_descriptors_is_named_to_every_rank`: rank 0 (whose process runs
+/// the root) first caps its descriptors at `FD_CAP`, soft and hard, so the root cannot raise it.
+fn fd_capped_rank() {
+    let rank: usize = std::env::var("OXCCL_RANK").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    if rank == 0 {
+        let l = libc::rlimit { rlim_cur: FD_CAP, rlim_max: FD_CAP };
+        // SAFETY: setrlimit on a local struct, before any thread of this process is started.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) }, 0);
+    }
+    match Communicator::from_env() {
+        Ok(c) => {
+            println!("JOINED");
+            let _ = c.destroy();
+        }
+        Err(e) => println!("ERR {e}"),
+    }
+}
+
+const FD_CAP: libc::rlim_t = 64;
+
+/// The root holds one connection per joined rank until all have joined. When its process
+/// runs out of descriptors (and cannot raise its limit), every rank that had joined is told
+/// why, naming the limit, instead of waiting for its timeout. Rank 0 then fails too and its
+/// process (the root's) ends: ranks that come later find the root gone and say so.
+#[test]
+fn a_root_out_of_descriptors_is_named_to_every_rank() {
+    if child("fdcap").is_some() {
+        return fd_capped_rank();
+    }
+    let n = 80;
+    let dir = Launch::scratch();
+    let idfile = dir.join("unique-id").to_string_lossy().into_owned();
+    let outs = match Launch::new("a_root_out_of_descriptors_is_named_to_every_rank", "fdcap", n)
+        .env("OXCCL_UNIQUE_ID_FILE", &idfile)
+        .env("NCCL_SHM_DISABLE", "1")
+        .env("OXCCL_TIMEOUT", "15")
+        .timeout(Duration::from_secs(120))
+        .run_keep()
+    {
+        Ok(o) => o,
+        Err((o, e)) => panic!("launch: {e}: {} outputs", o.len()),
+    };
+    let limit = format!("ran out of file descriptors after {{}} ranks joined: its limit is {FD_CAP}");
+    let (mut named, mut root_gone) = (0, 0);
+    for o in &outs {
+        // The test harness's "test NAME ... " may precede the rank's word on its line.
+        let line = o
+            .stdout
+            .lines()
+            .find_map(|l| l.find("ERR ").or_else(|| l.find("JOINED")).map(|i| &l[i..]))
+            .unwrap_or("");
+        assert!(line.starts_with("ERR "), "rank {}: {line:?} ({:?})\n{}", o.rank, o.status, o.stderr_tail(8));
+        if o.rank == 0 {
+            continue;
+        }
+        let (head, tail) = limit.split_once("{}").expect("a placeholder");
+        if line.contains(head) && line.contains(tail) {
+            named += 1;
+        } else {
+            assert!(
+                line.contains("rendezvous root"),
+                "rank {}: neither the limit nor the root named: {line}",
+                o.rank
+            );
+            root_gone += 1;
+        }
+    }
+    // Rank 0's own process holds some descriptors, so about FD_CAP - 20 joins get in.
+    assert!(named >= 20, "only {named} ranks were told the limit");
+    oxccl_testkit::report!(
+        "root capped at {FD_CAP} descriptors, {n} ranks: {named} told the limit, {root_gone} found the root gone"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

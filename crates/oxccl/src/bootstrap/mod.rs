@@ -860,7 +860,29 @@ pub(crate) fn join(
     let mut missing: Vec<Rank> = Vec::new();
     let next = |s: &mut TcpStream, missing: &mut Vec<Rank>| -> Result<(u8, Vec<u8>)> {
         loop {
-            let (k, payload) = read_frame(s, w, "bootstrap: waiting for all ranks to join", missing)?;
+            let (k, payload) =
+                read_frame(s, w, "bootstrap: waiting for all ranks to join", missing).map_err(|e| match e {
+                    // The root lives in rank 0's process: a reset or an end of stream before
+                    // its answer means that process ended (often after a failed rendezvous,
+                    // which the ranks that had joined by then were told).
+                    Error::Io { source, .. }
+                        if matches!(
+                            source.kind(),
+                            io::ErrorKind::ConnectionReset
+                                | io::ErrorKind::UnexpectedEof
+                                | io::ErrorKind::BrokenPipe
+                                | io::ErrorKind::ConnectionAborted
+                        ) =>
+                    {
+                        Error::PeerClosed {
+                            rank: w.rank,
+                            op: "bootstrap: waiting for the rendezvous root's answer (the root runs in rank 0's process, which ended before answering: see rank 0's error)".into(),
+                            peer: Rank(0),
+                            host: root.to_string(),
+                        }
+                    }
+                    e => e,
+                })?;
             match k {
                 kind::STATUS => *missing = JoinStatus::decode(&payload)?.missing,
                 kind::REJECT => {
