@@ -31,6 +31,13 @@ pub fn threads<T: Send + 'static>(
     f: impl Fn(oxccl::Communicator) -> T + Send + Sync + Copy + 'static,
 ) -> Vec<T> {
     let id = oxccl::new_unique_id(&config).unwrap();
+    // Flight-recorder dumps of ranks that fail on purpose are removed with this scratch
+    // directory, unless the config chose where they go.
+    let scratch = config.flight_dir.is_none().then(spawn::Launch::scratch);
+    let mut config = config;
+    if let Some(d) = &scratch {
+        config.flight_dir = Some(d.clone());
+    }
     let hs: Vec<_> = (0..n)
         .map(|r| {
             let config = config.clone().with_host_id(&format!("host{}", r / per_host.max(1)));
@@ -39,5 +46,9 @@ pub fn threads<T: Send + 'static>(
             })
         })
         .collect();
-    hs.into_iter().map(|h| h.join().unwrap()).collect()
+    let out = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    if let Some(d) = scratch {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    out
 }

@@ -180,6 +180,9 @@ impl Launch {
                 .stdin(Stdio::null())
                 .stdout(File::create(&out).map_err(|e| fail(e.to_string()))?)
                 .stderr(File::create(&err).map_err(|e| fail(e.to_string()))?);
+            // Flight-recorder dumps of ranks that fail on purpose go with the launch's scratch
+            // directory, not into the temporary directory for good (a test may still choose).
+            cmd.env("OXCCL_FLIGHT_DIR", &dir);
             if self.oxccl_env {
                 cmd.env("OXCCL_RANK", r.to_string())
                     .env("OXCCL_WORLD_SIZE", self.size.to_string())
