@@ -111,21 +111,7 @@ pub struct Opts {
     pub device: bool,
 }
 
-/// Parses nccl-tests' sizes: a number with an optional K, M or G suffix (powers of 1024).
-pub fn parse_size(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last()? {
-        'K' | 'k' => (&s[..s.len() - 1], 1usize << 10),
-        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
-        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    let v: f64 = num.parse().ok()?;
-    if !(v >= 0.0 && v.is_finite()) {
-        return None;
-    }
-    Some((v * mult as f64) as usize)
-}
+pub use crate::sizes::parse_size;
 
 pub const USAGE: &str =
     "USAGE: oxccl-perf <benchmark> [options]   (or run as <benchmark>, e.g. all_reduce_perf)

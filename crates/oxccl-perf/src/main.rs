@@ -14,6 +14,7 @@ mod bench;
 mod colls;
 mod plot;
 mod report;
+mod sizes;
 
 use args::{Bench, Opts};
 use oxccl::{Communicator, Config, Rank};

@@ -17,6 +17,7 @@ mod plot;
 #[allow(dead_code)]
 mod report;
 mod simcmd;
+mod sizes;
 
 use oxccl_core::topo::{graphs, Topo};
 use oxccl_core::tuner::{explain_sizes, Coll, Model};

@@ -21,6 +21,7 @@
 
 use crate::plot::Series;
 use crate::report::{float_str, obj, Json};
+use crate::sizes::parse_size;
 use oxccl_core::netsim::{model_of, simulate, Cluster, Spec};
 use oxccl_core::tuner::{Algo, Coll, Enabled, Proto};
 use std::collections::BTreeMap;
@@ -38,17 +39,6 @@ pub struct Point {
     /// How it was simulated ("exact", or "periodic q, +n elements").
     pub how: String,
     pub wall_s: f64,
-}
-
-fn parse_size(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last()? {
-        'K' | 'k' => (&s[..s.len() - 1], 1usize << 10),
-        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
-        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<usize>().ok().map(|v| v * mult)
 }
 
 fn list<T>(v: &str, f: impl Fn(&str) -> Option<T>, what: &str) -> Result<Vec<T>, String> {

@@ -1,0 +1,17 @@
+//! Sizes as nccl-tests writes them, shared by `oxccl-perf` and `oxccl sim`.
+
+/// Parses nccl-tests' sizes: a number with an optional K, M or G suffix (powers of 1024).
+pub fn parse_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last()? {
+        'K' | 'k' => (&s[..s.len() - 1], 1usize << 10),
+        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
+        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    let v: f64 = num.parse().ok()?;
+    if !(v >= 0.0 && v.is_finite()) {
+        return None;
+    }
+    Some((v * mult as f64) as usize)
+}
