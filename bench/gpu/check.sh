@@ -49,7 +49,7 @@ device)
   if [ "${SKIP_GPUCHECK:-0}" != 1 ]; then
     # QUICK=1: only the thread group's timing and checks (no kernel check, no bandwidth).
     timeout 300 ./gpu-bin/oxccl-gpucheck ${QUICK:+--threads-only} > "$out/gpucheck.txt" 2>&1 || status=1
-    grep -E "^(kernels|CHECK|BW|THREADS|TIMEOUT|GPU CHECK|WRONG|ERROR)" "$out/gpucheck.txt" | grep -v "^WRONG" | head -80
+    grep -E "^(kernels|CHECK|BW|THREADS|TIMEOUT|MISMATCH|GPU CHECK|WRONG|ERROR)" "$out/gpucheck.txt" | grep -v "^WRONG" | head -80
     echo "gpucheck: $(grep -c '^WRONG' "$out/gpucheck.txt") WRONG lines; $(tail -1 "$out/gpucheck.txt")" >> "$summary"
   fi
   perf=./gpu-bin/oxccl-perf

@@ -194,18 +194,27 @@ fn threads_all_reduce(copy_gbs: f64) -> Result<usize, CudaError> {
                     let s = Stream::new(&m.dev)?;
                     // A second stream: every other call switches to it and back.
                     let s2 = Stream::new(&m.dev)?;
+                    // Buffers for the largest size, allocated once: cuMemFree waits for the
+                    // whole device, so a rank freeing between calls would wait for kernels
+                    // that wait for its own next call (see docs/architecture.md).
+                    let most = sizes.iter().copied().max().unwrap_or(0);
+                    let send = DevBuf::new(&m.dev, most)?;
+                    let recv = DevBuf::new(&m.dev, most)?;
                     for t in types {
                         for &bytes in sizes {
                             let n = bytes / t.size_bytes();
-                            let send = DevBuf::new(&m.dev, bytes)?;
-                            let recv = DevBuf::new(&m.dev, bytes)?;
-                            for (bps, ll) in [(1u32, true), (1, false)] {
+                            for (alone, ll) in [(true, true), (false, true), (false, false)] {
                                 if ll && bytes > oxccl::cuda::group::LL_MAX_BYTES {
                                     continue;
                                 }
-                                m.set_blocks_per_sm(bps);
+                                m.set_blocks_per_sm(1);
                                 m.set_ll(ll);
-                                let proto = if ll { "LL" } else { "Simple" };
+                                m.set_ll_alone(alone);
+                                let proto = match (ll, alone) {
+                                    (true, true) => "LL",
+                                    (true, false) => "LL-met",
+                                    _ => "Simple",
+                                };
                                 // Check: rank r's element i is (i % 7) + r; the sum is 4 (i % 7) + 6.
                                 // Then in place on the result: 4 (4 (i % 7) + 6).
                                 let check_n = n.min(1 << 22);
@@ -270,6 +279,50 @@ fn threads_all_reduce(copy_gbs: f64) -> Result<usize, CudaError> {
     Ok(failed.into_inner())
 }
 
+/// The floor under a small all-reduce's time: the same 8-byte LL call in 1-rank groups, so
+/// the same launch and event record with no other rank to wait for; once from one thread,
+/// then from 4 threads at once (each its own group and stream), as the 4 ranks issue theirs.
+fn threads_floor() -> Result<(), CudaError> {
+    for threads in [1usize, 4] {
+        let results = std::sync::Mutex::new(Vec::<f64>::new());
+        std::thread::scope(|sc| {
+            for _ in 0..threads {
+                let results = &results;
+                sc.spawn(move || {
+                    let go = || -> Result<f64, CudaError> {
+                        let m = oxccl::cuda::group::thread_group(1, 0, None)?.remove(0);
+                        m.dev.make_current()?;
+                        let s = Stream::new(&m.dev)?;
+                        let buf = DevBuf::new(&m.dev, 64)?;
+                        s.fill(buf.ptr, 0, 64)?;
+                        for _ in 0..20 {
+                            m.all_reduce(&s, DataType::F32, ReduceOp::Sum, buf.ptr, buf.ptr, 2)?;
+                        }
+                        let (a, b) = (Event::new(&m.dev)?, Event::new(&m.dev)?);
+                        a.record(&s)?;
+                        let iters = 500;
+                        for _ in 0..iters {
+                            m.all_reduce(&s, DataType::F32, ReduceOp::Sum, buf.ptr, buf.ptr, 2)?;
+                        }
+                        b.record(&s)?;
+                        Ok(b.since(&a)? as f64 * 1e3 / iters as f64)
+                    };
+                    match go() {
+                        Ok(us) => results.lock().unwrap().push(us),
+                        Err(e) => println!("ERROR floor: {e}"),
+                    }
+                });
+            }
+        });
+        let r = results.into_inner().unwrap();
+        let mean = r.iter().sum::<f64>() / r.len().max(1) as f64;
+        println!(
+            "THREADS floor: {threads} thread(s), each a 1-rank group on its own stream, 8 B LL all-reduce: {mean:.2} us per call"
+        );
+    }
+    Ok(())
+}
+
 /// A rank whose stream is held up: rank 1's stream waits on a host flag before its call, so
 /// rank 0's kernel gives up after the group's 300 ms timeout; the flag is then released and
 /// every rank's next call must refuse, naming rank 1. Returns the number of failures.
@@ -324,6 +377,70 @@ fn threads_timeout() -> Result<usize, CudaError> {
     Ok(failed.into_inner())
 }
 
+/// Ranks whose calls differ, without the host meeting a lone small all-reduce skips: (a) two
+/// LL all-reduces of different counts: both calls return, both kernels end at once (they
+/// compare signatures), and the next check names both calls; (b) one rank runs it as LL,
+/// the other (LL off) comes to the host meeting: one of them must say the calls differ, and
+/// every stream must drain well within the group's 10 s timeout (the LL kernel is told to
+/// give up). Returns the number of failures.
+fn threads_mismatch() -> Result<usize, CudaError> {
+    let failed = std::sync::atomic::AtomicUsize::new(0);
+    for case in ["counts", "ll-vs-meeting"] {
+        let members = oxccl::cuda::group::thread_group(2, 0, Some(std::time::Duration::from_secs(10)))?;
+        let errors = std::sync::Mutex::new(Vec::<String>::new());
+        let t0 = std::time::Instant::now();
+        std::thread::scope(|sc| {
+            for mut m in members {
+                let (failed, errors) = (&failed, &errors);
+                sc.spawn(move || {
+                    let mut go = || -> Result<(), CudaError> {
+                        m.dev.make_current()?;
+                        let s = Stream::new(&m.dev)?;
+                        let buf = DevBuf::new(&m.dev, 64)?;
+                        s.fill(buf.ptr, 0, 64)?;
+                        let n = if case == "counts" { 2 + m.rank } else { 2 };
+                        if case == "ll-vs-meeting" {
+                            m.set_ll(m.rank == 0);
+                        }
+                        if let Err(e) = m.all_reduce(&s, DataType::F32, ReduceOp::Sum, buf.ptr, buf.ptr, n) {
+                            errors.lock().unwrap().push(format!("rank {} call: {e}", m.rank));
+                        }
+                        s.sync()?;
+                        if let Err(e) = m.check() {
+                            errors.lock().unwrap().push(format!("rank {} check: {e}", m.rank));
+                        }
+                        Ok(())
+                    };
+                    if let Err(e) = go() {
+                        failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        println!("ERROR mismatch {case} rank {}: {e}", m.rank);
+                    }
+                });
+            }
+        });
+        let took = t0.elapsed();
+        let errors = errors.into_inner().unwrap();
+        for e in &errors {
+            println!("MISMATCH {case}: {e}");
+        }
+        let named = match case {
+            "counts" => {
+                errors.iter().filter(|e| e.contains("check:") && e.contains("calls differ")).count() == 2
+                    && errors.iter().any(|e| e.contains("2 x float") && e.contains("3 x float"))
+            }
+            _ => {
+                errors.iter().any(|e| e.contains("call:") && e.contains("calls differ at collective call 1"))
+            }
+        };
+        println!("MISMATCH {case}: every stream drained in {:.1} ms", took.as_secs_f64() * 1e3);
+        if !named || took > std::time::Duration::from_secs(5) {
+            failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            println!("WRONG mismatch {case}: not named as differing calls, or the streams took {took:?}");
+        }
+    }
+    Ok(failed.into_inner())
+}
+
 fn run(threads_only: bool) -> Result<usize, CudaError> {
     let dev = Device::open(0)?;
     let (lib, nv) = oxccl::cuda::nvrtc::version()?;
@@ -353,11 +470,14 @@ fn run(threads_only: bool) -> Result<usize, CudaError> {
         let copy_gbs = 2.0 * (1u64 << 30) as f64 / (ms * 1e-3) / 1e9;
         println!("BW driver copy (cuMemcpyDtoDAsync) 1 GiB: {ms:.3} ms, {copy_gbs:.0} GB/s (read + write)");
         drop((a, b));
+        threads_floor()?;
         let threads_failed = threads_all_reduce(copy_gbs)?;
         println!("CHECK threads all_reduce: {threads_failed} wrong");
         let timeout_failed = threads_timeout()?;
         println!("CHECK threads timeout names the held-up rank: {timeout_failed} wrong");
-        return Ok(threads_failed + timeout_failed);
+        let mismatch_failed = threads_mismatch()?;
+        println!("CHECK threads differing calls are named, nothing hangs: {mismatch_failed} wrong");
+        return Ok(threads_failed + timeout_failed + mismatch_failed);
     }
     let failed = check_kernels(&dev, &k, &s)?;
     println!(
@@ -440,11 +560,14 @@ fn run(threads_only: bool) -> Result<usize, CudaError> {
         let kk = kernels::Kernels::load_only(&dev, &d, &which)?;
         measure(&kk, &defines.join(" "))?;
     }
+    threads_floor()?;
     let threads_failed = threads_all_reduce(copy_gbs)?;
     println!("CHECK threads all_reduce: {threads_failed} wrong");
     let timeout_failed = threads_timeout()?;
     println!("CHECK threads timeout names the held-up rank: {timeout_failed} wrong");
-    Ok(failed + threads_failed + timeout_failed)
+    let mismatch_failed = threads_mismatch()?;
+    println!("CHECK threads differing calls are named, nothing hangs: {mismatch_failed} wrong");
+    Ok(failed + threads_failed + timeout_failed + mismatch_failed)
 }
 
 /// `oxccl-gpucheck --cubin ARCH FILE [DEFINE...]`: compiles every kernel for ARCH with NVRTC

@@ -4,7 +4,9 @@
 //! with the work split by oxccl-core's `plan::device` (each input byte read once, each output
 //! byte written once).
 //!
-//! Per group of calls (a single call is a group of one):
+//! A lone small all-reduce (a group of one call, LL) skips the host meeting: see
+//! `Member::run_lone_ll` and `Shared::wait_issued`. Other groups of calls (a single call
+//! is a group of one):
 //! - collectives: the threads meet once on the host (`Shared::exchange`) to hand every rank
 //!   the same table of buffers and call descriptions; a mismatch or a refusal makes every rank
 //!   refuse, and none launches. Each rank then launches its collective tasks, packed into as
@@ -34,7 +36,7 @@ use super::{CudaError, DevBuf, Device, Event, Stream};
 use oxccl_core::plan::device::{self, Bufs, Task, MAX_RANKS};
 use oxccl_core::{DataType, ReduceOp};
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -79,8 +81,32 @@ const BAR_BYTES: usize = 2048;
 /// All-reduces of at most this many bytes run as LL (one flag exchange, no meeting) unless
 /// `NCCL_PROTO` leaves LL out or `OXCCL_DEVICE_LL=0`.
 pub const LL_MAX_BYTES: usize = 16 << 10;
-/// LL lines per slot: 8 payload bytes each.
+/// LL data lines per slot: 8 payload bytes each (each slot has one more, the signature's).
 const LL_LINES: usize = LL_MAX_BYTES / 8;
+
+/// What one rank announces about its collective calls (numbered from 1, every rank alike),
+/// on a cache line of its own: the other ranks read it at every call.
+#[repr(align(64))]
+#[derive(Default)]
+struct Announced {
+    /// Its latest collective call made alone as LL, without the host meeting.
+    fast: AtomicU64,
+    /// Its latest collective call that came to the host meeting.
+    meet: AtomicU64,
+    /// Its latest stream (0: none yet), to refuse a stream two ranks share.
+    stream: AtomicUsize,
+    /// Its latest collective call whose launches are all enqueued (or that it refused).
+    issued: AtomicU64,
+}
+
+/// Stores `g` into a rank's `issued` when dropped: on every way out of a call.
+struct IssuedOnDrop<'a>(&'a AtomicU64, u64);
+
+impl Drop for IssuedOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(self.1, Ordering::Release);
+    }
+}
 
 /// Whether the environment allows the LL protocol on device buffers: `OXCCL_DEVICE_LL=0`
 /// forbids it, and so does an `NCCL_PROTO` that leaves `LL` out (`Simple`, `^LL`).
@@ -126,9 +152,9 @@ struct Shared {
     kernels: Option<Arc<Kernels>>,
     /// Which ranks have joined (by [`join`]).
     joined: Mutex<Vec<bool>>,
-    /// Each rank's latest stream (0: none yet), to refuse a send whose receiver shares it.
-    streams: Mutex<Vec<usize>>,
-    /// The LL buffer: `p * 2 * p * LL_LINES` lines of 16 bytes (zeroed at creation).
+    /// Per rank: how its latest collective calls went, and its latest stream.
+    announced: Vec<Announced>,
+    /// The LL buffer: `p * 2 * p * (LL_LINES + 1)` lines of 16 bytes (zeroed at creation).
     ll: Option<DevBuf>,
 }
 
@@ -162,7 +188,7 @@ impl Shared {
             ordinal: 0,
             kernels: None,
             joined: Mutex::new(vec![false; p]),
-            streams: Mutex::new(vec![0; p]),
+            announced: (0..p).map(|_| Announced::default()).collect(),
             ll: None,
         }
     }
@@ -174,7 +200,7 @@ impl Shared {
         }
         let dev = Device::open(ordinal)?;
         let bar = DevBuf::new(&dev, BAR_BYTES)?;
-        let ll_bytes = p * 2 * p * LL_LINES * 16;
+        let ll_bytes = p * 2 * p * (LL_LINES + 1) * 16;
         let ll = DevBuf::new(&dev, ll_bytes)?;
         let zero = Stream::new(&dev)?;
         zero.fill(bar.ptr, 0, BAR_BYTES)?;
@@ -208,6 +234,81 @@ impl Shared {
         self.cv.notify_all();
         let _m = self.mail.lock().unwrap_or_else(|e| e.into_inner());
         self.mail_cv.notify_all();
+    }
+
+    /// Rank `rank` launches its collective call `g` as a lone LL all-reduce: a rank that
+    /// came to the host meeting for call `g` instead, if one has. (A rank's meeting number
+    /// cannot pass `g` while this rank has not met.)
+    fn announce_fast(&self, rank: usize, g: u64) -> Option<usize> {
+        let ann = &self.announced;
+        ann[rank].fast.store(g, Ordering::SeqCst);
+        (0..self.p).find(|&q| q != rank && ann[q].meet.load(Ordering::SeqCst) == g)
+    }
+
+    /// Rank `rank` comes to the host meeting for its collective call `g`: a rank that
+    /// launched call `g` (or a later one) as a lone LL all-reduce instead, if one has: it
+    /// will never come. Of two ranks announcing differently, at least one sees the other
+    /// (each stores, then loads; sequentially consistent).
+    fn announce_meet(&self, rank: usize, g: u64) -> Option<usize> {
+        let ann = &self.announced;
+        ann[rank].meet.store(g, Ordering::SeqCst);
+        (0..self.p).find(|&q| q != rank && ann[q].fast.load(Ordering::SeqCst) >= g)
+    }
+
+    /// Waits until every rank has enqueued the launches of its collective call `g` (or
+    /// refused it): a rank's launches of call `g + 1` must not be enqueued before then. Streams
+    /// share the GPU's hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), each in order: work
+    /// waiting at a queue's head (a launch behind this rank's spinning kernel, a stream's wait
+    /// for an event) holds up the work behind it, so a kernel another rank's kernel waits
+    /// for must never be enqueued behind it. The host meeting keeps this order by itself;
+    /// lone LL calls, which skip it, keep it here (one call behind the slowest rank, where
+    /// the meeting would wait for the slowest rank's current call).
+    fn wait_issued(&self, rank: usize, g: u64) -> Result<(), CudaError> {
+        let behind = |q: &usize| self.announced[*q].issued.load(Ordering::Acquire) < g;
+        if g == 0 || !(0..self.p).any(|q| behind(&q)) {
+            return Ok(());
+        }
+        let t = Instant::now();
+        let mut pause = Duration::from_micros(1);
+        loop {
+            let Some(q) = (0..self.p).find(behind) else { return Ok(()) };
+            if self.broken().is_some() {
+                return Err(self.unusable(rank));
+            }
+            let waited = t.elapsed();
+            if let Some(limit) = self.timeout.filter(|l| waited > *l) {
+                let why = format!(
+                    "rank {rank} waited {limit:?} for rank {q} to make collective call {g}, which it never did"
+                );
+                self.fail_group(rank, why.clone());
+                return Err(CudaError::Invalid(why));
+            }
+            if waited < MEET_SPIN {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_micros(200));
+            }
+        }
+    }
+
+    /// Breaks the group when other ranks' kernels may already wait for this rank's: also
+    /// tells those kernels (through the host-mapped failure record, which LL kernels poll)
+    /// to give up.
+    fn fail_group(&self, rank: usize, why: String) {
+        self.break_with(why);
+        if self.fail_host != 0 {
+            // SAFETY: the failure record is 16 bytes of pinned host memory, aligned, leaked by
+            // this group; the GPU writes it only after winning the device-side flag, and a
+            // lost race only changes which failure the record names.
+            let code = unsafe { AtomicU32::from_ptr(self.fail_host as *mut u32) };
+            let _ = code.compare_exchange(
+                0,
+                1 | ((rank as u32) << 8) | (0xff << 16) | (5 << 24),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+        }
     }
 
     fn unusable(&self, rank: usize) -> CudaError {
@@ -342,6 +443,12 @@ fn describe_failure(code: u32, seq: u64, timeout: Option<Duration>) -> String {
         ),
         2 => format!("rank {waiter}'s kernel waited {limit} for rank {missing}'s send to start"),
         4 => format!("rank {waiter}'s kernel waited {limit} for rank {missing}'s data of an LL all-reduce (is rank {missing} making the same calls?)"),
+        5 => format!("rank {waiter} gave up on the host while other ranks' LL kernels waited for it"),
+        6 => format!(
+            "calls differ: rank {waiter}'s call is {} but rank {missing}'s is {}",
+            super::kernels::describe_ll_signature(seq as u32),
+            super::kernels::describe_ll_signature((seq >> 32) as u32)
+        ),
         _ if missing == 0xff => format!("rank {waiter}'s kernel waited {limit} for its own receives to finish"),
         _ => format!("rank {waiter}'s kernel waited {limit} for rank {missing} to finish receiving its send"),
     }
@@ -416,8 +523,7 @@ fn plan_launches(
         let cap = caps.get(i).copied().unwrap_or(1);
         let mut sync = Sync { timeout_ns, rank: rank as i32, p: p as i32, ..Sync::default() };
         if u.collective && ll(u) {
-            c.ll_seq = if c.ll_seq >= u32::MAX - 1 { 1 } else { c.ll_seq + 1 };
-            out.push(Planned { blocks: 0, sync, ll: Some(c.ll_seq) });
+            out.push(Planned { blocks: 0, sync, ll: Some(next_ll_seq(c)) });
             continue;
         }
         let blocks;
@@ -462,6 +568,12 @@ fn plan_launches(
     out
 }
 
+/// The next LL call number (from 1; 0 is never a flag, the buffer starts zeroed).
+fn next_ll_seq(c: &mut Counters) -> u32 {
+    c.ll_seq = if c.ll_seq >= u32::MAX - 1 { 1 } else { c.ll_seq + 1 };
+    c.ll_seq
+}
+
 /// One rank (thread) of a group made by [`thread_group`]: its device and kernels.
 pub struct Member {
     pub rank: usize,
@@ -473,6 +585,10 @@ pub struct Member {
     blocks_per_sm: u32,
     /// Small all-reduces run as LL (every rank must say the same).
     ll: bool,
+    /// A lone small all-reduce skips the host meeting (every rank must say the same).
+    ll_alone: bool,
+    /// Collective calls (groups holding a collective) made so far, refused ones included.
+    coll_calls: AtomicU64,
 }
 
 /// Makes `p` members (1 to 8) of one group on device `ordinal`; each is moved to its own
@@ -548,6 +664,8 @@ impl Member {
             state: Default::default(),
             blocks_per_sm: 1,
             ll: ll_allowed(),
+            ll_alone: !std::env::var("OXCCL_LL_ALONE").is_ok_and(|v| v.trim() == "0"),
+            coll_calls: AtomicU64::new(0),
         })
     }
 
@@ -555,6 +673,12 @@ impl Member {
     /// same, between calls.
     pub fn set_ll(&mut self, on: bool) {
         self.ll = on;
+    }
+
+    /// Whether a lone small all-reduce skips the host meeting (default: yes, unless
+    /// `OXCCL_LL_ALONE=0`). Every rank must set the same, between calls.
+    pub fn set_ll_alone(&mut self, on: bool) {
+        self.ll_alone = on;
     }
 
     pub fn size(&self) -> usize {
@@ -570,11 +694,12 @@ impl Member {
     /// The group's failure, if a kernel gave up waiting (read from host-mapped memory; does
     /// not wait for any stream) or a rank gave up on the host.
     pub fn check(&self) -> Result<(), CudaError> {
-        if let Some(why) = self.shared.device_failure() {
-            return Err(CudaError::Invalid(format!("rank {}: the group is unusable: {why}", self.rank)));
-        }
+        // A reason given on the host says more than the GPU's record of it.
         if self.shared.broken().is_some() {
             return Err(self.shared.unusable(self.rank));
+        }
+        if let Some(why) = self.shared.device_failure() {
+            return Err(CudaError::Invalid(format!("rank {}: the group is unusable: {why}", self.rank)));
         }
         Ok(())
     }
@@ -596,14 +721,104 @@ impl Member {
     /// Enqueues `calls` (a group: collectives every rank makes alike, in the same order, and
     /// sends and receives matched per pair in order) on `s`, and returns.
     pub fn run(&self, s: &Stream, calls: &[DevCall]) -> Result<(), CudaError> {
+        if let [c] = calls {
+            if self.lone_ll(c) && self.run_lone_ll(s, c)? {
+                return Ok(());
+            }
+        }
+        self.run_met(s, calls)
+    }
+
+    /// Whether `c`, alone in its group, runs as LL without the host meeting: a small
+    /// all-reduce the kernels can do (decided from what every rank has alike).
+    fn lone_ll(&self, c: &DevCall) -> bool {
+        self.ll
+            && self.ll_alone
+            && c.what == What::Coll(device::Coll::AllReduce)
+            && c.count > 0
+            && c.bytes() <= LL_MAX_BYTES
+            && call::unsupported(c, self.shared.p).is_none()
+    }
+
+    /// A lone small all-reduce, launched as LL without meeting the other ranks on the host:
+    /// the kernels exchange the data and compare the calls' signatures (kernels.cu's
+    /// `ll_all_reduce`). Ok(false): this rank refuses the call, and takes it to the host
+    /// meeting, where every rank refuses alike. A rank that met while another launched (their
+    /// calls differ, or one refused) is found by either of them from what each announced
+    /// (each announces its call, then reads the others': one of the two sees the other) and
+    /// the group is then broken, its waiting kernels told to give up.
+    fn run_lone_ll(&self, s: &Stream, c: &DevCall) -> Result<bool, CudaError> {
+        let (p, rank, sh) = (self.shared.p, self.rank, s.h as usize);
+        let ann = &self.shared.announced;
+        if p > 1 && legacy(sh) || (0..p).any(|q| q != rank && ann[q].stream.load(Ordering::Relaxed) == sh) {
+            return Ok(false);
+        }
+        self.check()?;
+        let (Some(ll), Some(bar)) = (self.shared.ll.as_ref(), self.shared.bar.as_ref()) else {
+            return Ok(false);
+        };
+        let g = self.coll_calls.fetch_add(1, Ordering::Relaxed) + 1;
+        ann[rank].stream.store(sh, Ordering::Relaxed);
+        if let Some(q) = self.shared.announce_fast(rank, g) {
+            let why = format!(
+                "rank {rank}: calls differ at collective call {g}: this rank's is an {} alone, which runs as LL without meeting the others, but rank {q} came to the host meeting (its call differs, or it refused it, or its LL setting differs: OXCCL_DEVICE_LL and NCCL_PROTO must be the same on every rank)",
+                c.describe()
+            );
+            self.shared.fail_group(rank, why.clone());
+            return Err(CudaError::Invalid(why));
+        }
+        let _issued = IssuedOnDrop(&ann[rank].issued, g);
+        self.shared.wait_issued(rank, g - 1)?;
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        self.dev.make_current()?;
+        if st.last.is_some_and(|h| h != sh) {
+            // A rank's launches must not overlap: the new stream waits for the last launch.
+            if let Some(ev) = &st.done {
+                s.wait(ev)?;
+            }
+        }
+        let seq = next_ll_seq(&mut st.counters);
+        let sync = Sync {
+            timeout_ns: self.timeout_ns(),
+            rank: rank as i32,
+            p: p as i32,
+            fail: bar.ptr + 192,
+            host: self.shared.fail_dev,
+            ..Sync::default()
+        };
+        let div = if c.op == Kop::Op(ReduceOp::Avg) { p as u32 } else { 0 };
+        let task = Task { srcs: vec![c.send], dsts: vec![c.recv], n: c.count, copy: false };
+        let l = super::kernels::Ll { buf: ll.ptr, seq, lines: LL_LINES as u32 };
+        if let Err(e) = self.kernels.run_ll(s, c.t, c.op, &task, c.scalar, div, l, &sync) {
+            self.shared.fail_group(rank, format!("rank {rank} could not launch its part of a call: {e}"));
+            return Err(e);
+        }
+        if st.done.is_none() {
+            st.done = Some(Event::sync_only(&self.dev)?);
+        }
+        if let Some(ev) = &st.done {
+            ev.record(s)?;
+        }
+        st.last = Some(sh);
+        Ok(true)
+    }
+
+    fn timeout_ns(&self) -> u64 {
+        self.shared.timeout.map_or(0, |t| t.as_nanos().clamp(1, u64::MAX as u128) as u64)
+    }
+
+    /// A group through the host meeting (collectives) and the mailboxes (sends, receives).
+    fn run_met(&self, s: &Stream, calls: &[DevCall]) -> Result<(), CudaError> {
         let p = self.shared.p;
         let rank = self.rank;
         let sh = s.h as usize;
+        let ann = &self.shared.announced;
         let colls: Vec<DevCall> = calls.iter().filter(|c| c.collective().is_some()).copied().collect();
         // Ranks' kernels wait for one another, so they must run on streams of their own.
-        let peers_streams = self.shared.streams.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let shared_with = calls.iter().find_map(|c| match c.what {
-            What::Send(q) | What::Recv(q) if q != rank && peers_streams[q] == sh => Some(q),
+            What::Send(q) | What::Recv(q) if q != rank && ann[q].stream.load(Ordering::Relaxed) == sh => {
+                Some(q)
+            }
             _ => None,
         });
         let local = calls
@@ -619,11 +834,30 @@ impl Member {
                     format!("its stream is rank {q}'s too: ranks' kernels wait for one another, so each rank needs a stream of its own")
                 })
             });
-        self.shared.streams.lock().unwrap_or_else(|e| e.into_inner())[rank] = sh;
+        ann[rank].stream.store(sh, Ordering::Relaxed);
         // 1. Collectives: every rank meets, even one that refuses, and every rank decides from
         //    the same table, so either all launch or none does.
         let mut coll_tasks: Vec<(DevCall, Vec<Task>)> = Vec::new();
+        let mut _issued = None;
         if !colls.is_empty() {
+            let g = self.coll_calls.fetch_add(1, Ordering::Relaxed) + 1;
+            _issued = Some(IssuedOnDrop(&ann[rank].issued, g));
+            // A rank that launched this call as a lone LL all-reduce never comes (see
+            // `run_lone_ll`); its kernel waits for this rank's.
+            if let Some(q) = self.shared.announce_meet(rank, g) {
+                let mine = match &local {
+                    Some(why) => format!("this rank refused its call: {why}"),
+                    None => format!(
+                        "this rank's call is {}",
+                        colls.iter().map(|c| c.describe()).collect::<Vec<_>>().join(", ")
+                    ),
+                };
+                let why = format!(
+                    "rank {rank}: calls differ at collective call {g}: {mine}, but rank {q} launched it as a lone small all-reduce (LL, without meeting: OXCCL_DEVICE_LL and NCCL_PROTO must be the same on every rank)"
+                );
+                self.shared.fail_group(rank, why.clone());
+                return Err(CudaError::Invalid(why));
+            }
             let refuse = local.clone().or_else(|| {
                 self.shared.device_failure().map(|why| format!("the group's GPU meeting failed: {why}"))
             });
@@ -704,7 +938,7 @@ impl Member {
             }
             caps.push((self.blocks_per_sm.min(resident) * sms) / p as u32);
         }
-        let timeout_ns = self.shared.timeout.map_or(0, |t| t.as_nanos().clamp(1, u64::MAX as u128) as u64);
+        let timeout_ns = self.timeout_ns();
         let plans = plan_launches(
             &mut st.counters,
             rank,
@@ -1279,5 +1513,109 @@ mod tests {
             describe_failure(send, 0, None),
             "rank 1's kernel waited forever for rank 2's send to start"
         );
+    }
+
+    #[test]
+    fn differing_ll_calls_are_named_from_their_signatures() {
+        use super::super::kernels::ll_signature;
+        let mine = ll_signature(DataType::F32, Kop::Op(ReduceOp::Sum), 2) as u64;
+        let theirs = ll_signature(DataType::Bf16, Kop::Op(ReduceOp::Max), 1000) as u64;
+        assert_ne!(mine, theirs);
+        let code = 1 | (1 << 8) | (3 << 16) | (6 << 24);
+        assert_eq!(
+            describe_failure(code, mine | (theirs << 32), None),
+            "calls differ: rank 1's call is an all-reduce of 2 x float with sum but rank 3's is an all-reduce of 1000 x bfloat16 with max"
+        );
+        // Every field counts: count, type and operator.
+        let base = ll_signature(DataType::F16, Kop::PreMulSum, 16384);
+        assert_ne!(base, ll_signature(DataType::F16, Kop::PreMulSum, 16383));
+        assert_ne!(base, ll_signature(DataType::Bf16, Kop::PreMulSum, 16384));
+        assert_ne!(base, ll_signature(DataType::F16, Kop::Op(ReduceOp::Sum), 16384));
+        let gave_up = 1 | (2 << 8) | (0xff << 16) | (5 << 24);
+        assert_eq!(
+            describe_failure(gave_up, 0, None),
+            "rank 2 gave up on the host while other ranks' LL kernels waited for it"
+        );
+    }
+
+    /// A lone LL call waits until every rank has enqueued the call before: at once when all
+    /// have, until the last one does, and never forever: a rank that never comes is named
+    /// once the timeout passes, and a broken group ends the wait.
+    #[test]
+    fn a_call_waits_until_every_rank_has_enqueued_the_one_before() {
+        let sh = Shared::new(3, Some(Duration::from_millis(300)));
+        for r in 0..3 {
+            sh.announced[r].issued.store(4, Ordering::Release);
+        }
+        assert!(sh.wait_issued(0, 4).is_ok());
+        assert!(sh.wait_issued(0, 0).is_ok());
+        // Rank 2 enqueues call 5 a little later.
+        let t = Instant::now();
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                sh.announced[2].issued.store(5, Ordering::Release);
+            });
+            sh.announced[0].issued.store(5, Ordering::Release);
+            sh.announced[1].issued.store(5, Ordering::Release);
+            assert!(sh.wait_issued(0, 5).is_ok());
+        });
+        assert!(t.elapsed() >= Duration::from_millis(20));
+        // Rank 1 never makes call 6.
+        sh.announced[0].issued.store(6, Ordering::Release);
+        sh.announced[2].issued.store(6, Ordering::Release);
+        let e = sh.wait_issued(2, 6).unwrap_err().to_string();
+        assert!(e.contains("rank 2 waited 300ms for rank 1 to make collective call 6"), "{e}");
+        // The group is now broken: the next wait ends at once, naming why.
+        let t = Instant::now();
+        let e = sh.wait_issued(0, 7).unwrap_err().to_string();
+        assert!(e.contains("unusable") && e.contains("rank 1 to make collective call 6"), "{e}");
+        assert!(t.elapsed() < Duration::from_millis(300));
+    }
+
+    /// Two ranks reach the same collective call, one launching it alone as LL and one coming
+    /// to the host meeting, announcing at the same moment from two threads, many times:
+    /// at least one of them must see the other every time (else the meeting rank waits
+    /// forever while the other's kernel waits for it).
+    #[test]
+    fn a_rank_that_launches_alone_and_one_that_meets_see_each_other() {
+        let rounds = 20_000u64;
+        let shared = Shared::new(3, None);
+        let go = std::sync::Barrier::new(2);
+        let (seen_fast, seen_meet) = std::thread::scope(|sc| {
+            let a = sc.spawn(|| {
+                let mut seen = vec![false; rounds as usize + 1];
+                for g in 1..=rounds {
+                    go.wait();
+                    seen[g as usize] = shared.announce_fast(0, g) == Some(2);
+                }
+                seen
+            });
+            let b = sc.spawn(|| {
+                let mut seen = vec![false; rounds as usize + 1];
+                for g in 1..=rounds {
+                    go.wait();
+                    seen[g as usize] = shared.announce_meet(2, g) == Some(0);
+                }
+                seen
+            });
+            (a.join().unwrap(), b.join().unwrap())
+        });
+        for g in 1..=rounds as usize {
+            assert!(seen_fast[g] || seen_meet[g], "call {g}: neither rank saw the other");
+        }
+        // Ranks that agree see nothing: all three launch call g alone, or all three meet.
+        let agree = Shared::new(3, None);
+        for g in 1..=100 {
+            assert!((0..3).all(|r| agree.announce_fast(r, g).is_none()));
+        }
+        for g in 101..=200 {
+            assert!((0..3).all(|r| agree.announce_meet(r, g).is_none()));
+        }
+        // A rank whose call g was a lone LL and that ran ahead to g + 5 is still seen by a
+        // rank that meets at g.
+        let ahead = Shared::new(2, None);
+        assert_eq!(ahead.announce_fast(1, 205), None);
+        assert_eq!(ahead.announce_meet(0, 201), Some(1));
     }
 }

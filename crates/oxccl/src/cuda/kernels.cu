@@ -455,16 +455,21 @@ __device__ void sync_depart(const Sync& b) {
 
 
 // LL all-reduce (small sizes, ranks whose kernels reach one another's memory): one launch, one
-// flag exchange, no barrier. The group's LL buffer holds, per destination rank q, two slots
-// (call parity) of one line per source rank r and 8 payload bytes:
-// line(q, parity, r, i) = ll + ((q * 2 + parity) * p + r) * ll_lines + i, 16 bytes each:
-// {data lo, flag, data hi, flag}, written with one 16-byte store whose two 8-byte halves each
-// carry the flag (NCCL's LL line). Thread i of rank r reads its input's 8 bytes i, stores
-// them to line(q, parity, r, i) of every rank q, then waits for line(r, parity, q, i) of every
-// q to carry this call's flag, reduces them in rank order and writes 8 bytes of its output.
+// flag exchange, no barrier, and no meeting on the host. The group's LL buffer holds, per
+// destination rank q, two slots (call parity) per source rank r of `lines` data lines and one
+// signature line, 16 bytes each: line(q, parity, r, i) = ll + ((q * 2 + parity) * p + r) *
+// (lines + 1) + i, {data lo, flag, data hi, flag}, written with one 16-byte store whose two
+// 8-byte halves each carry the flag (NCCL's LL line); the flag is the call's number.
+// Thread i of rank r reads its input's 8 bytes i, stores them to line(q, parity, r, i) of every
+// rank q, then waits for line(r, parity, q, i) of every q to carry this call's flag, reduces
+// them in rank order and writes 8 bytes of its output. Thread 0 also stores the call's
+// signature (count, type, op) to line(q, parity, r, lines) and checks every q's: ranks whose
+// calls differ fail at once (code 6) instead of waiting for lines that never come.
 // A slot is reused two calls later: a rank can start call n + 2 only after every rank has
 // started call n + 1, which each does after finishing call n, so nobody still reads it. No
 // rank reads another's input or writes another's output, so no meeting is needed.
+// While waiting, every 1024 spins, a thread gives up if the group failed: on the GPU (`fail`)
+// or on the host (`host[0]`, set by a rank that refused its call after others had launched).
 __device__ __forceinline__ void ll_store(u64* a, u64 v, u32 flag) {
   asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(a), "r"((u32)v), "r"(flag), "r"((u32)(v >> 32)), "r"(flag) : "memory");
 }
@@ -490,9 +495,15 @@ struct LlArgs {
   u32 seq;
   u32 lines;
   u32 div;
+  u32 sig;
   int rank;
   int p;
 };
+
+// Whether an LL wait should end: the group failed on the GPU or on the host.
+__device__ __forceinline__ bool ll_failed(const Sync& b) {
+  return ld_acq32(b.fail) != 0u || *(volatile const u32*)b.host != 0u;
+}
 
 template <typename T, typename Op>
 __device__ __forceinline__ void ll_all_reduce(const LlArgs& w) {
@@ -503,7 +514,7 @@ __device__ __forceinline__ void ll_all_reduce(const LlArgs& w) {
   const int p = w.p, rank = w.rank;
   const u32 par = w.seq & 1u;
   u64* ll = (u64*)w.buf;
-  const u64 L = w.lines;
+  const u64 L = (u64)w.lines + 1;
   Sync b;
   b.fail = w.fail;
   b.host = w.host;
@@ -514,6 +525,9 @@ __device__ __forceinline__ void ll_all_reduce(const LlArgs& w) {
   const u64 lines = (n + PER - 1) / PER;
   const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   const u64 stride = (u64)gridDim.x * blockDim.x;
+  if (tid == 0) {
+    for (int q = 0; q < p; q++) ll_store(ll + 2 * ((((u64)q * 2 + par) * p + rank) * L + w.lines), (u64)w.sig, w.seq);
+  }
   for (u64 i = tid; i < lines; i += stride) {
     const u64 first = i * PER;
     const int valid = (int)((n - first) < (u64)PER ? (n - first) : (u64)PER);
@@ -524,12 +538,35 @@ __device__ __forceinline__ void ll_all_reduce(const LlArgs& w) {
     A acc[PER];
     u64 t0 = 0;
     u32 spins = 0;
+    if (i == 0) {
+      // Every rank's call must be this one: compare the signatures (thread 0 only).
+      for (int q = 0; q < p; q++) {
+        const u64* line = ll + 2 * ((((u64)rank * 2 + par) * p + q) * L + w.lines);
+        u64 theirs;
+        while (!ll_load(line, w.seq, &theirs)) {
+          if (++spins % 1024 == 0) {
+            if (ll_failed(b)) return;
+            const u64 now = now_ns();
+            if (t0 == 0) t0 = now;
+            else if (b.timeout_ns != 0 && now - t0 > b.timeout_ns) {
+              sync_fail(b, 1u | ((u32)rank << 8) | ((u32)(q & 0xff) << 16) | (4u << 24));
+              return;
+            }
+          }
+        }
+        if ((u32)theirs != w.sig) {
+          b.seq = (u64)w.sig | (theirs << 32);
+          sync_fail(b, 1u | ((u32)rank << 8) | ((u32)(q & 0xff) << 16) | (6u << 24));
+          return;
+        }
+      }
+    }
     for (int q = 0; q < p; q++) {
       const u64* line = ll + 2 * ((((u64)rank * 2 + par) * p + q) * L + i);
       W got;
       while (!ll_load(line, w.seq, &got.u)) {
         if (++spins % 1024 == 0) {
-          if (ld_acq32(b.fail) != 0u) return;
+          if (ll_failed(b)) return;
           const u64 now = now_ns();
           if (t0 == 0) t0 = now;
           else if (b.timeout_ns != 0 && now - t0 > b.timeout_ns) {

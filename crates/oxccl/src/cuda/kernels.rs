@@ -279,6 +279,7 @@ struct LlArgs {
     seq: u32,
     lines: u32,
     div: u32,
+    sig: u32,
     rank: i32,
     p: i32,
 }
@@ -290,8 +291,28 @@ pub struct Ll {
     pub buf: CuDevicePtr,
     /// This call's number among the group's LL calls, from 1 (its flag; parity picks the slot).
     pub seq: u32,
-    /// Lines per slot (8 payload bytes each): the most a call may carry.
+    /// Data lines per slot (8 payload bytes each): the most a call may carry. Each slot has
+    /// one more line, for the call's signature.
     pub lines: u32,
+}
+
+/// An LL all-reduce's signature, which every rank's kernel compares with every other's
+/// ([`describe_ll_signature`] reads it back): the count (below 2^16: LL calls are small),
+/// the type and the operator.
+pub fn ll_signature(t: DataType, op: Kop, count: usize) -> u32 {
+    let o = OPS.iter().position(|(k, _, _)| *k == op).unwrap_or(0xff) as u32;
+    (count.min(0xffff) as u32) | ((t as u32) << 16) | (o << 24)
+}
+
+/// An LL signature in words ("an all-reduce of 2 x float with sum").
+pub fn describe_ll_signature(sig: u32) -> String {
+    let count = sig & 0xffff;
+    let t = DataType::ALL.iter().find(|t| **t as u32 == (sig >> 16) & 0xff);
+    let op = OPS.get((sig >> 24) as usize).map(|(_, name, _)| *name);
+    match (t, op) {
+        (Some(t), Some(op)) => format!("an all-reduce of {count} x {t} with {op}"),
+        _ => format!("an all-reduce with unknown signature {sig:#x}"),
+    }
 }
 
 /// `#[repr(C)]` twin of the kernels' `Sync`: how a launch meets the other ranks' launches
@@ -540,6 +561,7 @@ impl Kernels {
             seq: ll.seq,
             lines: ll.lines,
             div,
+            sig: ll_signature(t, op, task.n),
             rank: sync.rank,
             p: sync.p,
         };
