@@ -140,6 +140,15 @@ def worker(rank, world, port, failures, timing_only):
                 dist.recv(got, src=0)
                 check(f"send/recv {dt}", got, base(n, 42 % 200, dt))
 
+    # Communicators made and destroyed again (ncclCommDestroy / ncclCommAbort release the
+    # device engine): each new group's first call makes it, its destroy gives it back.
+    for i in range(6):
+        g = dist.new_group(list(range(world)))
+        x = base(1031, rank + i, torch.float32)
+        dist.all_reduce(x, group=g)
+        check(f"new_group {i} all_reduce", x, sum(base(1031, r + i, torch.int64) for r in range(world)).to(torch.float32))
+        dist.destroy_process_group(g)
+
     # Large: 64 MiB of float32 and bf16 all-reduce.
     big = 16 << 20
     for dt in (torch.float32, torch.bfloat16):

@@ -128,9 +128,60 @@ pub struct CommState {
     pub regs: Mutex<HashMap<usize, (usize, usize, crate::mem::RegKind)>>,
     /// Runs the communicator's stream-ordered calls (device buffers) after they returned.
     pub proxy: crate::proxy::Proxy,
-    /// The device engine of the communicator's calls on device buffers, made at the first.
+    /// The device engine of the communicator's calls on device buffers, made at the first,
+    /// released at `ncclCommDestroy` / `ncclCommAbort`.
     #[cfg(feature = "cuda")]
-    pub dev: OnceLock<Result<oxccl::cuda::DevComm<'static>, Fail>>,
+    pub dev: Mutex<DevSlot>,
+}
+
+/// A communicator's device engine (`CommState::dev`).
+#[cfg(feature = "cuda")]
+#[derive(Default)]
+pub enum DevSlot {
+    /// No call on device buffers yet.
+    #[default]
+    Unmade,
+    /// Shared with the calls running on it: the last one out drops it.
+    Made(std::sync::Arc<oxccl::cuda::DevComm<'static>>),
+    Failed(Fail),
+    /// Given back when the communicator was destroyed.
+    Released,
+}
+
+#[cfg(feature = "cuda")]
+impl CommState {
+    /// The device engine, made by `make` at the first call; `Err` if making it failed (or
+    /// the communicator was destroyed, which calls check before they get here).
+    pub fn dev_engine(
+        &self,
+        make: impl FnOnce() -> R<oxccl::cuda::DevComm<'static>>,
+    ) -> R<std::sync::Arc<oxccl::cuda::DevComm<'static>>> {
+        let mut slot = lock(&self.dev);
+        if let DevSlot::Unmade = *slot {
+            *slot = match make() {
+                Ok(d) => DevSlot::Made(std::sync::Arc::new(d)),
+                Err(f) => DevSlot::Failed(f),
+            };
+        }
+        match &*slot {
+            DevSlot::Made(d) => Ok(d.clone()),
+            DevSlot::Failed(f) => Err(f.clone()),
+            DevSlot::Released | DevSlot::Unmade => {
+                Err(usage(format!("communicator {:#x} was destroyed", self.handle)))
+            }
+        }
+    }
+
+    /// Gives the device engine back (its device memory, events and meeting state): at
+    /// destroy or abort (which first tells kernels waiting on the GPU to give up), after the
+    /// proxy has drained. A call still running on it keeps it until it returns.
+    pub fn release_dev(&self, abort: bool) {
+        let old = std::mem::replace(&mut *lock(&self.dev), DevSlot::Released);
+        if let (DevSlot::Made(d), true) = (&old, abort) {
+            d.abort();
+        }
+        drop(old);
+    }
 }
 
 /// A communicator state, borrowed for the life of the process.
@@ -265,7 +316,7 @@ pub fn new_comm(device: i32, name: Option<String>, blocking: bool) -> St {
         regs: Mutex::new(HashMap::new()),
         proxy: Default::default(),
         #[cfg(feature = "cuda")]
-        dev: OnceLock::new(),
+        dev: Mutex::new(DevSlot::Unmade),
     }));
     registry().write().unwrap_or_else(|e| e.into_inner()).insert(handle, st);
     st
@@ -333,4 +384,36 @@ pub fn last_error(comm: *const std::ffi::c_void) -> *const c_char {
         }
         l.borrow().as_ptr()
     })
+}
+
+#[cfg(all(test, feature = "cuda"))]
+mod tests {
+    use super::*;
+
+    /// The device engine is made once (a failure to make it is kept and answered again
+    /// without trying anew) and, once released at destroy, every later ask is refused.
+    #[test]
+    fn the_device_engine_is_made_once_and_refused_after_release() {
+        let st = new_comm(0, None, true);
+        let mut tries = 0;
+        for _ in 0..3 {
+            let e = st
+                .dev_engine(|| {
+                    tries += 1;
+                    Err(Fail { code: UNHANDLED_CUDA_ERROR, msg: "no CUDA here".into() })
+                })
+                .err()
+                .expect("a failure");
+            assert_eq!((e.code, e.msg.as_str()), (UNHANDLED_CUDA_ERROR, "no CUDA here"));
+        }
+        assert_eq!(tries, 1);
+        st.release_dev(false);
+        let e = st.dev_engine(|| panic!("made after release")).err().expect("refused");
+        assert_eq!(e.code, INVALID_USAGE);
+        assert!(e.msg.contains("was destroyed"), "{}", e.msg);
+        // A communicator destroyed before any device call: released at once, refused after.
+        let fresh = new_comm(0, None, true);
+        fresh.release_dev(true);
+        assert!(fresh.dev_engine(|| panic!("made after release")).is_err());
+    }
 }

@@ -372,6 +372,8 @@ entry! {
             _ => {
                 // Stream-ordered calls still queued finish first (each releases its stream).
                 st.proxy.drain();
+                #[cfg(feature = "cuda")]
+                st.release_dev(false);
                 if let Some(c) = st.comm.get() {
                     c.close();
                 }
@@ -393,6 +395,8 @@ entry! {
                     c.abort();
                     // Queued stream-ordered calls now fail at once, releasing their streams.
                     st.proxy.drain();
+                    #[cfg(feature = "cuda")]
+                    st.release_dev(true);
                     c.close();
                 }
                 Ok(SUCCESS)

@@ -539,10 +539,9 @@ mod device {
         let ordinal = ordinal?;
         let dev_calls: Vec<DevCall> = calls.iter().map(dev_call).collect::<Option<_>>()?;
         let func = calls[0].func;
-        let dc = st.dev.get_or_init(|| DevComm::new(comm, ordinal).map_err(|e| fail(func, e)));
-        let dc = match dc {
+        let dc = match st.dev_engine(|| DevComm::new(comm, ordinal).map_err(|e| fail(func, e))) {
             Ok(d) => d,
-            Err(f) => return Some(Err(f.clone())),
+            Err(f) => return Some(Err(f)),
         };
         if dc.ordinal() != ordinal || (dc.engine() == EngineKind::Staged) {
             return None;

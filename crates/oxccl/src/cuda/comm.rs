@@ -110,6 +110,15 @@ impl<'c> DevComm<'c> {
         }
     }
 
+    /// Tells this rank's kernels, and the other ranks' that wait for them, to give up (the
+    /// threads engine's kernels wait for one another on the GPU); for `ncclCommAbort`,
+    /// before the engine is dropped. The other engines' kernels never wait on the GPU.
+    pub fn abort(&self) {
+        if let Mode::Threads(m) = &self.mode {
+            m.abort();
+        }
+    }
+
     /// The device of this rank's buffers.
     pub fn ordinal(&self) -> i32 {
         self.ordinal

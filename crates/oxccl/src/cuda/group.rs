@@ -443,7 +443,7 @@ fn describe_failure(code: u32, seq: u64, timeout: Option<Duration>) -> String {
         ),
         2 => format!("rank {waiter}'s kernel waited {limit} for rank {missing}'s send to start"),
         4 => format!("rank {waiter}'s kernel waited {limit} for rank {missing}'s data of an LL all-reduce (is rank {missing} making the same calls?)"),
-        5 => format!("rank {waiter} gave up on the host while other ranks' LL kernels waited for it"),
+        5 => format!("rank {waiter} gave up on the host while other ranks' kernels might wait for it"),
         6 => format!(
             "calls differ: rank {waiter}'s call is {} but rank {missing}'s is {}",
             super::kernels::describe_ll_signature(seq as u32),
@@ -679,6 +679,13 @@ impl Member {
     /// `OXCCL_LL_ALONE=0`). Every rank must set the same, between calls.
     pub fn set_ll_alone(&mut self, on: bool) {
         self.ll_alone = on;
+    }
+
+    /// Gives up on the group: every rank's kernels that wait for others end (they poll the
+    /// host-mapped record) and every later call fails, naming this rank. For an abort: the
+    /// group's memory can then be freed without waiting for kernels that would never end.
+    pub fn abort(&self) {
+        self.shared.fail_group(self.rank, format!("rank {} aborted the communicator", self.rank));
     }
 
     pub fn size(&self) -> usize {
@@ -1534,7 +1541,7 @@ mod tests {
         let gave_up = 1 | (2 << 8) | (0xff << 16) | (5 << 24);
         assert_eq!(
             describe_failure(gave_up, 0, None),
-            "rank 2 gave up on the host while other ranks' LL kernels waited for it"
+            "rank 2 gave up on the host while other ranks' kernels might wait for it"
         );
     }
 

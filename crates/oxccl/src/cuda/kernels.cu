@@ -395,10 +395,14 @@ __device__ void sync_fail(const Sync& b, u32 code) {
 }
 
 // Thread 0 waits until *a >= want; false (and the failure recorded) if it gave up.
+// It also gives up, every 32 rounds, when the host-mapped record says the group failed on the
+// host (a rank aborted, or refused after the others had launched).
 __device__ bool sync_wait(const Sync& b, const u64* a, u64 want, u32 phase, int missing) {
   u64 t0 = 0;
+  u32 rounds = 0;
   while (ld_acq(a) < want) {
     if (ld_acq32(b.fail) != 0u) return false;
+    if (++rounds % 32 == 0 && b.host != 0 && *(volatile const u32*)b.host != 0u) return false;
     const u64 t = now_ns();
     if (t0 == 0) t0 = t;
     else if (b.timeout_ns != 0 && t - t0 > b.timeout_ns) {
@@ -502,7 +506,7 @@ struct LlArgs {
 
 // Whether an LL wait should end: the group failed on the GPU or on the host.
 __device__ __forceinline__ bool ll_failed(const Sync& b) {
-  return ld_acq32(b.fail) != 0u || *(volatile const u32*)b.host != 0u;
+  return ld_acq32(b.fail) != 0u || (b.host != 0 && *(volatile const u32*)b.host != 0u);
 }
 
 template <typename T, typename Op>
