@@ -54,11 +54,11 @@ device)
   fi
   perf=./gpu-bin/oxccl-perf
   if [ "${QUICK:-0}" = 1 ]; then
-    # Small all-reduces (the LL path among threads), every type and operator, both configurations.
+    # Small and mid all-reduces (LL and LL128 among threads), every type and operator, both configurations.
     for mode in "-t 4" "-np 4"; do
       tag=$(echo "$mode" | tr -d ' -')
       f="$out/perf-quick-$tag.txt"
-      timeout 90 $perf all_reduce_perf $mode --mem device -b 8 -e 16K -f 8 -d all -o all -c 1 -n 2 -w 1 -T 30 > "$f" 2>&1
+      timeout 120 $perf all_reduce_perf $mode --mem device -b 8 -e 256K -f 4 -d all -o all -c 1 -n 2 -w 1 -T 30 > "$f" 2>&1
       rc=$?
       echo "perf-quick $tag all_reduce: rc=$rc $(grep -h 'Out of bounds' "$f" | tail -1)" | tee -a "$summary"
       [ $rc = 0 ] || status=1
@@ -121,6 +121,11 @@ device)
     PYTHONUNBUFFERED=1 OXCCL_CUDA_IPC=0 LD_PRELOAD="$lib" \
       timeout 200 python3 bench/gpu/torch_check.py 4 > "$out/torch-staged.txt" 2>&1 || status=1
     echo "torch staged-async: $(grep -h 'processes on one GPU' "$out/torch-staged.txt" | tail -1)" | tee -a "$summary"
+    # Two hosts as oxccl sees them (OXCCL_HOST_ID per pair of ranks): TCP between them, and
+    # device buffers staged, as across real hosts.
+    PYTHONUNBUFFERED=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT LD_PRELOAD="$lib" \
+      timeout 200 python3 bench/gpu/torch_check.py 4 --two-hosts > "$out/torch-two-hosts.txt" 2>&1 || status=1
+    echo "torch two-hosts: $(grep -h 'processes on one GPU' "$out/torch-two-hosts.txt" | tail -1); $(grep -h 'NCCL INFO' "$out/torch-two-hosts.txt" | grep -ci 'tcp') INFO lines name TCP" | tee -a "$summary"
   fi
   echo "== summary (status $status)"
   cat "$summary"

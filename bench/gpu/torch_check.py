@@ -30,6 +30,10 @@ def mapped_nccl():
 def worker(rank, world, port, failures, timing_only):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
+    if TWO_HOSTS:
+        # Two hosts as oxccl sees them (ranks 0-1 and 2-3): between them TCP over loopback,
+        # and device buffers staged through host memory by the proxy, as across real hosts.
+        os.environ["OXCCL_HOST_ID"] = f"torch-check-host-{rank * 2 // world}"
     torch.cuda.set_device(0)
     dev = torch.device("cuda", 0)
     dist.init_process_group("nccl", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
@@ -197,6 +201,7 @@ def timing(rank, world, dev, check):
 
 
 TIMING = "--timing" in sys.argv
+TWO_HOSTS = "--two-hosts" in sys.argv
 
 
 def main():
@@ -210,7 +215,8 @@ def main():
     while not failures.empty():
         failures.get()
         n_bad += 1
-    print(f"torch {torch.__version__}: {world} processes on one GPU, {n_bad} with failures")
+    hosts = " as two hosts" if TWO_HOSTS else ""
+    print(f"torch {torch.__version__}: {world} processes on one GPU{hosts}, {n_bad} with failures")
     sys.exit(1 if n_bad else 0)
 
 

@@ -181,7 +181,8 @@ fn threads_all_reduce(copy_gbs: f64) -> Result<usize, CudaError> {
     let p = 4;
     let timeout = Some(std::time::Duration::from_secs(20));
     let members = oxccl::cuda::group::thread_group(p, 0, timeout)?;
-    let sizes: Vec<usize> = vec![8, 4096, 16 << 10, 1 << 20, 64 << 20, 256 << 20, 1 << 30];
+    let sizes: Vec<usize> =
+        vec![8, 4096, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 64 << 20, 256 << 20, 1 << 30];
     let types = [DataType::F32, DataType::Bf16];
     let results = std::sync::Mutex::new(Vec::<String>::new());
     let failed = std::sync::atomic::AtomicUsize::new(0);
@@ -200,20 +201,66 @@ fn threads_all_reduce(copy_gbs: f64) -> Result<usize, CudaError> {
                     let most = sizes.iter().copied().max().unwrap_or(0);
                     let send = DevBuf::new(&m.dev, most)?;
                     let recv = DevBuf::new(&m.dev, most)?;
+                    // Chains: 25 in-place f64 sums back to back, switching streams every call,
+                    // 10 times per size (LL and LL128 sizes, lengths not a multiple of a line):
+                    // after the first each multiplies by 4, so a line read from an earlier
+                    // call (a quarter of the value) or torn cannot go unnoticed. f64 keeps
+                    // (4 * 6 + 6) * 4^24 exact.
+                    for &bytes in &[8usize, 4096, 16 << 10, (16 << 10) + 8, 100_008, 256 << 10] {
+                        let n = bytes / 8;
+                        for rep in 0..10 {
+                            let vals: Vec<i64> = (0..n).map(|i| (i % 7) as i64 + m.rank as i64).collect();
+                            s.upload(recv.ptr, &encode(DataType::F64, &vals))?;
+                            let mut last = &s;
+                            for k in 0..25 {
+                                last = if k % 2 == 0 { &s } else { &s2 };
+                                m.all_reduce(last, DataType::F64, ReduceOp::Sum, recv.ptr, recv.ptr, n)?;
+                            }
+                            let mut got = vec![0u8; bytes];
+                            // On the last call's stream: work after it there sees its result.
+                            last.download(&mut got, recv.ptr)?;
+                            let want = encode(
+                                DataType::F64,
+                                &(0..n).map(|i| (4 * (i % 7) as i64 + 6) << 48).collect::<Vec<_>>(),
+                            );
+                            if got != want {
+                                failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                let first = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+                                println!(
+                                    "WRONG threads chain rank {} {bytes} B repetition {rep}: first differing byte {first}",
+                                    m.rank
+                                );
+                            }
+                        }
+                    }
+                    if m.rank == 0 {
+                        results.lock().unwrap().push(
+                            "THREADS chains: 6 sizes x 10 x 25 in-place f64 all-reduces, streams switched every call: checked".into(),
+                        );
+                    }
                     for t in types {
                         for &bytes in sizes {
                             let n = bytes / t.size_bytes();
-                            for (alone, ll) in [(true, true), (false, true), (false, false)] {
-                                if ll && bytes > oxccl::cuda::group::LL_MAX_BYTES {
+                            use oxccl::cuda::group::{LL128_MAX_BYTES, LL_MAX_BYTES};
+                            let line = if bytes <= LL_MAX_BYTES {
+                                Some("LL")
+                            } else if bytes <= LL128_MAX_BYTES {
+                                Some("LL128")
+                            } else {
+                                None
+                            };
+                            for (alone, lines) in [(true, true), (false, true), (false, false)] {
+                                if lines && line.is_none() {
                                     continue;
                                 }
                                 m.set_blocks_per_sm(1);
-                                m.set_ll(ll);
+                                m.set_ll(lines && line == Some("LL"));
+                                m.set_ll128(lines && line == Some("LL128"));
                                 m.set_ll_alone(alone);
-                                let proto = match (ll, alone) {
-                                    (true, true) => "LL",
-                                    (true, false) => "LL-met",
-                                    _ => "Simple",
+                                let proto = match (lines, alone) {
+                                    (true, true) => line.unwrap_or_default().to_string(),
+                                    (true, false) => format!("{}-met", line.unwrap_or_default()),
+                                    _ => "Simple".to_string(),
                                 };
                                 // Check: rank r's element i is (i % 7) + r; the sum is 4 (i % 7) + 6.
                                 // Then in place on the result: 4 (4 (i % 7) + 6).
@@ -317,7 +364,7 @@ fn threads_floor() -> Result<(), CudaError> {
         let r = results.into_inner().unwrap();
         let mean = r.iter().sum::<f64>() / r.len().max(1) as f64;
         println!(
-            "THREADS floor: {threads} thread(s), each a 1-rank group on its own stream, 8 B LL all-reduce: {mean:.2} us per call"
+            "THREADS uncoupled: {threads} thread(s), each a 1-rank group on its own stream, 8 B LL all-reduce (the same launch and record, no other rank): {mean:.2} us per call"
         );
     }
     Ok(())
@@ -379,13 +426,14 @@ fn threads_timeout() -> Result<usize, CudaError> {
 
 /// Ranks whose calls differ, without the host meeting a lone small all-reduce skips: (a) two
 /// LL all-reduces of different counts: both calls return, both kernels end at once (they
-/// compare signatures), and the next check names both calls; (b) one rank runs it as LL,
-/// the other (LL off) comes to the host meeting: one of them must say the calls differ, and
-/// every stream must drain well within the group's 10 s timeout (the LL kernel is told to
-/// give up). Returns the number of failures.
+/// compare signatures), and the next check names both calls; (b) the same call, one rank
+/// with LL off, so it runs LL128: named alike; (c) one rank runs it as LL, the other (LL and
+/// LL128 off) comes to the host meeting: one of them must say the calls differ. Every
+/// stream must drain well within the group's 10 s timeout (a waiting kernel is told to give
+/// up). Returns the number of failures.
 fn threads_mismatch() -> Result<usize, CudaError> {
     let failed = std::sync::atomic::AtomicUsize::new(0);
-    for case in ["counts", "ll-vs-meeting"] {
+    for case in ["counts", "ll-vs-ll128", "ll-vs-meeting"] {
         let members = oxccl::cuda::group::thread_group(2, 0, Some(std::time::Duration::from_secs(10)))?;
         let errors = std::sync::Mutex::new(Vec::<String>::new());
         let t0 = std::time::Instant::now();
@@ -399,8 +447,11 @@ fn threads_mismatch() -> Result<usize, CudaError> {
                         let buf = DevBuf::new(&m.dev, 64)?;
                         s.fill(buf.ptr, 0, 64)?;
                         let n = if case == "counts" { 2 + m.rank } else { 2 };
-                        if case == "ll-vs-meeting" {
+                        if case != "counts" {
                             m.set_ll(m.rank == 0);
+                        }
+                        if case == "ll-vs-meeting" {
+                            m.set_ll128(m.rank == 0);
                         }
                         if let Err(e) = m.all_reduce(&s, DataType::F32, ReduceOp::Sum, buf.ptr, buf.ptr, n) {
                             errors.lock().unwrap().push(format!("rank {} call: {e}", m.rank));
@@ -426,7 +477,11 @@ fn threads_mismatch() -> Result<usize, CudaError> {
         let named = match case {
             "counts" => {
                 errors.iter().filter(|e| e.contains("check:") && e.contains("calls differ")).count() == 2
-                    && errors.iter().any(|e| e.contains("2 x float") && e.contains("3 x float"))
+                    && errors.iter().any(|e| e.contains("2 x float with sum (LL)") && e.contains("3 x float"))
+            }
+            "ll-vs-ll128" => {
+                errors.iter().filter(|e| e.contains("check:") && e.contains("calls differ")).count() == 2
+                    && errors.iter().any(|e| e.contains("(LL)") && e.contains("(LL128)"))
             }
             _ => {
                 errors.iter().any(|e| e.contains("call:") && e.contains("calls differ at collective call 1"))

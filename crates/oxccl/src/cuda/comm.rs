@@ -84,7 +84,7 @@ impl<'c> DevComm<'c> {
             format_args!(
                 "device buffers on device {ordinal}: {}",
                 match kind {
-                    EngineKind::Threads => format!("{p} ranks are threads of this process: thread-group kernels meeting on the GPU (LL all-reduce up to {} B: {})", super::group::LL_MAX_BYTES, super::group::ll_allowed()),
+                    EngineKind::Threads => format!("{p} ranks are threads of this process: thread-group kernels meeting on the GPU (LL all-reduce up to {} B: {}; LL128 up to {} B: {})", super::group::LL_MAX_BYTES, super::group::ll_allowed(), super::group::LL128_MAX_BYTES, super::group::ll128_allowed()),
                     EngineKind::Ipc => format!("{p} ranks are processes of one host: kernels over buffers mapped by CUDA IPC, streams ordered by interprocess events"),
                     EngineKind::Staged => "staged through host memory (ranks on several hosts, over 8 ranks, mixed threads and processes, or OXCCL_CUDA_IPC=0)".to_string(),
                 }

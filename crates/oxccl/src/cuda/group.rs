@@ -31,7 +31,7 @@
 //! overlap).
 
 use super::call::{self, DevCall, What};
-use super::kernels::{Kernels, Kop, Sync, BLOCK_THREADS};
+use super::kernels::{Kernels, Kop, LineProto, Sync, BLOCK_THREADS};
 use super::{CudaError, DevBuf, Device, Event, Stream};
 use oxccl_core::plan::device::{self, Bufs, Task, MAX_RANKS};
 use oxccl_core::{DataType, ReduceOp};
@@ -84,6 +84,13 @@ pub const LL_MAX_BYTES: usize = 16 << 10;
 /// LL data lines per slot: 8 payload bytes each (each slot has one more, the signature's).
 const LL_LINES: usize = LL_MAX_BYTES / 8;
 
+/// All-reduces above [`LL_MAX_BYTES`] and up to this run as LL128 unless `NCCL_PROTO` leaves
+/// LL128 out or `OXCCL_DEVICE_LL128=0`.
+pub const LL128_MAX_BYTES: usize = 256 << 10;
+/// LL128 data lines per slot: 120 payload bytes each (each slot has one more, the
+/// signature's).
+const LL128_LINES: usize = LL128_MAX_BYTES.div_ceil(120);
+
 /// What one rank announces about its collective calls (numbered from 1, every rank alike),
 /// on a cache line of its own: the other ranks read it at every call.
 #[repr(align(64))]
@@ -99,12 +106,12 @@ struct Announced {
     issued: AtomicU64,
 }
 
-/// Stores `g` into a rank's `issued` when dropped: on every way out of a call.
-struct IssuedOnDrop<'a>(&'a AtomicU64, u64);
+/// Says rank `.1` has enqueued collective call `.2` when dropped: on every way out of a call.
+struct IssuedOnDrop<'a>(&'a Shared, usize, u64);
 
 impl Drop for IssuedOnDrop<'_> {
     fn drop(&mut self) {
-        self.0.store(self.1, Ordering::Release);
+        self.0.set_issued(self.1, self.2);
     }
 }
 
@@ -114,16 +121,26 @@ pub fn ll_allowed() -> bool {
     if std::env::var("OXCCL_DEVICE_LL").is_ok_and(|v| v.trim() == "0") {
         return false;
     }
-    proto_allows_ll(std::env::var("NCCL_PROTO").ok().as_deref())
+    proto_allows(std::env::var("NCCL_PROTO").ok().as_deref(), "LL")
 }
 
-fn proto_allows_ll(v: Option<&str>) -> bool {
+/// Whether the environment allows LL128 on device buffers: `OXCCL_DEVICE_LL128=0` forbids
+/// it, and so does an `NCCL_PROTO` that leaves `LL128` out.
+pub fn ll128_allowed() -> bool {
+    if std::env::var("OXCCL_DEVICE_LL128").is_ok_and(|v| v.trim() == "0") {
+        return false;
+    }
+    proto_allows(std::env::var("NCCL_PROTO").ok().as_deref(), "LL128")
+}
+
+/// Whether `NCCL_PROTO`'s value `v` (a list, or `^` and the list left out) allows `proto`.
+fn proto_allows(v: Option<&str>, proto: &str) -> bool {
     let Some(v) = v.map(str::trim).filter(|v| !v.is_empty()) else { return true };
     let (neg, list) = match v.strip_prefix('^') {
         Some(l) => (true, l),
         None => (false, v),
     };
-    let has = list.split(',').any(|x| x.trim().eq_ignore_ascii_case("ll"));
+    let has = list.split(',').any(|x| x.trim().eq_ignore_ascii_case(proto));
     has != neg
 }
 
@@ -154,8 +171,14 @@ struct Shared {
     joined: Mutex<Vec<bool>>,
     /// Per rank: how its latest collective calls went, and its latest stream.
     announced: Vec<Announced>,
+    /// Ranks asleep in `wait_issued`, and where they sleep (woken by `set_issued`).
+    issued_sleepers: AtomicUsize,
+    issued_mx: Mutex<()>,
+    issued_cv: Condvar,
     /// The LL buffer: `p * 2 * p * (LL_LINES + 1)` lines of 16 bytes (zeroed at creation).
     ll: Option<DevBuf>,
+    /// The LL128 buffer: `p * 2 * p * (LL128_LINES + 1)` lines of 128 bytes (zeroed).
+    ll128: Option<DevBuf>,
 }
 
 impl Drop for Shared {
@@ -189,7 +212,11 @@ impl Shared {
             kernels: None,
             joined: Mutex::new(vec![false; p]),
             announced: (0..p).map(|_| Announced::default()).collect(),
+            issued_sleepers: AtomicUsize::new(0),
+            issued_mx: Mutex::new(()),
+            issued_cv: Condvar::new(),
             ll: None,
+            ll128: None,
         }
     }
 
@@ -202,9 +229,12 @@ impl Shared {
         let bar = DevBuf::new(&dev, BAR_BYTES)?;
         let ll_bytes = p * 2 * p * (LL_LINES + 1) * 16;
         let ll = DevBuf::new(&dev, ll_bytes)?;
+        let ll128_bytes = p * 2 * p * (LL128_LINES + 1) * 128;
+        let ll128 = DevBuf::new(&dev, ll128_bytes)?;
         let zero = Stream::new(&dev)?;
         zero.fill(bar.ptr, 0, BAR_BYTES)?;
         zero.fill(ll.ptr, 0, ll_bytes)?;
+        zero.fill(ll128.ptr, 0, ll128_bytes)?;
         zero.sync()?;
         let (fail_host, fail_dev) = super::stage::stream_flag()?;
         // SAFETY: the flag is 64 bytes of pinned memory, leaked, nothing uses it yet.
@@ -213,6 +243,7 @@ impl Shared {
         shared.kernels = Some(Arc::new(Kernels::load(&dev, &[])?));
         shared.bar = Some(bar);
         shared.ll = Some(ll);
+        shared.ll128 = Some(ll128);
         shared.fail_host = fail_host;
         shared.fail_dev = fail_dev;
         shared.ordinal = ordinal;
@@ -234,6 +265,8 @@ impl Shared {
         self.cv.notify_all();
         let _m = self.mail.lock().unwrap_or_else(|e| e.into_inner());
         self.mail_cv.notify_all();
+        let _i = self.issued_mx.lock().unwrap_or_else(|e| e.into_inner());
+        self.issued_cv.notify_all();
     }
 
     /// Rank `rank` launches its collective call `g` as a lone LL all-reduce: a rank that
@@ -269,26 +302,51 @@ impl Shared {
             return Ok(());
         }
         let t = Instant::now();
-        let mut pause = Duration::from_micros(1);
-        loop {
-            let Some(q) = (0..self.p).find(behind) else { return Ok(()) };
+        while t.elapsed() < MEET_SPIN {
+            if !(0..self.p).any(|q| behind(&q)) {
+                return Ok(());
+            }
+            std::hint::spin_loop();
+        }
+        // Asleep until `set_issued` (or `break_with`) wakes it: it counts itself a sleeper,
+        // then checks under the lock; a setter stores, then looks for sleepers, and
+        // notifies under the lock, so one of the two sees the other.
+        let mut guard = self.issued_mx.lock().unwrap_or_else(|e| e.into_inner());
+        self.issued_sleepers.fetch_add(1, Ordering::SeqCst);
+        let out = loop {
+            let Some(q) = (0..self.p).find(behind) else { break Ok(()) };
             if self.broken().is_some() {
-                return Err(self.unusable(rank));
+                break Err(self.unusable(rank));
             }
             let waited = t.elapsed();
-            if let Some(limit) = self.timeout.filter(|l| waited > *l) {
-                let why = format!(
-                    "rank {rank} waited {limit:?} for rank {q} to make collective call {g}, which it never did"
-                );
+            let left = match self.timeout {
+                Some(limit) if waited > limit => {
+                    let why = format!(
+                        "rank {rank} waited {limit:?} for rank {q} to make collective call {g}, which it never did"
+                    );
+                    break Err(CudaError::Invalid(why));
+                }
+                Some(limit) => limit - waited,
+                None => Duration::from_secs(3600),
+            };
+            guard = self.issued_cv.wait_timeout(guard, left).unwrap_or_else(|e| e.into_inner()).0;
+        };
+        self.issued_sleepers.fetch_sub(1, Ordering::SeqCst);
+        drop(guard);
+        if let Err(CudaError::Invalid(why)) = &out {
+            if self.broken().is_none() {
                 self.fail_group(rank, why.clone());
-                return Err(CudaError::Invalid(why));
             }
-            if waited < MEET_SPIN {
-                std::hint::spin_loop();
-            } else {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_micros(200));
-            }
+        }
+        out
+    }
+
+    /// Rank `rank` has enqueued the launches of its collective call `g` (or refused it).
+    fn set_issued(&self, rank: usize, g: u64) {
+        self.announced[rank].issued.store(g, Ordering::SeqCst);
+        if self.issued_sleepers.load(Ordering::SeqCst) > 0 {
+            let _g = self.issued_mx.lock().unwrap_or_else(|e| e.into_inner());
+            self.issued_cv.notify_all();
         }
     }
 
@@ -583,8 +641,9 @@ pub struct Member {
     state: Mutex<State>,
     /// Blocks each multiprocessor gives one launch of the whole group (at most what it holds).
     blocks_per_sm: u32,
-    /// Small all-reduces run as LL (every rank must say the same).
+    /// Small all-reduces run as LL, mid-sized ones as LL128 (every rank must say the same).
     ll: bool,
+    ll128: bool,
     /// A lone small all-reduce skips the host meeting (every rank must say the same).
     ll_alone: bool,
     /// Collective calls (groups holding a collective) made so far, refused ones included.
@@ -664,6 +723,7 @@ impl Member {
             state: Default::default(),
             blocks_per_sm: 1,
             ll: ll_allowed(),
+            ll128: ll128_allowed(),
             ll_alone: !std::env::var("OXCCL_LL_ALONE").is_ok_and(|v| v.trim() == "0"),
             coll_calls: AtomicU64::new(0),
         })
@@ -673,6 +733,12 @@ impl Member {
     /// same, between calls.
     pub fn set_ll(&mut self, on: bool) {
         self.ll = on;
+    }
+
+    /// Whether mid-sized all-reduces (above [`LL_MAX_BYTES`], up to [`LL128_MAX_BYTES`]) run
+    /// as LL128 (default: [`ll128_allowed`]). Every rank must set the same, between calls.
+    pub fn set_ll128(&mut self, on: bool) {
+        self.ll128 = on;
     }
 
     /// Whether a lone small all-reduce skips the host meeting (default: yes, unless
@@ -736,15 +802,41 @@ impl Member {
         self.run_met(s, calls)
     }
 
-    /// Whether `c`, alone in its group, runs as LL without the host meeting: a small
-    /// all-reduce the kernels can do (decided from what every rank has alike).
+    /// Whether `c`, alone in its group, runs as LL or LL128 without the host meeting.
     fn lone_ll(&self, c: &DevCall) -> bool {
-        self.ll
-            && self.ll_alone
-            && c.what == What::Coll(device::Coll::AllReduce)
-            && c.count > 0
-            && c.bytes() <= LL_MAX_BYTES
-            && call::unsupported(c, self.shared.p).is_none()
+        self.ll_alone && self.line_proto(c).is_some()
+    }
+
+    /// The line protocol an all-reduce runs with, if any: LL up to [`LL_MAX_BYTES`], LL128
+    /// up to [`LL128_MAX_BYTES`], as allowed (decided from what every rank has alike).
+    fn line_proto(&self, c: &DevCall) -> Option<LineProto> {
+        if c.what != What::Coll(device::Coll::AllReduce)
+            || c.count == 0
+            || call::unsupported(c, self.shared.p).is_some()
+        {
+            return None;
+        }
+        match c.bytes() {
+            b if b <= LL_MAX_BYTES && self.ll => Some(LineProto::Ll),
+            b if b <= LL128_MAX_BYTES && self.ll128 => Some(LineProto::Ll128),
+            _ => None,
+        }
+    }
+
+    /// The group's buffer of `proto` and its data lines per slot.
+    fn line_buf(&self, proto: LineProto) -> Option<super::kernels::Ll> {
+        let (buf, lines) = match proto {
+            LineProto::Ll => (self.shared.ll.as_ref()?, LL_LINES),
+            LineProto::Ll128 => (self.shared.ll128.as_ref()?, LL128_LINES),
+        };
+        let sig = self.shared.ll.as_ref()?;
+        Some(super::kernels::Ll {
+            buf: buf.ptr,
+            seq: 0,
+            lines: lines as u32,
+            sig_buf: sig.ptr,
+            sig_lines: LL_LINES as u32,
+        })
     }
 
     /// A lone small all-reduce, launched as LL without meeting the other ranks on the host:
@@ -761,9 +853,10 @@ impl Member {
             return Ok(false);
         }
         self.check()?;
-        let (Some(ll), Some(bar)) = (self.shared.ll.as_ref(), self.shared.bar.as_ref()) else {
+        let (Some(proto), Some(bar)) = (self.line_proto(c), self.shared.bar.as_ref()) else {
             return Ok(false);
         };
+        let Some(mut l) = self.line_buf(proto) else { return Ok(false) };
         let g = self.coll_calls.fetch_add(1, Ordering::Relaxed) + 1;
         ann[rank].stream.store(sh, Ordering::Relaxed);
         if let Some(q) = self.shared.announce_fast(rank, g) {
@@ -774,7 +867,7 @@ impl Member {
             self.shared.fail_group(rank, why.clone());
             return Err(CudaError::Invalid(why));
         }
-        let _issued = IssuedOnDrop(&ann[rank].issued, g);
+        let _issued = IssuedOnDrop(&self.shared, rank, g);
         self.shared.wait_issued(rank, g - 1)?;
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         self.dev.make_current()?;
@@ -795,8 +888,8 @@ impl Member {
         };
         let div = if c.op == Kop::Op(ReduceOp::Avg) { p as u32 } else { 0 };
         let task = Task { srcs: vec![c.send], dsts: vec![c.recv], n: c.count, copy: false };
-        let l = super::kernels::Ll { buf: ll.ptr, seq, lines: LL_LINES as u32 };
-        if let Err(e) = self.kernels.run_ll(s, c.t, c.op, &task, c.scalar, div, l, &sync) {
+        l.seq = seq;
+        if let Err(e) = self.kernels.run_ll(s, proto, c.t, c.op, &task, c.scalar, div, l, &sync) {
             self.shared.fail_group(rank, format!("rank {rank} could not launch its part of a call: {e}"));
             return Err(e);
         }
@@ -848,7 +941,7 @@ impl Member {
         let mut _issued = None;
         if !colls.is_empty() {
             let g = self.coll_calls.fetch_add(1, Ordering::Relaxed) + 1;
-            _issued = Some(IssuedOnDrop(&ann[rank].issued, g));
+            _issued = Some(IssuedOnDrop(&self.shared, rank, g));
             // A rank that launched this call as a lone LL all-reduce never comes (see
             // `run_lone_ll`); its kernel waits for this rank's.
             if let Some(q) = self.shared.announce_meet(rank, g) {
@@ -971,12 +1064,13 @@ impl Member {
                 sync.pdone = bar + 1024;
             }
             let div = if op == Kop::Op(ReduceOp::Avg) { p as u32 } else { 0 };
-            let launched = match (plan.ll, self.ll_call(u), self.shared.ll.as_ref()) {
-                (Some(seq), Some(c), Some(ll)) => {
+            let line = self.ll_call(u).and_then(|(c, proto)| Some((c, proto, self.line_buf(proto)?)));
+            let launched = match (plan.ll, line) {
+                (Some(seq), Some((c, proto, mut l))) => {
                     // One flag exchange instead of the meeting (see kernels.cu's ll_all_reduce).
                     let task = Task { srcs: vec![c.send], dsts: vec![c.recv], n: c.count, copy: false };
-                    let l = super::kernels::Ll { buf: ll.ptr, seq, lines: LL_LINES as u32 };
-                    self.kernels.run_ll(s, t, op, &task, u.scalar, div, l, &sync)
+                    l.seq = seq;
+                    self.kernels.run_ll(s, proto, t, op, &task, u.scalar, div, l, &sync)
                 }
                 _ => self.kernels.run(s, t, op, &u.tasks, u.scalar, div, plan.blocks, &sync),
             };
@@ -1005,18 +1099,11 @@ impl Member {
 }
 
 impl Member {
-    /// The all-reduce a collective launch holds, if it is to run as LL: a single small
-    /// all-reduce (decided from what every rank has alike).
-    fn ll_call(&self, u: &call::Unit) -> Option<DevCall> {
+    /// The all-reduce a collective launch holds, if it is to run as LL or LL128: a single
+    /// all-reduce small enough (decided from what every rank has alike).
+    fn ll_call(&self, u: &call::Unit) -> Option<(DevCall, LineProto)> {
         match u.calls.as_slice() {
-            [c] if self.ll
-                && u.collective
-                && c.what == What::Coll(device::Coll::AllReduce)
-                && c.bytes() <= LL_MAX_BYTES
-                && c.count > 0 =>
-            {
-                Some(*c)
-            }
+            [c] if u.collective => self.line_proto(c).map(|p| (*c, p)),
             _ => None,
         }
     }
@@ -1480,15 +1567,34 @@ mod tests {
     }
 
     #[test]
-    fn nccl_proto_decides_whether_ll_runs() {
-        assert!(proto_allows_ll(None));
-        assert!(proto_allows_ll(Some("")));
-        assert!(proto_allows_ll(Some("LL,Simple")));
-        assert!(proto_allows_ll(Some("ll128,ll")));
-        assert!(!proto_allows_ll(Some("Simple")));
-        assert!(!proto_allows_ll(Some("LL128")));
-        assert!(!proto_allows_ll(Some("^LL")));
-        assert!(proto_allows_ll(Some("^LL128")));
+    fn nccl_proto_decides_whether_ll_and_ll128_run() {
+        let ll = |v| proto_allows(v, "LL");
+        assert!(ll(None));
+        assert!(ll(Some("")));
+        assert!(ll(Some("LL,Simple")));
+        assert!(ll(Some("ll128,ll")));
+        assert!(!ll(Some("Simple")));
+        assert!(!ll(Some("LL128")));
+        assert!(!ll(Some("^LL")));
+        assert!(ll(Some("^LL128")));
+        let ll128 = |v| proto_allows(v, "LL128");
+        assert!(ll128(None));
+        assert!(ll128(Some("LL128")));
+        assert!(ll128(Some("simple, ll128")));
+        assert!(!ll128(Some("LL")));
+        assert!(!ll128(Some("LL,Simple")));
+        assert!(!ll128(Some("^LL128")));
+        assert!(ll128(Some("^LL")));
+    }
+
+    /// LL128's lines hold the largest call it takes; the LL128 buffer stays small (p = 8:
+    /// under 40 MB).
+    #[test]
+    fn ll128_lines_hold_its_largest_call() {
+        assert!(LL128_LINES * 120 >= LL128_MAX_BYTES);
+        assert!((LL128_LINES - 1) * 120 < LL128_MAX_BYTES);
+        assert!(8 * 2 * 8 * (LL128_LINES + 1) * 128 < 40 << 20);
+        assert!(LL_LINES * 8 >= LL_MAX_BYTES);
     }
 
     #[test]
@@ -1524,20 +1630,33 @@ mod tests {
 
     #[test]
     fn differing_ll_calls_are_named_from_their_signatures() {
-        use super::super::kernels::ll_signature;
-        let mine = ll_signature(DataType::F32, Kop::Op(ReduceOp::Sum), 2) as u64;
-        let theirs = ll_signature(DataType::Bf16, Kop::Op(ReduceOp::Max), 1000) as u64;
+        use super::super::kernels::{describe_ll_signature, ll_signature};
+        let mine = ll_signature(LineProto::Ll, DataType::F32, Kop::Op(ReduceOp::Sum), 2) as u64;
+        let theirs = ll_signature(LineProto::Ll128, DataType::Bf16, Kop::Op(ReduceOp::Max), 100_000) as u64;
         assert_ne!(mine, theirs);
         let code = 1 | (1 << 8) | (3 << 16) | (6 << 24);
         assert_eq!(
             describe_failure(code, mine | (theirs << 32), None),
-            "calls differ: rank 1's call is an all-reduce of 2 x float with sum but rank 3's is an all-reduce of 1000 x bfloat16 with max"
+            "calls differ: rank 1's call is an all-reduce of 2 x float with sum (LL) but rank 3's is an all-reduce of 100000 x bfloat16 with max (LL128)"
         );
-        // Every field counts: count, type and operator.
-        let base = ll_signature(DataType::F16, Kop::PreMulSum, 16384);
-        assert_ne!(base, ll_signature(DataType::F16, Kop::PreMulSum, 16383));
-        assert_ne!(base, ll_signature(DataType::Bf16, Kop::PreMulSum, 16384));
-        assert_ne!(base, ll_signature(DataType::F16, Kop::Op(ReduceOp::Sum), 16384));
+        // Every field counts: count (up to LL128's largest, 2^18 bytes of i8), type, operator
+        // and protocol; and every type and operator reads back.
+        let base = ll_signature(LineProto::Ll, DataType::F16, Kop::PreMulSum, 16384);
+        assert_ne!(base, ll_signature(LineProto::Ll, DataType::F16, Kop::PreMulSum, 16383));
+        assert_ne!(base, ll_signature(LineProto::Ll, DataType::Bf16, Kop::PreMulSum, 16384));
+        assert_ne!(base, ll_signature(LineProto::Ll, DataType::F16, Kop::Op(ReduceOp::Sum), 16384));
+        assert_ne!(base, ll_signature(LineProto::Ll128, DataType::F16, Kop::PreMulSum, 16384));
+        let big = LL128_MAX_BYTES;
+        assert_ne!(
+            ll_signature(LineProto::Ll128, DataType::I8, Kop::Op(ReduceOp::Sum), big),
+            ll_signature(LineProto::Ll128, DataType::I8, Kop::Op(ReduceOp::Sum), big - 1)
+        );
+        for t in DataType::ALL {
+            for (op, name, _) in super::super::kernels::OPS {
+                let d = describe_ll_signature(ll_signature(LineProto::Ll128, t, op, big));
+                assert_eq!(d, format!("an all-reduce of {big} x {t} with {name} (LL128)"));
+            }
+        }
         let gave_up = 1 | (2 << 8) | (0xff << 16) | (5 << 24);
         assert_eq!(
             describe_failure(gave_up, 0, None),
@@ -1552,7 +1671,7 @@ mod tests {
     fn a_call_waits_until_every_rank_has_enqueued_the_one_before() {
         let sh = Shared::new(3, Some(Duration::from_millis(300)));
         for r in 0..3 {
-            sh.announced[r].issued.store(4, Ordering::Release);
+            sh.set_issued(r, 4);
         }
         assert!(sh.wait_issued(0, 4).is_ok());
         assert!(sh.wait_issued(0, 0).is_ok());
@@ -1561,16 +1680,18 @@ mod tests {
         std::thread::scope(|sc| {
             sc.spawn(|| {
                 std::thread::sleep(Duration::from_millis(20));
-                sh.announced[2].issued.store(5, Ordering::Release);
+                sh.set_issued(2, 5);
             });
-            sh.announced[0].issued.store(5, Ordering::Release);
-            sh.announced[1].issued.store(5, Ordering::Release);
+            sh.set_issued(0, 5);
+            sh.set_issued(1, 5);
             assert!(sh.wait_issued(0, 5).is_ok());
         });
-        assert!(t.elapsed() >= Duration::from_millis(20));
+        // Woken by rank 2's word, not by the 300 ms timeout.
+        let took = t.elapsed();
+        assert!(took >= Duration::from_millis(20) && took < Duration::from_millis(250), "{took:?}");
         // Rank 1 never makes call 6.
-        sh.announced[0].issued.store(6, Ordering::Release);
-        sh.announced[2].issued.store(6, Ordering::Release);
+        sh.set_issued(0, 6);
+        sh.set_issued(2, 6);
         let e = sh.wait_issued(2, 6).unwrap_err().to_string();
         assert!(e.contains("rank 2 waited 300ms for rank 1 to make collective call 6"), "{e}");
         // The group is now broken: the next wait ends at once, naming why.

@@ -461,7 +461,8 @@ __device__ void sync_depart(const Sync& b) {
 // LL all-reduce (small sizes, ranks whose kernels reach one another's memory): one launch, one
 // flag exchange, no barrier, and no meeting on the host. The group's LL buffer holds, per
 // destination rank q, two slots (call parity) per source rank r of `lines` data lines and one
-// signature line, 16 bytes each: line(q, parity, r, i) = ll + ((q * 2 + parity) * p + r) *
+// signature line (LL128 calls keep theirs here too, so ranks whose protocols differ compare),
+// 16 bytes each: line(q, parity, r, i) = ll + ((q * 2 + parity) * p + r) *
 // (lines + 1) + i, {data lo, flag, data hi, flag}, written with one 16-byte store whose two
 // 8-byte halves each carry the flag (NCCL's LL line); the flag is the call's number.
 // Thread i of rank r reads its input's 8 bytes i, stores them to line(q, parity, r, i) of every
@@ -502,7 +503,17 @@ struct LlArgs {
   u32 sig;
   int rank;
   int p;
+  // Where the signature lines are (both protocols: the LL buffer, whose slots have siglines
+  // data lines before their signature line), so ranks running different protocols compare.
+  u64 sigbuf;
+  u32 siglines;
+  u32 pad;
 };
+
+// The signature line (q, parity, r): one LL line after each LL slot's data lines.
+__device__ __forceinline__ u64* sig_line(const LlArgs& w, int q, u32 par, int r) {
+  return (u64*)w.sigbuf + 2 * ((((u64)q * 2 + par) * w.p + r) * ((u64)w.siglines + 1) + w.siglines);
+}
 
 // Whether an LL wait should end: the group failed on the GPU or on the host.
 __device__ __forceinline__ bool ll_failed(const Sync& b) {
@@ -530,7 +541,7 @@ __device__ __forceinline__ void ll_all_reduce(const LlArgs& w) {
   const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   const u64 stride = (u64)gridDim.x * blockDim.x;
   if (tid == 0) {
-    for (int q = 0; q < p; q++) ll_store(ll + 2 * ((((u64)q * 2 + par) * p + rank) * L + w.lines), (u64)w.sig, w.seq);
+    for (int q = 0; q < p; q++) ll_store(sig_line(w, q, par, rank), (u64)w.sig, w.seq);
   }
   for (u64 i = tid; i < lines; i += stride) {
     const u64 first = i * PER;
@@ -545,7 +556,7 @@ __device__ __forceinline__ void ll_all_reduce(const LlArgs& w) {
     if (i == 0) {
       // Every rank's call must be this one: compare the signatures (thread 0 only).
       for (int q = 0; q < p; q++) {
-        const u64* line = ll + 2 * ((((u64)rank * 2 + par) * p + q) * L + w.lines);
+        const u64* line = sig_line(w, rank, par, q);
         u64 theirs;
         while (!ll_load(line, w.seq, &theirs)) {
           if (++spins % 1024 == 0) {
@@ -589,6 +600,121 @@ __device__ __forceinline__ void ll_all_reduce(const LlArgs& w) {
   }
 }
 
+// LL128 all-reduce (mid sizes, same exchange as LL with 128-byte lines: 120 payload bytes and
+// an 8-byte flag). Line (q, parity, r, i) = ll128 + (((q * 2 + parity) * p + r) * (lines + 1)
+// + i) * 128 bytes; the call's signature goes to the LL buffer's signature lines (`sig_line`),
+// where an LL call's would. Eight threads carry a line, 16 bytes each with one 16-byte store; thread 7's high
+// word is the flag (the call number). A warp's store of its 4 lines is one instruction: a
+// reader that sees a line's flag takes the other 120 bytes of that load as written with it
+// (NCCL's LL128 rests on the same property of 128-byte stores on sm_70 and later; the GPU
+// check's chained all-reduces would catch a stale read). Warps step through lines together
+// (the flag test is a warp vote), so every thread of a warp takes part in every loop, lines
+// past the end included.
+__device__ __forceinline__ void st128(u64* a, u64 x, u64 y) {
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(a), "l"(x), "l"(y) : "memory");
+}
+__device__ __forceinline__ void ld128(const u64* a, u64& x, u64& y) {
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(x), "=l"(y) : "l"(a) : "memory");
+}
+
+template <typename T, typename Op>
+__device__ __forceinline__ void ll128_all_reduce(const LlArgs& w) {
+  typedef typename Acc<T>::A A;
+  constexpr int E = 16 / sizeof(T);
+  union V { u64 u[2]; T e[E]; };
+  const u64 n = w.n, nbytes = n * sizeof(T);
+  const int p = w.p, rank = w.rank;
+  const u32 par = w.seq & 1u;
+  const u64 flag = w.seq;
+  u64* buf = (u64*)w.buf;
+  const u64 L = (u64)w.lines + 1;
+  Sync b;
+  b.fail = w.fail;
+  b.host = w.host;
+  b.seq = w.seq;
+  b.timeout_ns = w.timeout_ns;
+  b.rank = rank;
+  const A s = Op::PRE ? Acc<T>::ld(from_bits<T>(w.scalar)) : A();
+  const u64 lines = (nbytes + 119) / 120;
+  const u32 lane = threadIdx.x & 31;
+  const u32 l = lane & 7;
+  const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+  const unsigned FULL = 0xffffffffu;
+  u64 t0 = 0;
+  u32 spins = 0;
+  // Signature: warp 0 publishes it (lane 0) and checks every rank's (lane q).
+  if (warp == 0) {
+    if (lane == 0)
+      for (int q = 0; q < p; q++) ll_store(sig_line(w, q, par, rank), (u64)w.sig, w.seq);
+    const bool mine = (int)lane < p;
+    const u64* line = sig_line(w, rank, par, mine ? lane : 0);
+    u64 theirs = 0;
+    bool need = mine && !ll_load(line, w.seq, &theirs);
+    while (__any_sync(FULL, need)) {
+      if (++spins % 1024 == 0) {
+        if (__any_sync(FULL, ll_failed(b))) return;
+        const u64 now = now_ns();
+        if (t0 == 0) t0 = now;
+        if (__any_sync(FULL, b.timeout_ns != 0 && now - t0 > b.timeout_ns)) {
+          if (need) sync_fail(b, 1u | ((u32)rank << 8) | ((u32)(lane & 0xff) << 16) | (4u << 24));
+          return;
+        }
+      }
+      if (need) need = !ll_load(line, w.seq, &theirs);
+    }
+    const bool differs = mine && (u32)theirs != w.sig;
+    if (differs) {
+      b.seq = (u64)w.sig | (theirs << 32);
+      sync_fail(b, 1u | ((u32)rank << 8) | ((u32)(lane & 0xff) << 16) | (6u << 24));
+    }
+    if (__any_sync(FULL, differs)) return;
+  }
+  for (u64 base = warp * 4; base < lines; base += warps * 4) {
+    const u64 i = base + (lane >> 3);
+    const bool active = i < lines;
+    // This thread's bytes of line i: 16 (thread 7: 8, then the flag).
+    const u64 start = i * 120 + (u64)l * 16;
+    const u64 room = l == 7 ? 8 : 16;
+    const u64 have = !active || start >= nbytes ? 0 : (nbytes - start < room ? nbytes - start : room);
+    const int valid = (int)(have / sizeof(T));
+    const u64 first = start / sizeof(T);
+    V in;
+    in.u[0] = 0;
+    in.u[1] = 0;
+    for (int k = 0; k < valid; k++) in.e[k] = ((const T*)w.src)[first + k];
+    if (l == 7) in.u[1] = flag;
+    if (active)
+      for (int q = 0; q < p; q++) st128(buf + 16 * ((((u64)q * 2 + par) * p + rank) * L + i) + 2 * l, in.u[0], in.u[1]);
+    A acc[E];
+    for (int q = 0; q < p; q++) {
+      const u64* line = buf + 16 * ((((u64)rank * 2 + par) * p + q) * L + (active ? i : 0)) + 2 * l;
+      V got;
+      ld128(line, got.u[0], got.u[1]);
+      bool need = active && l == 7 && got.u[1] != flag;
+      while (__any_sync(FULL, need)) {
+        if (++spins % 1024 == 0) {
+          if (__any_sync(FULL, ll_failed(b))) return;
+          const u64 now = now_ns();
+          if (t0 == 0) t0 = now;
+          if (__any_sync(FULL, b.timeout_ns != 0 && now - t0 > b.timeout_ns)) {
+            if (need) sync_fail(b, 1u | ((u32)rank << 8) | ((u32)(q & 0xff) << 16) | (4u << 24));
+            return;
+          }
+        }
+        ld128(line, got.u[0], got.u[1]);
+        need = active && l == 7 && got.u[1] != flag;
+      }
+#pragma unroll
+      for (int k = 0; k < E; k++) {
+        const A x = load_acc<T, Op>(got.e[k], s);
+        acc[k] = q == 0 ? x : Op::f(acc[k], x);
+      }
+    }
+    for (int k = 0; k < valid; k++) ((T*)w.dst)[first + k] = store_val<T, Op>(acc[k], w.div);
+  }
+}
+
 #define OXK(opname, Op, tname, T) \
   extern "C" __global__ void __launch_bounds__(512, OX_MINBLOCKS) oxk_##opname##_##tname(Work w, Sync s) { \
     if (s.arr == 0) { run_work<T, Op<T> >(w); return; } \
@@ -597,4 +723,7 @@ __device__ __forceinline__ void ll_all_reduce(const LlArgs& w) {
   } \
   extern "C" __global__ void __launch_bounds__(512, OX_MINBLOCKS) oxk_ll_##opname##_##tname(LlArgs a) { \
     ll_all_reduce<T, Op<T> >(a); \
+  } \
+  extern "C" __global__ void __launch_bounds__(512, OX_MINBLOCKS) oxk_ll128_##opname##_##tname(LlArgs a) { \
+    ll128_all_reduce<T, Op<T> >(a); \
   }

@@ -113,12 +113,53 @@ pub fn ll_name(t: DataType, op: Kop) -> Option<String> {
     reduce_name(t, op).map(|n| n.replacen("oxk_", "oxk_ll_", 1))
 }
 
-/// The names of the kernels of `which` (reduce-copy and LL), and the copy kernel.
+/// The LL128 all-reduce kernel's name for `(t, op)`.
+pub fn ll128_name(t: DataType, op: Kop) -> Option<String> {
+    reduce_name(t, op).map(|n| n.replacen("oxk_", "oxk_ll128_", 1))
+}
+
+/// The names of the kernels of `which` (reduce-copy, LL and LL128), and the copy kernel.
 pub fn names_of(which: &[(DataType, Kop)]) -> Vec<String> {
     let mut v = vec!["oxk_copy".to_string()];
     v.extend(which.iter().filter_map(|&(t, op)| reduce_name(t, op)));
     v.extend(which.iter().filter_map(|&(t, op)| ll_name(t, op)));
+    v.extend(which.iter().filter_map(|&(t, op)| ll128_name(t, op)));
     v
+}
+
+/// The flag protocols of the all-reduce kernels that exchange lines instead of meeting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LineProto {
+    /// 16-byte lines of 8 payload bytes (two 4-byte flags).
+    Ll,
+    /// 128-byte lines of 120 payload bytes (one 8-byte flag).
+    Ll128,
+}
+
+impl LineProto {
+    /// Payload bytes per line.
+    pub fn payload(self) -> usize {
+        match self {
+            LineProto::Ll => 8,
+            LineProto::Ll128 => 120,
+        }
+    }
+
+    /// Bytes per line in the buffer.
+    pub fn line_bytes(self) -> usize {
+        match self {
+            LineProto::Ll => 16,
+            LineProto::Ll128 => 128,
+        }
+    }
+
+    /// Threads that carry one line.
+    fn threads_per_line(self) -> usize {
+        match self {
+            LineProto::Ll => 1,
+            LineProto::Ll128 => 8,
+        }
+    }
 }
 
 /// Every kernel name in the module.
@@ -232,6 +273,7 @@ pub struct Kernels {
     copy: Handle,
     reduce: HashMap<(DataType, Kop), Handle>,
     ll: HashMap<(DataType, Kop), Handle>,
+    ll128: HashMap<(DataType, Kop), Handle>,
     /// Blocks of each reduce-copy kernel one multiprocessor holds (asked once, at load).
     occupancy: HashMap<(DataType, Kop), u32>,
     /// Blocks per launch without a meeting (a few per multiprocessor).
@@ -282,6 +324,9 @@ struct LlArgs {
     sig: u32,
     rank: i32,
     p: i32,
+    sigbuf: CuDevicePtr,
+    siglines: u32,
+    pad: u32,
 }
 
 /// An LL all-reduce's place in its group's LL buffer (see kernels.cu's `ll_all_reduce`).
@@ -291,26 +336,35 @@ pub struct Ll {
     pub buf: CuDevicePtr,
     /// This call's number among the group's LL calls, from 1 (its flag; parity picks the slot).
     pub seq: u32,
-    /// Data lines per slot (8 payload bytes each): the most a call may carry. Each slot has
-    /// one more line, for the call's signature.
+    /// Data lines per slot: the most a call may carry. Each slot has one more line.
     pub lines: u32,
+    /// The LL buffer and its data lines per slot: the signature lines of both protocols
+    /// (after each LL slot's data lines).
+    pub sig_buf: CuDevicePtr,
+    pub sig_lines: u32,
 }
 
-/// An LL all-reduce's signature, which every rank's kernel compares with every other's
-/// ([`describe_ll_signature`] reads it back): the count (below 2^16: LL calls are small),
-/// the type and the operator.
-pub fn ll_signature(t: DataType, op: Kop, count: usize) -> u32 {
-    let o = OPS.iter().position(|(k, _, _)| *k == op).unwrap_or(0xff) as u32;
-    (count.min(0xffff) as u32) | ((t as u32) << 16) | (o << 24)
+/// Bits of the count in an LL signature: LL and LL128 calls hold at most 2^18 elements.
+const SIG_COUNT_BITS: u32 = 19;
+
+/// An LL or LL128 all-reduce's signature, which every rank's kernel compares with every
+/// other's ([`describe_ll_signature`] reads it back): the count (below 2^19: these calls are
+/// at most 256 KiB), the type, the operator and the protocol.
+pub fn ll_signature(proto: LineProto, t: DataType, op: Kop, count: usize) -> u32 {
+    let o = OPS.iter().position(|(k, _, _)| *k == op).unwrap_or(0xf) as u32 & 0xf;
+    let count = count.min((1 << SIG_COUNT_BITS) - 1) as u32;
+    let pr = (proto == LineProto::Ll128) as u32;
+    count | ((t as u32 & 0xf) << SIG_COUNT_BITS) | (o << (SIG_COUNT_BITS + 4)) | (pr << (SIG_COUNT_BITS + 8))
 }
 
-/// An LL signature in words ("an all-reduce of 2 x float with sum").
+/// An LL signature in words ("an all-reduce of 2 x float with sum (LL)").
 pub fn describe_ll_signature(sig: u32) -> String {
-    let count = sig & 0xffff;
-    let t = DataType::ALL.iter().find(|t| **t as u32 == (sig >> 16) & 0xff);
-    let op = OPS.get((sig >> 24) as usize).map(|(_, name, _)| *name);
+    let count = sig & ((1 << SIG_COUNT_BITS) - 1);
+    let t = DataType::ALL.iter().find(|t| **t as u32 == (sig >> SIG_COUNT_BITS) & 0xf);
+    let op = OPS.get(((sig >> (SIG_COUNT_BITS + 4)) & 0xf) as usize).map(|(_, name, _)| *name);
+    let proto = if (sig >> (SIG_COUNT_BITS + 8)) & 1 == 1 { "LL128" } else { "LL" };
     match (t, op) {
-        (Some(t), Some(op)) => format!("an all-reduce of {count} x {t} with {op}"),
+        (Some(t), Some(op)) => format!("an all-reduce of {count} x {t} with {op} ({proto})"),
         _ => format!("an all-reduce with unknown signature {sig:#x}"),
     }
 }
@@ -389,9 +443,12 @@ impl Kernels {
             Ok(f)
         };
         let copy = func("oxk_copy")?;
-        let (mut reduce, mut ll, mut occupancy) = (HashMap::new(), HashMap::new(), HashMap::new());
+        let (mut reduce, mut ll, mut ll128, mut occupancy) =
+            (HashMap::new(), HashMap::new(), HashMap::new(), HashMap::new());
         for &(t, op) in which {
-            if let (Some(name), Some(lname)) = (reduce_name(t, op), ll_name(t, op)) {
+            if let (Some(name), Some(lname), Some(l128)) =
+                (reduce_name(t, op), ll_name(t, op), ll128_name(t, op))
+            {
                 let f = func(&name)?;
                 let mut n: i32 = 0;
                 // SAFETY: a resolved function; writes one int.
@@ -401,9 +458,19 @@ impl Kernels {
                 reduce.insert((t, op), f);
                 occupancy.insert((t, op), n.max(0) as u32);
                 ll.insert((t, op), func(&lname)?);
+                ll128.insert((t, op), func(&l128)?);
             }
         }
-        Ok(Kernels { dev_d: d, module, copy, reduce, ll, occupancy, blocks: (dev.sms.max(1) as u32) * 4 })
+        Ok(Kernels {
+            dev_d: d,
+            module,
+            copy,
+            reduce,
+            ll,
+            ll128,
+            occupancy,
+            blocks: (dev.sms.max(1) as u32) * 4,
+        })
     }
 
     fn launch_blocks(
@@ -514,13 +581,14 @@ impl Kernels {
         self.launch_blocks(f, blocks, s, &mut [arg(&w), arg(sync)])
     }
 
-    /// Enqueues an LL all-reduce of `task` (its one source is this rank's input, its one
-    /// destination this rank's output) through the group's LL buffer; `sync` gives the rank,
-    /// the rank count, the failure record and the timeout.
+    /// Enqueues an LL or LL128 all-reduce of `task` (its one source is this rank's input,
+    /// its one destination this rank's output) through the group's buffer of that protocol;
+    /// `sync` gives the rank, the rank count, the failure record and the timeout.
     #[allow(clippy::too_many_arguments)]
     pub fn run_ll(
         &self,
         s: &Stream,
+        proto: LineProto,
         t: DataType,
         op: Kop,
         task: &Task,
@@ -529,12 +597,12 @@ impl Kernels {
         ll: Ll,
         sync: &Sync,
     ) -> Result<(), CudaError> {
-        let per = (8 / t.size_bytes()).max(1);
-        let lines = task.n.div_ceil(per);
+        let lines = (task.n * t.size_bytes()).div_ceil(proto.payload());
         if task.srcs.len() != 1
             || task.dsts.len() != 1
             || lines > ll.lines as usize
             || ll.buf == 0
+            || ll.sig_buf == 0
             || ll.seq == 0
         {
             return Err(CudaError::Invalid(format!(
@@ -544,11 +612,14 @@ impl Kernels {
                 task.dsts.len()
             )));
         }
-        let f = self
-            .ll
+        let kernels = match proto {
+            LineProto::Ll => &self.ll,
+            LineProto::Ll128 => &self.ll128,
+        };
+        let f = kernels
             .get(&(t, op))
             .copied()
-            .ok_or_else(|| CudaError::Invalid(format!("no LL kernel reduces {t} with {op:?}")))?;
+            .ok_or_else(|| CudaError::Invalid(format!("no {proto:?} kernel reduces {t} with {op:?}")))?;
         let a = LlArgs {
             src: task.srcs[0],
             dst: task.dsts[0],
@@ -561,11 +632,15 @@ impl Kernels {
             seq: ll.seq,
             lines: ll.lines,
             div,
-            sig: ll_signature(t, op, task.n),
+            sig: ll_signature(proto, t, op, task.n),
             rank: sync.rank,
             p: sync.p,
+            sigbuf: ll.sig_buf,
+            siglines: ll.sig_lines,
+            pad: 0,
         };
-        let blocks = lines.div_ceil(BLOCK_THREADS as usize).max(1) as u32;
+        let per_block = BLOCK_THREADS as usize / proto.threads_per_line();
+        let blocks = lines.div_ceil(per_block).max(1) as u32;
         self.launch_blocks(f, blocks, s, &mut [arg(&a)])
     }
 
@@ -600,8 +675,9 @@ mod tests {
         assert_eq!(reduce_name(DataType::F32, Kop::Op(ReduceOp::BitXor)), None);
         assert_eq!(reduce_name(DataType::F8E5M2, Kop::Op(ReduceOp::BitAnd)), None);
         let src = source();
-        for name in n[1..].iter().filter(|n| !n.starts_with("oxk_ll_")) {
+        for name in n[1..].iter().filter(|n| !n.starts_with("oxk_ll")) {
             assert!(n.contains(&name.replacen("oxk_", "oxk_ll_", 1)), "{name} has no LL twin");
+            assert!(n.contains(&name.replacen("oxk_", "oxk_ll128_", 1)), "{name} has no LL128 twin");
             let (op, t) = name["oxk_".len()..].split_once('_').unwrap();
             assert!(src.contains(&format!("OXK({op}, ")) && src.contains(&format!(", {t}, ")), "{name}");
         }
