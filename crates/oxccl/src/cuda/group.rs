@@ -91,6 +91,14 @@ pub const LL128_MAX_BYTES: usize = 256 << 10;
 /// signature's).
 const LL128_LINES: usize = LL128_MAX_BYTES.div_ceil(120);
 
+// The slots hold the largest call of each protocol, and the LL128 buffer stays small (p = 8:
+// under 40 MB).
+const _: () = {
+    assert!(LL_LINES * 8 >= LL_MAX_BYTES);
+    assert!(LL128_LINES * 120 >= LL128_MAX_BYTES && (LL128_LINES - 1) * 120 < LL128_MAX_BYTES);
+    assert!(8 * 2 * 8 * (LL128_LINES + 1) * 128 < 40 << 20);
+};
+
 /// What one rank announces about its collective calls (numbered from 1, every rank alike),
 /// on a cache line of its own: the other ranks read it at every call.
 #[repr(align(64))]
@@ -1585,16 +1593,6 @@ mod tests {
         assert!(!ll128(Some("LL,Simple")));
         assert!(!ll128(Some("^LL128")));
         assert!(ll128(Some("^LL")));
-    }
-
-    /// LL128's lines hold the largest call it takes; the LL128 buffer stays small (p = 8:
-    /// under 40 MB).
-    #[test]
-    fn ll128_lines_hold_its_largest_call() {
-        assert!(LL128_LINES * 120 >= LL128_MAX_BYTES);
-        assert!((LL128_LINES - 1) * 120 < LL128_MAX_BYTES);
-        assert!(8 * 2 * 8 * (LL128_LINES + 1) * 128 < 40 << 20);
-        assert!(LL_LINES * 8 >= LL_MAX_BYTES);
     }
 
     #[test]
