@@ -238,6 +238,53 @@ fn threads_all_reduce(copy_gbs: f64) -> Result<usize, CudaError> {
                             "THREADS chains: 6 sizes x 10 x 25 in-place f64 all-reduces, streams switched every call: checked".into(),
                         );
                     }
+                    // A group of a collective and sends/receives (one launch: the receives'
+                    // copies ride in the all-reduce's launch): 1 MiB f32 all-reduce in place,
+                    // and 4096 f32 to the next rank from the previous, 10 times, streams
+                    // switched each time.
+                    {
+                        use oxccl::cuda::call::DevCall;
+                        use oxccl_core::plan::device::Coll;
+                        let (n, k) = (1usize << 18, 4096usize);
+                        let (next, prev) = ((m.rank + 1) % p, (m.rank + p - 1) % p);
+                        let (msg, got_at) = (send.ptr + (n * 4) as u64, send.ptr + (2 * n * 4) as u64);
+                        for rep in 0..10 {
+                            let st = if rep % 2 == 0 { &s } else { &s2 };
+                            let vals: Vec<i64> = (0..n).map(|i| (i % 7) as i64 + m.rank as i64).collect();
+                            st.upload(send.ptr, &encode(DataType::F32, &vals))?;
+                            let ring: Vec<i64> = (0..k).map(|i| (i % 5) as i64 + 10 * m.rank as i64 + rep).collect();
+                            st.upload(msg, &encode(DataType::F32, &ring))?;
+                            let calls = [
+                                DevCall::coll(Coll::AllReduce, DataType::F32, ReduceOp::Sum, n, send.ptr, send.ptr),
+                                DevCall::send(next, DataType::F32, k, msg),
+                                DevCall::recv(prev, DataType::F32, k, got_at),
+                            ];
+                            m.run(st, &calls)?;
+                            let mut got = vec![0u8; n * 4];
+                            st.download(&mut got, send.ptr)?;
+                            let sum = encode(DataType::F32, &(0..n).map(|i| 4 * (i % 7) as i64 + 6).collect::<Vec<_>>());
+                            let mut got_msg = vec![0u8; k * 4];
+                            st.download(&mut got_msg, got_at)?;
+                            let want_msg = encode(
+                                DataType::F32,
+                                &(0..k).map(|i| (i % 5) as i64 + 10 * prev as i64 + rep).collect::<Vec<_>>(),
+                            );
+                            if got != sum || got_msg != want_msg {
+                                failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                println!(
+                                    "WRONG threads mixed group rank {} repetition {rep}: all-reduce {}, receive {}",
+                                    m.rank,
+                                    if got == sum { "right" } else { "wrong" },
+                                    if got_msg == want_msg { "right" } else { "wrong" }
+                                );
+                            }
+                        }
+                        if m.rank == 0 {
+                            results.lock().unwrap().push(
+                                "THREADS mixed group: 1 MiB all-reduce + 16 KiB ring send/recv in one group, 10 x: checked".into(),
+                            );
+                        }
+                    }
                     for t in types {
                         for &bytes in sizes {
                             let n = bytes / t.size_bytes();

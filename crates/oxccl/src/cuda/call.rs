@@ -154,6 +154,12 @@ pub struct Unit {
 }
 
 impl Unit {
+    /// The most tasks any rank's part of this launch's collectives has (the same on every
+    /// rank): what packing counts.
+    pub fn nominal_tasks(&self, p: usize) -> usize {
+        self.calls.iter().filter_map(|c| c.collective()).map(|c| nominal(c, p)).sum()
+    }
+
     /// The kernel to launch: its class, or any for copies only.
     pub fn kernel(&self) -> (DataType, Kop) {
         self.class.unwrap_or((DataType::U8, Kop::Op(ReduceOp::Sum)))

@@ -46,6 +46,8 @@ struct Entry {
     calls: Vec<DevCall>,
     refuse: Option<String>,
     stream: usize,
+    /// Its receives with bytes to copy (see `merges`).
+    recv_tasks: usize,
 }
 
 /// `CU_STREAM_LEGACY` (and the null stream, which means it): one stream for every thread of
@@ -566,11 +568,29 @@ impl Planned {
     }
 }
 
+/// Whether every rank's sends and receives of a group ride in its last collective launch
+/// (one launch fewer): the group has collectives, the last collective launch is not LL, and
+/// every rank's receive copies (`recv_tasks`, as each told the host meeting) fit beside its
+/// collective tasks (counted as packing counts them, alike everywhere). Copies run in any
+/// kernel, and the launch keeps the collective's block count, so every rank counts the same
+/// collective blocks. All ranks or none: a launch that waits for a peer's sends at its
+/// start deadlocks if that peer publishes them only in a later launch, which waits behind
+/// its collective launch, which waits for this one's blocks (the CPU model found it).
+fn merges(units: &[call::Unit], recv_tasks: &[usize], p: usize, ll: impl Fn(&call::Unit) -> bool) -> bool {
+    match units.last() {
+        Some(u) => !ll(u) && recv_tasks.iter().all(|&n| u.nominal_tasks(p) + n <= super::kernels::MAX_TASKS),
+        None => false,
+    }
+}
+
 /// Plans rank `rank`'s launches of a group (collective launches `units`, then send/receive
 /// launches `p2p`; `sent[q]` sends to and `recv[q]` receives from each peer in the group;
-/// `caps[i]` the most blocks launch i may take; `ll(u)` whether a collective launch runs as LL)
-/// and advances `c` past them. Every rank computes the same collective launches, block counts
-/// and call numbers from the same calls: that is what lets their kernels meet.
+/// `caps[i]` the most blocks launch i of `units` then `p2p` may take; `ll(u)` whether a
+/// collective launch runs as LL; `merge`: the first send/receive launch rides in the last
+/// collective launch, see [`merges`]) and advances `c` past them. Every rank computes the
+/// same collective launches, block counts and call numbers from the same calls: that is
+/// what lets their kernels meet. One plan per launch made: with `merge`, one fewer than
+/// `units` and `p2p`.
 #[allow(clippy::too_many_arguments)]
 fn plan_launches(
     c: &mut Counters,
@@ -582,10 +602,38 @@ fn plan_launches(
     caps: &[u32],
     ll: impl Fn(&call::Unit) -> bool,
     timeout_ns: u64,
+    merge: bool,
 ) -> Vec<Planned> {
     let (n_coll, n_p2p) = (units.len(), p2p.len());
     let mut out = Vec::with_capacity(n_coll + n_p2p);
+    // The send/receive part of launch j among the group's send/receive launches: the first
+    // publishes every send of the group and waits for every send it receives; the last,
+    // once all copies are done, says every receive is done and waits until the peers have
+    // received this rank's sends.
+    let p2p_part = |c: &mut Counters, sync: &mut Sync, j: usize, blocks: u32| {
+        for q in 0..p {
+            if j == 0 && sent[q] > 0 {
+                sync.send_to[q] = c.sent[q] + sent[q];
+            }
+            if j == 0 && recv[q] > 0 {
+                sync.recv_from[q] = c.received[q] + recv[q];
+            }
+            if j + 1 == n_p2p && recv[q] > 0 {
+                sync.recv_done[q] = c.received[q] + recv[q];
+            }
+            if j + 1 == n_p2p && sent[q] > 0 {
+                sync.send_done[q] = c.sent[q] + sent[q];
+            }
+        }
+        if sync.recv_done.iter().any(|&n| n > 0) {
+            c.mydepart += blocks as u64;
+            sync.mydepart = c.mydepart;
+        }
+    };
     for (i, u) in units.iter().chain(p2p).enumerate() {
+        if merge && i == n_coll {
+            continue; // rode in the last collective launch
+        }
         let cap = caps.get(i).copied().unwrap_or(1);
         let mut sync = Sync { timeout_ns, rank: rank as i32, p: p as i32, ..Sync::default() };
         if u.collective && ll(u) {
@@ -600,30 +648,12 @@ fn plan_launches(
             c.depart += blocks as u64 * p as u64;
             sync.seq = c.seq;
             sync.depart = c.depart;
+            if merge && i + 1 == n_coll {
+                p2p_part(c, &mut sync, 0, blocks);
+            }
         } else {
             blocks = blocks_for(u.own_bytes(), cap);
-            let j = i - n_coll;
-            // The first send/receive launch publishes every send of the group and waits for
-            // every send it receives; the last one, once all copies are done, says every
-            // receive is done and waits until the peers have received this rank's sends.
-            for q in 0..p {
-                if j == 0 && sent[q] > 0 {
-                    sync.send_to[q] = c.sent[q] + sent[q];
-                }
-                if j == 0 && recv[q] > 0 {
-                    sync.recv_from[q] = c.received[q] + recv[q];
-                }
-                if j + 1 == n_p2p && recv[q] > 0 {
-                    sync.recv_done[q] = c.received[q] + recv[q];
-                }
-                if j + 1 == n_p2p && sent[q] > 0 {
-                    sync.send_done[q] = c.sent[q] + sent[q];
-                }
-            }
-            if sync.recv_done.iter().any(|&n| n > 0) {
-                c.mydepart += blocks as u64;
-                sync.mydepart = c.mydepart;
-            }
+            p2p_part(c, &mut sync, i - n_coll, blocks);
         }
         out.push(Planned { blocks, sync, ll: None });
     }
@@ -946,6 +976,8 @@ impl Member {
         // 1. Collectives: every rank meets, even one that refuses, and every rank decides from
         //    the same table, so either all launch or none does.
         let mut coll_tasks: Vec<(DevCall, Vec<Task>)> = Vec::new();
+        let recv_tasks = calls.iter().filter(|c| matches!(c.what, What::Recv(_)) && c.bytes() > 0).count();
+        let mut all_recv_tasks = Vec::new();
         let mut _issued = None;
         if !colls.is_empty() {
             let g = self.coll_calls.fetch_add(1, Ordering::Relaxed) + 1;
@@ -969,7 +1001,9 @@ impl Member {
             let refuse = local.clone().or_else(|| {
                 self.shared.device_failure().map(|why| format!("the group's GPU meeting failed: {why}"))
             });
-            let all = self.shared.exchange(rank, Entry { calls: colls.clone(), refuse, stream: sh })?;
+            let all =
+                self.shared.exchange(rank, Entry { calls: colls.clone(), refuse, stream: sh, recv_tasks })?;
+            all_recv_tasks = all.iter().map(|e| e.recv_tasks).collect();
             if let Some((q, why)) =
                 all.iter().enumerate().find_map(|(q, e)| e.refuse.as_ref().map(|w| (q, w)))
             {
@@ -1024,9 +1058,10 @@ impl Member {
         }
         let any_p2p = sent.iter().chain(&recv_from).any(|&n| n > 0);
         // 3. Launches: collectives, then sends and receives.
-        let units = call::collective_units(&coll_tasks, p);
+        let mut units = call::collective_units(&coll_tasks, p);
         let p2p = call::p2p_units(p2p_tasks, any_p2p);
         let (n_coll, n_p2p) = (units.len(), p2p.len());
+        let merge = !p2p.is_empty() && merges(&units, &all_recv_tasks, p, |u| self.ll_call(u).is_some());
         self.dev.make_current()?;
         if st.last.is_some_and(|h| h != s.h as usize) {
             // A rank's launches must not overlap: the new stream waits for the last launch.
@@ -1057,8 +1092,15 @@ impl Member {
             &caps,
             |u| self.ll_call(u).is_some(),
             timeout_ns,
+            merge,
         );
-        for (u, plan) in units.iter().chain(&p2p).zip(plans) {
+        if merge {
+            // The first send/receive launch's copies ride in the last collective launch.
+            if let (Some(last), Some(first)) = (units.last_mut(), p2p.first()) {
+                last.tasks.extend(first.tasks.iter().cloned());
+            }
+        }
+        for (u, plan) in units.iter().chain(p2p.iter().skip(merge as usize)).zip(plans) {
             let (t, op) = u.kernel();
             let mut sync = plan.sync;
             let bar = self.shared.bar.as_ref().map_or(0, |b| b.ptr);
@@ -1153,7 +1195,9 @@ mod tests {
                 std::thread::spawn(move || {
                     for round in 0..200u64 {
                         let c = DevCall::send(0, DataType::U8, 0, round * 10 + r as u64);
-                        let all = sh.exchange(r, Entry { calls: vec![c], refuse: None, stream: 0 }).unwrap();
+                        let all = sh
+                            .exchange(r, Entry { calls: vec![c], refuse: None, stream: 0, recv_tasks: 0 })
+                            .unwrap();
                         for (q, e) in all.iter().enumerate() {
                             assert_eq!(e.calls[0].send, round * 10 + q as u64, "rank {r} round {round}");
                         }
@@ -1478,7 +1522,9 @@ mod tests {
     fn planned_launches_meet_without_deadlock_and_keep_their_promises() {
         use device::Coll;
         let mut rng = Rng(7);
+        let mut merged_total = 0;
         for trial in 0..300 {
+            let mut merged = 0;
             let p = 2 + rng.next(7) as usize;
             let ll_on = rng.next(2) == 0;
             let mut counters = vec![Counters::default(); p];
@@ -1545,20 +1591,41 @@ mod tests {
                         ll_on
                             && matches!(u.calls.as_slice(), [c] if c.what == What::Coll(Coll::AllReduce) && c.bytes() <= LL_MAX_BYTES)
                     };
-                    let plans =
-                        plan_launches(&mut counters[r], r, p, &units, &p2p, (&sent, &recv), &caps, ll, 0);
+                    // Whether sends and receives ride in the last collective launch: decided
+                    // alike from every rank's receive count (as the host meeting gives them).
+                    let recv_tasks: Vec<usize> =
+                        (0..p).map(|q| msgs.iter().filter(|m| m.1 == q && m.2 > 0).count()).collect();
+                    let merge = !p2p.is_empty() && merges(&units, &recv_tasks, p, ll);
+                    merged += merge as usize;
+                    let plans = plan_launches(
+                        &mut counters[r],
+                        r,
+                        p,
+                        &units,
+                        &p2p,
+                        (&sent, &recv),
+                        &caps,
+                        ll,
+                        0,
+                        merge,
+                    );
                     let n_coll = units.len();
                     let n = plans.len();
+                    assert_eq!(n, n_coll + p2p.len() - merge as usize);
+                    let copies = |u: &call::Unit| -> Vec<(usize, u64)> {
+                        u.tasks
+                            .iter()
+                            .filter(|t| t.copy)
+                            .map(|t| ((t.srcs[0] >> 32) as usize, t.srcs[0] & 0xffff_ffff))
+                            .collect()
+                    };
                     for (i, plan) in plans.into_iter().enumerate() {
                         // Each receive's copy is in the launch that holds its task.
-                        let mine: Vec<(usize, u64)> = if i >= n_coll {
-                            p2p[i - n_coll]
-                                .tasks
-                                .iter()
-                                .map(|t| ((t.srcs[0] >> 32) as usize, t.srcs[0] & 0xffff_ffff))
-                                .collect()
-                        } else {
-                            Vec::new()
+                        let mine: Vec<(usize, u64)> = match (i + 1).cmp(&n_coll) {
+                            std::cmp::Ordering::Less => Vec::new(),
+                            std::cmp::Ordering::Equal if merge => copies(&p2p[0]),
+                            std::cmp::Ordering::Equal => Vec::new(),
+                            std::cmp::Ordering::Greater => copies(&p2p[i - n_coll + merge as usize]),
                         };
                         // The group's sends are done with once its last launch ends.
                         let sends = if i + 1 == n { std::mem::take(&mut sends) } else { Vec::new() };
@@ -1568,6 +1635,8 @@ mod tests {
             }
             let mut emu = Emu::new(p);
             emu.nonempty = nonempty;
+            assert!(trial < 299 || merged_total + merged > 0, "no group merged in any trial");
+            merged_total += merged;
             let total: usize = queues.iter().map(|q| q.len()).sum();
             emu.run(queues, &mut rng);
             assert!(total > 0 || trial > 0);
