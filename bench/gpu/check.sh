@@ -125,7 +125,7 @@ device)
     # device buffers staged, as across real hosts.
     PYTHONUNBUFFERED=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT LD_PRELOAD="$lib" \
       timeout 200 python3 bench/gpu/torch_check.py 4 --two-hosts > "$out/torch-two-hosts.txt" 2>&1 || status=1
-    echo "torch two-hosts: $(grep -h 'processes on one GPU' "$out/torch-two-hosts.txt" | tail -1); $(grep -h 'NCCL INFO' "$out/torch-two-hosts.txt" | grep -ci 'tcp') INFO lines name TCP" | tee -a "$summary"
+    echo "torch two-hosts: $(grep -h 'processes on one GPU' "$out/torch-two-hosts.txt" | tail -1); $(grep -h 'NCCL INFO' "$out/torch-two-hosts.txt" | grep -c 'via NET/Socket') INFO lines show a connection between the hosts (NET/Socket)" | tee -a "$summary"
   fi
   echo "== summary (status $status)"
   cat "$summary"
