@@ -520,6 +520,18 @@ __device__ __forceinline__ bool ll_failed(const Sync& b) {
   return ld_acq32(b.fail) != 0u || (b.host != 0 && *(volatile const u32*)b.host != 0u);
 }
 
+// What an LL or LL128 kernel's waits need of a `Sync`: where to record a failure, the call
+// number, the timeout and the rank.
+__device__ __forceinline__ Sync ll_sync(const LlArgs& w) {
+  Sync b;
+  b.fail = w.fail;
+  b.host = w.host;
+  b.seq = w.seq;
+  b.timeout_ns = w.timeout_ns;
+  b.rank = w.rank;
+  return b;
+}
+
 template <typename T, typename Op>
 __device__ __forceinline__ void ll_all_reduce(const LlArgs& w) {
   typedef typename Acc<T>::A A;
@@ -530,12 +542,7 @@ __device__ __forceinline__ void ll_all_reduce(const LlArgs& w) {
   const u32 par = w.seq & 1u;
   u64* ll = (u64*)w.buf;
   const u64 L = (u64)w.lines + 1;
-  Sync b;
-  b.fail = w.fail;
-  b.host = w.host;
-  b.seq = w.seq;
-  b.timeout_ns = w.timeout_ns;
-  b.rank = rank;
+  Sync b = ll_sync(w);
   const A s = Op::PRE ? Acc<T>::ld(from_bits<T>(w.scalar)) : A();
   const u64 lines = (n + PER - 1) / PER;
   const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -628,12 +635,7 @@ __device__ __forceinline__ void ll128_all_reduce(const LlArgs& w) {
   const u64 flag = w.seq;
   u64* buf = (u64*)w.buf;
   const u64 L = (u64)w.lines + 1;
-  Sync b;
-  b.fail = w.fail;
-  b.host = w.host;
-  b.seq = w.seq;
-  b.timeout_ns = w.timeout_ns;
-  b.rank = rank;
+  Sync b = ll_sync(w);
   const A s = Op::PRE ? Acc<T>::ld(from_bits<T>(w.scalar)) : A();
   const u64 lines = (nbytes + 119) / 120;
   const u32 lane = threadIdx.x & 31;

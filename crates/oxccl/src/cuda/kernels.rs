@@ -664,7 +664,7 @@ mod tests {
         // integer types.
         assert_eq!(v.len(), 12 * 6 + 6 * 3);
         let n = names();
-        assert_eq!(n.len(), 2 * v.len() + 1);
+        assert_eq!(n.len(), 3 * v.len() + 1);
         let mut uniq = n.clone();
         uniq.sort();
         uniq.dedup();
