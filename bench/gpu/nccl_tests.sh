@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# NVIDIA's nccl-tests against NVIDIA's NCCL and against oxccl's libnccl.so.2: the same
+# binaries, both libraries in one call (issue 9). In two halves:
+#   bash bench/gpu/nccl_tests.sh prepare   here: puts nccl-tests' source (a stored snapshot of
+#                                          github.com/NVIDIA/nccl-tests, fetched with the
+#                                          `fetch` tool, never committed) in gpu-bin/, the
+#                                          git-ignored folder that travels to the device;
+#   bash bench/gpu/nccl_tests.sh device    on the device machine (carry ["gpu-bin"], after
+#                                          `check.sh build`): builds the tests there with nvcc
+#                                          against the nvidia-nccl-cu13 wheel's headers, then
+#                                          runs each benchmark with NVIDIA's library and with
+#                                          ours, and prints busbw side by side with the ratio.
+# Settings: GPUS (default: every GPU nvidia-smi lists) ranks as threads of one process
+# (-t GPUS -g 1: one GPU each; NVIDIA's NCCL refuses two ranks on one GPU, so with one GPU
+# NVIDIA runs 1 rank and oxccl runs RANKS_ON_ONE_GPU=4 as well); BENCHES; MAXBYTES (8G);
+# ITERS (20); RUN_TIMEOUT (300 s per run).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+mirror=/work/.mirror/NVIDIA+nccl-tests/repo
+case "${1:-}" in
+prepare)
+  set -e
+  [ -d "$mirror" ] || { echo "no snapshot of NVIDIA/nccl-tests at $mirror: fetch github:NVIDIA/nccl-tests first"; exit 1; }
+  rm -rf gpu-bin/nccl-tests-src && mkdir -p gpu-bin/nccl-tests-src
+  git --git-dir="$mirror" archive HEAD 2>/dev/null | tar -x -C gpu-bin/nccl-tests-src \
+    || git -C "$mirror" archive HEAD | tar -x -C gpu-bin/nccl-tests-src
+  echo "nccl-tests $(git --git-dir="$mirror" log -1 --format=%h 2>/dev/null || git -C "$mirror" log -1 --format=%h) in gpu-bin/nccl-tests-src"
+  ;;
+device)
+  final="${OUT:-/tmp/gpu-out}"
+  out=/tmp/nccl-tests-logs
+  rm -rf "$out" && mkdir -p "$out" "$final"
+  export NCCL_NVLS_ENABLE=0
+  [ -d gpu-bin/kcache ] && export OXCCL_KERNEL_CACHE="$PWD/gpu-bin/kcache"
+  if [ -z "${OXCCL_NVRTC:-}" ]; then
+    for f in /usr/local/cuda/lib64/libnvrtc.so.13 /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13; do
+      [ -e "$f" ] && export OXCCL_NVRTC="$f" && break
+    done
+  fi
+  # NVIDIA's NCCL: the wheel PyTorch uses (headers and library).
+  nccl_home=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl 2>/dev/null | head -1)
+  [ -n "$nccl_home" ] && [ -e "$nccl_home/include/nccl.h" ] || { echo "no nvidia-nccl wheel with headers found"; exit 1; }
+  cuda_home=${CUDA_HOME:-/usr/local/cuda}
+  src=gpu-bin/nccl-tests-src
+  build=/tmp/nccl-tests-build
+  benches=${BENCHES:-all_reduce all_gather reduce_scatter broadcast alltoall sendrecv}
+  # The wheel ships libnccl.so.2 only: an NCCL_HOME whose lib/ also has the name the linker
+  # looks for.
+  home=/tmp/nccl-home
+  rm -rf "$home" && mkdir -p "$home/lib"
+  ln -s "$nccl_home/include" "$home/include"
+  ln -s "$nccl_home/lib/libnccl.so.2" "$home/lib/libnccl.so.2"
+  ln -s libnccl.so.2 "$home/lib/libnccl.so"
+  t0=$(date +%s)
+  make -C "$src/src" -j16 build BUILDDIR="$build" MPI=0 CUDA_HOME="$cuda_home" NCCL_HOME="$home" \
+    NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" BIN_FILES_LIST="$benches" \
+    > "$out/build.txt" 2>&1 || { tail -30 "$out/build.txt"; cp "$out/build.txt" "$final/"; exit 1; }
+  echo "nccl-tests built in $(( $(date +%s) - t0 )) s"
+  gpus=${GPUS:-$(nvidia-smi -L | wc -l)}
+  ours="$PWD/gpu-bin/libnccl.so.2"
+  status=0
+  for b in $benches; do
+    bin="$build/${b}_perf"
+    args="-b 8 -e ${MAXBYTES:-8G} -f 2 -g 1 -t $gpus -c 1 -n ${ITERS:-20} -w 5"
+    LD_LIBRARY_PATH="$nccl_home/lib:${LD_LIBRARY_PATH:-}" timeout "${RUN_TIMEOUT:-300}" "$bin" $args > "$out/$b-nvidia.txt" 2>&1 || status=1
+    LD_PRELOAD="$ours" timeout "${RUN_TIMEOUT:-300}" "$bin" $args > "$out/$b-oxccl.txt" 2>&1 || status=1
+    if [ "$gpus" = 1 ] && [ "${RANKS_ON_ONE_GPU:-4}" -gt 1 ]; then
+      r=${RANKS_ON_ONE_GPU:-4}
+      LD_PRELOAD="$ours" timeout "${RUN_TIMEOUT:-300}" "$bin" -b 8 -e "${MAXBYTES:-8G}" -f 2 -g 1 -t "$r" -c 1 -n "${ITERS:-20}" -w 5 \
+        > "$out/$b-oxccl-t$r.txt" 2>&1 || status=1
+    fi
+    python3 - "$out/$b-nvidia.txt" "$out/$b-oxccl.txt" "$b" <<'EOF' | tee -a "$out/summary.txt"
+import sys
+def rows(path):
+    out = {}
+    for line in open(path, errors="replace"):
+        f = line.split()
+        if len(f) >= 13 and f[0].isdigit():
+            # size count type redop root | out-of-place time algbw busbw #wrong | in-place ...
+            out[int(f[0])] = (float(f[7]), f[8])
+    return out
+nv, ox = rows(sys.argv[1]), rows(sys.argv[2])
+print(f"== {sys.argv[3]}: out-of-place busbw GB/s, NVIDIA NCCL vs oxccl (same binary)")
+for size in sorted(set(nv) | set(ox)):
+    a, b = nv.get(size), ox.get(size)
+    ratio = f"{b[0] / a[0]:.2f}" if a and b and a[0] > 0 else "-"
+    print(f"{size:>12} {a[0] if a else '-':>10} {b[0] if b else '-':>10}  ratio {ratio:>6}  wrong nvidia {a[1] if a else '-'} oxccl {b[1] if b else '-'}")
+EOF
+    echo "$b: oxccl $(grep -h 'Out of bounds' "$out/$b-oxccl.txt" | tail -1); nvidia $(grep -h 'Out of bounds' "$out/$b-nvidia.txt" | tail -1)" | tee -a "$out/summary.txt"
+    [ -f "$out/$b-oxccl-t4.txt" ] && echo "$b: oxccl 4 ranks on one GPU: $(grep -h 'Out of bounds' "$out/$b-oxccl-t4.txt" | tail -1)" | tee -a "$out/summary.txt"
+  done
+  cp "$out/summary.txt" "$final/nccl-tests-summary.txt" 2>/dev/null
+  tar czf "$final/nccl-tests-logs.tgz" -C "$out" . 2>/dev/null
+  exit $status
+  ;;
+*)
+  echo "usage: $0 prepare|device"
+  exit 2
+  ;;
+esac
