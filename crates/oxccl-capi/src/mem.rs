@@ -1,9 +1,12 @@
-//! `ncclMemAlloc`, buffer registration and windows on host memory.
+//! `ncclMemAlloc`, buffer registration and windows.
 //!
-//! `ncclMemAlloc` returns oxccl shared memory ([`oxccl::mem::SharedBuf`]): same-host peers
-//! map it, so collectives on it take the zero-copy direct path with no registration step.
+//! `ncclMemAlloc` returns device memory, as NVIDIA's does, when the process uses CUDA (the
+//! driver is loaded and a context is current: `cuMemAlloc` in it, so the device engines can
+//! export it by CUDA IPC; nccl-tests allocates its buffers this way). Otherwise it returns
+//! oxccl shared host memory ([`oxccl::mem::SharedBuf`]): same-host peers map it, so
+//! collectives on it take the zero-copy direct path with no registration step.
 //! Registration and windows are recorded per communicator (so deregistering checks the
-//! handle) and change nothing else on host memory.
+//! handle) and change nothing else.
 
 use crate::handle::{invalid, lock, CommState, R};
 use oxccl::mem::SharedBuf;
@@ -23,10 +26,49 @@ fn allocs() -> std::sync::MutexGuard<'static, HashMap<usize, Owned>> {
     lock(A.get_or_init(Default::default))
 }
 
-/// Allocates `size` bytes of shared host memory; returns its address.
+/// Device memory `alloc` made: address → the context it was made in.
+#[cfg(feature = "cuda")]
+fn dev_allocs() -> std::sync::MutexGuard<'static, HashMap<usize, usize>> {
+    static A: OnceLock<Mutex<HashMap<usize, usize>>> = OnceLock::new();
+    lock(A.get_or_init(Default::default))
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_fail(what: String, e: oxccl::cuda::CudaError) -> crate::handle::Fail {
+    crate::handle::Fail { code: crate::handle::UNHANDLED_CUDA_ERROR, msg: format!("{what}: {e}") }
+}
+
+/// `size` bytes of device memory in the current context, if the process uses CUDA (the
+/// driver is loaded and a context is current); `None` otherwise.
+#[cfg(feature = "cuda")]
+fn alloc_device(size: usize) -> R<Option<usize>> {
+    match oxccl::cuda::alloc_in_current(size) {
+        Ok(Some((p, ctx))) => {
+            dev_allocs().insert(p as usize, ctx);
+            Ok(Some(p as usize))
+        }
+        Ok(None) => Ok(None),
+        Err(e) => Err(cuda_fail(format!("ncclMemAlloc of {size} bytes on the current device"), e)),
+    }
+}
+
+/// Frees device memory `alloc` made, in the context it was made in; false if `p` is not such.
+#[cfg(feature = "cuda")]
+fn free_device(p: usize) -> R<bool> {
+    let Some(ctx) = dev_allocs().remove(&p) else { return Ok(false) };
+    oxccl::cuda::free_in(ctx, p as u64).map_err(|e| cuda_fail(format!("ncclMemFree of {p:#x}"), e))?;
+    Ok(true)
+}
+
+/// Allocates `size` bytes: device memory when the process uses CUDA, else shared host
+/// memory (see the module doc); returns its address.
 pub fn alloc(size: usize) -> R<usize> {
     if size == 0 {
         return Err(invalid("size", "0 bytes"));
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(p) = alloc_device(size)? {
+        return Ok(p);
     }
     let mut b = SharedBuf::<u8>::zeroed(size)?;
     let p = b.as_mut_ptr() as usize;
@@ -36,12 +78,14 @@ pub fn alloc(size: usize) -> R<usize> {
 
 /// Frees what [`alloc`] returned.
 pub fn free(p: usize) -> R<()> {
-    match allocs().remove(&p) {
-        Some(_) => Ok(()),
-        None => {
-            Err(invalid("ptr", format!("{p:#x} was not returned by ncclMemAlloc (or was freed already)")))
-        }
+    if allocs().remove(&p).is_some() {
+        return Ok(());
     }
+    #[cfg(feature = "cuda")]
+    if free_device(p)? {
+        return Ok(());
+    }
+    Err(invalid("ptr", format!("{p:#x} was not returned by ncclMemAlloc (or was freed already)")))
 }
 
 /// Registration handles: unique, never dereferenced, never reused.

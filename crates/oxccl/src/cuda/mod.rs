@@ -112,6 +112,38 @@ impl Device {
     }
 }
 
+/// `bytes` of device memory in the calling thread's current context, if the process has
+/// loaded the CUDA driver and a context is current (`None` otherwise: the caller falls back):
+/// the address and the context, for [`free_in`]. For `ncclMemAlloc`.
+pub fn alloc_in_current(bytes: usize) -> Result<Option<(CuDevicePtr, usize)>, CudaError> {
+    let Some(d) = driver::driver_if_loaded() else { return Ok(None) };
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: writes one context handle.
+    if unsafe { (d.ctx_get_current)(&mut ctx) } != 0 || ctx.is_null() {
+        return Ok(None);
+    }
+    let mut p = 0;
+    // SAFETY: writes one device pointer; a context is current.
+    d.check("cuMemAlloc", unsafe { (d.mem_alloc)(&mut p, bytes.max(1)) })?;
+    Ok(Some((p, ctx as usize)))
+}
+
+/// Frees what [`alloc_in_current`] returned, with its context pushed for the call. The
+/// caller frees each allocation once and keeps the context alive until then.
+pub fn free_in(ctx: usize, p: CuDevicePtr) -> Result<(), CudaError> {
+    let d = driver::driver()?;
+    // SAFETY: a context the caller keeps alive.
+    let pushed = unsafe { (d.ctx_push)(ctx as Handle) } == 0;
+    // SAFETY: a pointer cuMemAlloc returned in that context, freed once.
+    let r = d.check("cuMemFree", unsafe { (d.mem_free)(p) });
+    if pushed {
+        let mut old = std::ptr::null_mut();
+        // SAFETY: pops the context pushed above.
+        let _ = unsafe { (d.ctx_pop)(&mut old) };
+    }
+    r
+}
+
 /// Device memory from `cuMemAlloc`, freed on drop.
 pub struct DevBuf {
     d: &'static Driver,
