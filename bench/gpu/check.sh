@@ -34,14 +34,7 @@ device)
   final="${OUT:-/tmp/gpu-out}"
   out=/tmp/gpu-logs
   rm -rf "$out" && mkdir -p "$out" "$final"
-  export NCCL_NVLS_ENABLE=0
-  [ -d gpu-bin/kcache ] && export OXCCL_KERNEL_CACHE="$PWD/gpu-bin/kcache"
-  # NVRTC: the CUDA toolkit's, else the one PyTorch's wheels bring.
-  if [ -z "${OXCCL_NVRTC:-}" ]; then
-    for f in /usr/local/cuda/lib64/libnvrtc.so.13 /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13; do
-      [ -e "$f" ] && export OXCCL_NVRTC="$f" && break
-    done
-  fi
+  . bench/gpu/device-env.sh
   nvidia-smi --query-gpu=name,driver_version,memory.used,utilization.gpu --format=csv | tee "$out/gpu.txt"
   status=0
   summary="$out/summary.txt"

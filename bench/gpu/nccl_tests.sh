@@ -30,13 +30,7 @@ device)
   final="${OUT:-/tmp/gpu-out}"
   out=/tmp/nccl-tests-logs
   rm -rf "$out" && mkdir -p "$out" "$final"
-  export NCCL_NVLS_ENABLE=0
-  [ -d gpu-bin/kcache ] && export OXCCL_KERNEL_CACHE="$PWD/gpu-bin/kcache"
-  if [ -z "${OXCCL_NVRTC:-}" ]; then
-    for f in /usr/local/cuda/lib64/libnvrtc.so.13 /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13; do
-      [ -e "$f" ] && export OXCCL_NVRTC="$f" && break
-    done
-  fi
+  . bench/gpu/device-env.sh
   # NVIDIA's NCCL: the wheel PyTorch uses (headers and library).
   nccl_home=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl 2>/dev/null | head -1)
   [ -n "$nccl_home" ] && [ -e "$nccl_home/include/nccl.h" ] || { echo "no nvidia-nccl wheel with headers found"; exit 1; }

@@ -624,6 +624,21 @@ __device__ __forceinline__ void ld128(const u64* a, u64& x, u64& y) {
   asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(x), "=l"(y) : "l"(a) : "memory");
 }
 
+// Every 1024 rounds of a warp's wait (all its lanes in step): true when the warp must give
+// up, alike on every lane: the group failed, or the wait passed the timeout (then the lanes
+// still waiting record it, naming rank `missing`).
+__device__ __forceinline__ bool ll128_give_up(const Sync& b, u32& spins, u64& t0, bool need, int missing) {
+  if (++spins % 1024 != 0) return false;
+  if (__any_sync(0xffffffffu, ll_failed(b))) return true;
+  const u64 now = now_ns();
+  if (t0 == 0) t0 = now;
+  if (__any_sync(0xffffffffu, b.timeout_ns != 0 && now - t0 > b.timeout_ns)) {
+    if (need) sync_fail(b, 1u | ((u32)b.rank << 8) | ((u32)(missing & 0xff) << 16) | (4u << 24));
+    return true;
+  }
+  return false;
+}
+
 template <typename T, typename Op>
 __device__ __forceinline__ void ll128_all_reduce(const LlArgs& w) {
   typedef typename Acc<T>::A A;
@@ -654,15 +669,7 @@ __device__ __forceinline__ void ll128_all_reduce(const LlArgs& w) {
     u64 theirs = 0;
     bool need = mine && !ll_load(line, w.seq, &theirs);
     while (__any_sync(FULL, need)) {
-      if (++spins % 1024 == 0) {
-        if (__any_sync(FULL, ll_failed(b))) return;
-        const u64 now = now_ns();
-        if (t0 == 0) t0 = now;
-        if (__any_sync(FULL, b.timeout_ns != 0 && now - t0 > b.timeout_ns)) {
-          if (need) sync_fail(b, 1u | ((u32)rank << 8) | ((u32)(lane & 0xff) << 16) | (4u << 24));
-          return;
-        }
-      }
+      if (ll128_give_up(b, spins, t0, need, lane)) return;
       if (need) need = !ll_load(line, w.seq, &theirs);
     }
     const bool differs = mine && (u32)theirs != w.sig;
@@ -695,15 +702,7 @@ __device__ __forceinline__ void ll128_all_reduce(const LlArgs& w) {
       ld128(line, got.u[0], got.u[1]);
       bool need = active && l == 7 && got.u[1] != flag;
       while (__any_sync(FULL, need)) {
-        if (++spins % 1024 == 0) {
-          if (__any_sync(FULL, ll_failed(b))) return;
-          const u64 now = now_ns();
-          if (t0 == 0) t0 = now;
-          if (__any_sync(FULL, b.timeout_ns != 0 && now - t0 > b.timeout_ns)) {
-            if (need) sync_fail(b, 1u | ((u32)rank << 8) | ((u32)(q & 0xff) << 16) | (4u << 24));
-            return;
-          }
-        }
+        if (ll128_give_up(b, spins, t0, need, q)) return;
         ld128(line, got.u[0], got.u[1]);
         need = active && l == 7 && got.u[1] != flag;
       }
