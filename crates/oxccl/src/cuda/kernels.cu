@@ -520,6 +520,20 @@ __device__ __forceinline__ bool ll_failed(const Sync& b) {
   return ld_acq32(b.fail) != 0u || (b.host != 0 && *(volatile const u32*)b.host != 0u);
 }
 
+// Every 1024 rounds of one thread's LL wait: true when it must give up: the group failed,
+// or the wait passed the timeout (then recorded, naming rank `missing`).
+__device__ __forceinline__ bool ll_give_up(const Sync& b, u32& spins, u64& t0, int missing) {
+  if (++spins % 1024 != 0) return false;
+  if (ll_failed(b)) return true;
+  const u64 now = now_ns();
+  if (t0 == 0) t0 = now;
+  else if (b.timeout_ns != 0 && now - t0 > b.timeout_ns) {
+    sync_fail(b, 1u | ((u32)b.rank << 8) | ((u32)(missing & 0xff) << 16) | (4u << 24));
+    return true;
+  }
+  return false;
+}
+
 // What an LL or LL128 kernel's waits need of a `Sync`: where to record a failure, the call
 // number, the timeout and the rank.
 __device__ __forceinline__ Sync ll_sync(const LlArgs& w) {
@@ -565,17 +579,8 @@ __device__ __forceinline__ void ll_all_reduce(const LlArgs& w) {
       for (int q = 0; q < p; q++) {
         const u64* line = sig_line(w, rank, par, q);
         u64 theirs;
-        while (!ll_load(line, w.seq, &theirs)) {
-          if (++spins % 1024 == 0) {
-            if (ll_failed(b)) return;
-            const u64 now = now_ns();
-            if (t0 == 0) t0 = now;
-            else if (b.timeout_ns != 0 && now - t0 > b.timeout_ns) {
-              sync_fail(b, 1u | ((u32)rank << 8) | ((u32)(q & 0xff) << 16) | (4u << 24));
-              return;
-            }
-          }
-        }
+        while (!ll_load(line, w.seq, &theirs))
+          if (ll_give_up(b, spins, t0, q)) return;
         if ((u32)theirs != w.sig) {
           b.seq = (u64)w.sig | (theirs << 32);
           sync_fail(b, 1u | ((u32)rank << 8) | ((u32)(q & 0xff) << 16) | (6u << 24));
@@ -586,17 +591,8 @@ __device__ __forceinline__ void ll_all_reduce(const LlArgs& w) {
     for (int q = 0; q < p; q++) {
       const u64* line = ll + 2 * ((((u64)rank * 2 + par) * p + q) * L + i);
       W got;
-      while (!ll_load(line, w.seq, &got.u)) {
-        if (++spins % 1024 == 0) {
-          if (ll_failed(b)) return;
-          const u64 now = now_ns();
-          if (t0 == 0) t0 = now;
-          else if (b.timeout_ns != 0 && now - t0 > b.timeout_ns) {
-            sync_fail(b, 1u | ((u32)rank << 8) | ((u32)(q & 0xff) << 16) | (4u << 24));
-            return;
-          }
-        }
-      }
+      while (!ll_load(line, w.seq, &got.u))
+        if (ll_give_up(b, spins, t0, q)) return;
 #pragma unroll
       for (int k = 0; k < PER; k++) {
         const A x = load_acc<T, Op>(got.e[k], s);
