@@ -101,7 +101,7 @@ device)
     PYTHONUNBUFFERED=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT LD_PRELOAD="$lib" \
       timeout 400 python3 bench/gpu/torch_check.py 4 > "$out/torch.txt" 2>&1 || status=1
     grep -v " NCCL INFO " "$out/torch.txt" | grep -E "FAIL|failures|Error|error" | tail -12
-    echo "torch: $(grep -h 'processes on one GPU' "$out/torch.txt" | tail -1); INFO lines from oxccl: $(grep -c 'NCCL INFO' "$out/torch.txt")" | tee -a "$summary"
+    echo "torch: $(grep -h 'processes on ' "$out/torch.txt" | tail -1); INFO lines from oxccl: $(grep -c 'NCCL INFO' "$out/torch.txt")" | tee -a "$summary"
     for mode in ipc staged-async staged-blocking; do
       ipc=0 asyncs=1
       [ "$mode" = ipc ] && ipc=1
@@ -113,12 +113,12 @@ device)
     # The whole check again, staged (as across hosts): asynchronous, the default.
     PYTHONUNBUFFERED=1 OXCCL_CUDA_IPC=0 LD_PRELOAD="$lib" \
       timeout 200 python3 bench/gpu/torch_check.py 4 > "$out/torch-staged.txt" 2>&1 || status=1
-    echo "torch staged-async: $(grep -h 'processes on one GPU' "$out/torch-staged.txt" | tail -1)" | tee -a "$summary"
+    echo "torch staged-async: $(grep -h 'processes on ' "$out/torch-staged.txt" | tail -1)" | tee -a "$summary"
     # Two hosts as oxccl sees them (OXCCL_HOST_ID per pair of ranks): TCP between them, and
     # device buffers staged, as across real hosts.
     PYTHONUNBUFFERED=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT LD_PRELOAD="$lib" \
       timeout 200 python3 bench/gpu/torch_check.py 4 --two-hosts > "$out/torch-two-hosts.txt" 2>&1 || status=1
-    echo "torch two-hosts: $(grep -h 'processes on one GPU' "$out/torch-two-hosts.txt" | tail -1); $(grep -h 'NCCL INFO' "$out/torch-two-hosts.txt" | grep -c 'via NET/Socket') INFO lines show a connection between the hosts (NET/Socket)" | tee -a "$summary"
+    echo "torch two-hosts: $(grep -h 'processes on ' "$out/torch-two-hosts.txt" | tail -1); $(grep -h 'NCCL INFO' "$out/torch-two-hosts.txt" | grep -c 'via NET/Socket') INFO lines show a connection between the hosts (NET/Socket)" | tee -a "$summary"
   fi
   echo "== summary (status $status)"
   cat "$summary"

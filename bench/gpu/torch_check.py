@@ -34,8 +34,11 @@ def worker(rank, world, port, failures, timing_only):
         # Two hosts as oxccl sees them (ranks 0-1 and 2-3): between them TCP over loopback,
         # and device buffers staged through host memory by the proxy, as across real hosts.
         os.environ["OXCCL_HOST_ID"] = f"torch-check-host-{rank * 2 // world}"
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
+    # One GPU per rank where there are enough (issue 9's machines), else shared in turn (on
+    # the one lent H200 every rank is on GPU 0).
+    gpu = rank % torch.cuda.device_count()
+    torch.cuda.set_device(gpu)
+    dev = torch.device("cuda", gpu)
     dist.init_process_group("nccl", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     bad = []
 
@@ -216,7 +219,9 @@ def main():
         failures.get()
         n_bad += 1
     hosts = " as two hosts" if TWO_HOSTS else ""
-    print(f"torch {torch.__version__}: {world} processes on one GPU{hosts}, {n_bad} with failures")
+    ngpu = min(world, torch.cuda.device_count())
+    where = "one GPU" if ngpu == 1 else f"{ngpu} GPUs"
+    print(f"torch {torch.__version__}: {world} processes on {where}{hosts}, {n_bad} with failures")
     sys.exit(1 if n_bad else 0)
 
 
