@@ -925,9 +925,9 @@ impl Member {
             ..Sync::default()
         };
         let div = if c.op == Kop::Op(ReduceOp::Avg) { p as u32 } else { 0 };
-        let task = Task { srcs: vec![c.send], dsts: vec![c.recv], n: c.count, copy: false };
         l.seq = seq;
-        if let Err(e) = self.kernels.run_ll(s, proto, c.t, c.op, &task, c.scalar, div, l, &sync) {
+        let io = (c.send, c.recv, c.count);
+        if let Err(e) = self.kernels.run_ll(s, proto, c.t, c.op, io, c.scalar, div, l, &sync) {
             self.shared.fail_group(rank, format!("rank {rank} could not launch its part of a call: {e}"));
             return Err(e);
         }
@@ -1118,9 +1118,8 @@ impl Member {
             let launched = match (plan.ll, line) {
                 (Some(seq), Some((c, proto, mut l))) => {
                     // One flag exchange instead of the meeting (see kernels.cu's ll_all_reduce).
-                    let task = Task { srcs: vec![c.send], dsts: vec![c.recv], n: c.count, copy: false };
                     l.seq = seq;
-                    self.kernels.run_ll(s, proto, t, op, &task, u.scalar, div, l, &sync)
+                    self.kernels.run_ll(s, proto, t, op, (c.send, c.recv, c.count), u.scalar, div, l, &sync)
                 }
                 _ => self.kernels.run(s, t, op, &u.tasks, u.scalar, div, plan.blocks, &sync),
             };

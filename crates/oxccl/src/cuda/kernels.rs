@@ -581,9 +581,9 @@ impl Kernels {
         self.launch_blocks(f, blocks, s, &mut [arg(&w), arg(sync)])
     }
 
-    /// Enqueues an LL or LL128 all-reduce of `task` (its one source is this rank's input,
-    /// its one destination this rank's output) through the group's buffer of that protocol;
-    /// `sync` gives the rank, the rank count, the failure record and the timeout.
+    /// Enqueues an LL or LL128 all-reduce of `n` elements from this rank's input `src` into
+    /// its output `dst` through the group's buffer of that protocol; `sync` gives the rank,
+    /// the rank count, the failure record and the timeout.
     #[allow(clippy::too_many_arguments)]
     pub fn run_ll(
         &self,
@@ -591,25 +591,17 @@ impl Kernels {
         proto: LineProto,
         t: DataType,
         op: Kop,
-        task: &Task,
+        (src, dst, n): (CuDevicePtr, CuDevicePtr, usize),
         scalar: u64,
         div: u32,
         ll: Ll,
         sync: &Sync,
     ) -> Result<(), CudaError> {
-        let lines = (task.n * t.size_bytes()).div_ceil(proto.payload());
-        if task.srcs.len() != 1
-            || task.dsts.len() != 1
-            || lines > ll.lines as usize
-            || ll.buf == 0
-            || ll.sig_buf == 0
-            || ll.seq == 0
-        {
+        let lines = (n * t.size_bytes()).div_ceil(proto.payload());
+        if lines > ll.lines as usize || ll.buf == 0 || ll.sig_buf == 0 || ll.seq == 0 {
             return Err(CudaError::Invalid(format!(
-                "an LL all-reduce takes one source and one destination of at most {} lines, not {} into {} of {lines}",
-                ll.lines,
-                task.srcs.len(),
-                task.dsts.len()
+                "an {proto:?} all-reduce carries at most {} lines, not {lines} (or its buffer or call number is unset)",
+                ll.lines
             )));
         }
         let kernels = match proto {
@@ -621,9 +613,9 @@ impl Kernels {
             .copied()
             .ok_or_else(|| CudaError::Invalid(format!("no {proto:?} kernel reduces {t} with {op:?}")))?;
         let a = LlArgs {
-            src: task.srcs[0],
-            dst: task.dsts[0],
-            n: task.n as u64,
+            src,
+            dst,
+            n: n as u64,
             scalar,
             buf: ll.buf,
             fail: sync.fail,
@@ -632,7 +624,7 @@ impl Kernels {
             seq: ll.seq,
             lines: ll.lines,
             div,
-            sig: ll_signature(proto, t, op, task.n),
+            sig: ll_signature(proto, t, op, n),
             rank: sync.rank,
             p: sync.p,
             sigbuf: ll.sig_buf,
