@@ -181,12 +181,12 @@ impl Call {
         let in_place = send_len > 0
             && recv_len > 0
             && match kind {
-                Kind::AllReduce(_) | Kind::Broadcast(_) | Kind::Reduce(..) => s == r,
+                Kind::AllReduce(_) | Kind::Broadcast(_) | Kind::Reduce(..) | Kind::AllToAll => s == r,
                 Kind::AllGather => s == r.wrapping_add(off(me.idx())),
                 Kind::ReduceScatter(_) => r == s.wrapping_add(off(me.idx())),
                 Kind::Gather(root) => s == r.wrapping_add(off(root.idx())),
                 Kind::Scatter(root) => r == s.wrapping_add(off(root.idx())),
-                Kind::AllToAll | Kind::Send(_) | Kind::Recv(_) => false,
+                Kind::Send(_) | Kind::Recv(_) => false,
             };
         if !in_place && overlap(s, send_len, r, recv_len) {
             return Err(invalid(
@@ -288,6 +288,7 @@ impl Call {
             (Kind::ReduceScatter(op), None) => {
                 g.reduce_scatter_raw(t, self.send_slice(), self.recv_slice(), op)
             }
+            (Kind::AllToAll, _) if self.in_place => g.all_to_all_in_place_raw(t, self.in_place_slice()),
             (Kind::AllToAll, _) => g.all_to_all_raw(t, self.send_slice(), self.recv_slice()),
             (Kind::Gather(root), _) if self.in_place => g.gather_in_place_raw(t, self.in_place_slice(), root),
             (Kind::Gather(root), _) => g.gather_raw(t, self.send_slice(), self.recv_slice(), root),

@@ -181,7 +181,8 @@ pub fn run(comm: &Communicator, c: &Call, sends: &[u8], recvs: &mut [&mut [u8]])
             (Bench::ReduceScatter, true) => {
                 g.reduce_scatter_in_place_raw(dt, &mut recv[..n * p * e], c.op)?
             }
-            (Bench::AllToAll, _) => g.all_to_all_raw(dt, send, &mut recv[..n * p * e])?,
+            (Bench::AllToAll, false) => g.all_to_all_raw(dt, send, &mut recv[..n * p * e])?,
+            (Bench::AllToAll, true) => g.all_to_all_in_place_raw(dt, &mut recv[..n * p * e])?,
             (Bench::Gather, false) => {
                 let len = if r == c.root { n * p * e } else { 0 };
                 g.gather_raw(dt, send, &mut recv[..len], root)?
@@ -261,7 +262,8 @@ pub fn run_device(
             (Bench::AllGather, true) => calls.push(coll(Coll::AllGather, recv + blk(r), recv)),
             (Bench::ReduceScatter, false) => calls.push(coll(Coll::ReduceScatter, send, recv)),
             (Bench::ReduceScatter, true) => calls.push(coll(Coll::ReduceScatter, recv, recv + blk(r))),
-            (Bench::AllToAll, _) => calls.push(coll(Coll::AllToAll, send, recv)),
+            (Bench::AllToAll, false) => calls.push(coll(Coll::AllToAll, send, recv)),
+            (Bench::AllToAll, true) => calls.push(coll(Coll::AllToAll, recv, recv)),
             (Bench::Gather, false) => calls.push(coll(Coll::Gather(root), send, recv)),
             (Bench::Gather, true) => calls.push(coll(Coll::Gather(root), recv + blk(r), recv)),
             (Bench::Scatter, false) => calls.push(coll(Coll::Scatter(root), send, recv)),

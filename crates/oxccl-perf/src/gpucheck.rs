@@ -88,7 +88,7 @@ fn check_kernels(dev: &Device, k: &kernels::Kernels, s: &Stream) -> Result<usize
                 let out = &bufs[8];
                 s.fill(out.ptr, 0xA5, out.bytes)?;
                 let srcs: Vec<u64> = bufs[..nsrc].iter().map(|b| b.ptr + off).collect();
-                let task = Task { srcs, dsts: vec![out.ptr + off], n, copy: false };
+                let task = Task::reduce(srcs, vec![out.ptr + off], n);
                 let div = if kop == Kop::Op(ReduceOp::Avg) { nsrc as u32 } else { 0 };
                 k.run(s, t, kop, &[task], u64::from_le_bytes(bits), div, k.blocks, &Sync::default())?;
                 let mut got = vec![0u8; n * es];
@@ -116,7 +116,7 @@ fn check_kernels(dev: &Device, k: &kernels::Kernels, s: &Stream) -> Result<usize
         s.fill(x.ptr, 0, x.bytes)?;
     }
     let tasks = [
-        Task { srcs: vec![bufs[0].ptr, bufs[1].ptr], dsts: vec![bufs[2].ptr], n, copy: false },
+        Task::reduce(vec![bufs[0].ptr, bufs[1].ptr], vec![bufs[2].ptr], n),
         Task::copy(bufs[0].ptr, vec![bufs[3].ptr, bufs[4].ptr], n * 4),
         Task::copy(bufs[1].ptr + 1, vec![bufs[5].ptr + 3], n * 4 - 1),
     ];
@@ -282,6 +282,44 @@ fn threads_all_reduce(copy_gbs: f64) -> Result<usize, CudaError> {
                         if m.rank == 0 {
                             results.lock().unwrap().push(
                                 "THREADS mixed group: 1 MiB all-reduce + 16 KiB ring send/recv in one group, 10 x: checked".into(),
+                            );
+                        }
+                    }
+                    // All-to-all in place on even ranks, out of place on odd ones (NCCL lets
+                    // each rank choose): blocks of 3, 1000 and 2^18 + 5 f32 (unaligned tails),
+                    // 5 times each, streams switched each time. Rank r's block q holds
+                    // 1000 r + 10 q + (i % 7) + rep: every block is told from every other.
+                    {
+                        use oxccl::cuda::call::DevCall;
+                        use oxccl_core::plan::device::Coll;
+                        let r = m.rank;
+                        for n in [3usize, 1000, (1 << 18) + 5] {
+                            for rep in 0..5i64 {
+                                let st = if rep % 2 == 0 { &s } else { &s2 };
+                                let block = |from: usize, to: usize| -> Vec<i64> {
+                                    (0..n).map(|i| 1000 * from as i64 + 10 * to as i64 + (i % 7) as i64 + rep).collect()
+                                };
+                                let mine: Vec<i64> = (0..p).flat_map(|q| block(r, q)).collect();
+                                let want = encode(DataType::F32, &(0..p).flat_map(|q| block(q, r)).collect::<Vec<_>>());
+                                st.upload(send.ptr, &encode(DataType::F32, &mine))?;
+                                let out = if r % 2 == 0 { send.ptr } else { recv.ptr };
+                                let call = DevCall::coll(Coll::AllToAll, DataType::F32, ReduceOp::Sum, n, send.ptr, out);
+                                m.run(st, &[call])?;
+                                let mut got = vec![0u8; n * p * 4];
+                                st.download(&mut got, out)?;
+                                if got != want {
+                                    failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                    let first = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+                                    println!(
+                                        "WRONG threads all_to_all rank {r} ({}) {n} per block repetition {rep}: first differing byte {first}",
+                                        if r % 2 == 0 { "in place" } else { "out of place" }
+                                    );
+                                }
+                            }
+                        }
+                        if r == 0 {
+                            results.lock().unwrap().push(
+                                "THREADS all_to_all: in place on even ranks, out of place on odd, 3 sizes x 5: checked".into(),
                             );
                         }
                     }

@@ -61,7 +61,7 @@ impl Coll {
 
     /// Whether the collective has an in-place form.
     pub fn has_in_place(self) -> bool {
-        !matches!(self, Coll::AllToAll | Coll::AllToAllV | Coll::SendRecv)
+        !matches!(self, Coll::AllToAllV | Coll::SendRecv)
     }
 }
 
@@ -245,11 +245,18 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
             }
         }
         Coll::AllToAll => {
-            let send: Buf<T> = typed_in(c.shared, &input(dt, mv, p, r, c.seed, 0, n * p));
+            let inp = input(dt, mv, p, r, c.seed, 0, n * p);
             let want = concat((0..p).map(|q| input(dt, mv, p, q, c.seed, r * n, n)));
-            let mut recv: Buf<T> = typed_in(c.shared, &poison_for(&want));
-            comm.all_to_all(&send, &mut recv).map_err(err)?;
-            check(c, "result", &recv, &want)
+            if c.in_place {
+                let mut buf: Buf<T> = typed_in(c.shared, &inp);
+                comm.all_to_all_in_place(&mut buf).map_err(err)?;
+                check(c, "result", &buf, &want)
+            } else {
+                let send: Buf<T> = typed_in(c.shared, &inp);
+                let mut recv: Buf<T> = typed_in(c.shared, &poison_for(&want));
+                comm.all_to_all(&send, &mut recv).map_err(err)?;
+                check(c, "result", &recv, &want)
+            }
         }
         Coll::AllToAllV => {
             // Rank s sends cnt(s, d) elements to d; segment elements come from index d·n + k.

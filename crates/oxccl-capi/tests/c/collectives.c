@@ -130,6 +130,17 @@ static void check_gather_scatter_all(ncclComm_t comm, size_t n) {
   NCCLCHECK(ncclAlltoAll(as, ad, n, ncclInt32, comm, NULL));
   for (int q = 0; q < P; q++)
     for (size_t i = 0; i < n; i++) EXPECT(ad[q * n + i] == q * 1000 + R * 10 + (int)(i % 5), "alltoall from %d [%zu]", q, i);
+  /* AlltoAll in place (sendbuff == recvbuff) on even ranks, out of place on odd ones: NCCL
+     lets each rank choose. Each block of an in-place buffer is both sent and replaced. */
+  for (int q = 0; q < P; q++)
+    for (size_t i = 0; i < n; i++) as[q * n + i] = R * 1000 + q * 10 + (int)(i % 7);
+  memset(ad, 0, n * P * sizeof(int32_t));
+  int32_t* aout = R % 2 == 0 ? as : ad;
+  NCCLCHECK(ncclAlltoAll(as, aout, n, ncclInt32, comm, NULL));
+  for (int q = 0; q < P; q++)
+    for (size_t i = 0; i < n; i++)
+      EXPECT(aout[q * n + i] == q * 1000 + R * 10 + (int)(i % 7), "alltoall (%s) from %d [%zu]",
+             R % 2 == 0 ? "in place" : "out of place", q, i);
   free(s);
   free(d);
   free(fs);

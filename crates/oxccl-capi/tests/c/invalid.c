@@ -93,7 +93,8 @@ int main(int argc, char** argv) {
   BAD_ARG(ncclAllGather(f, NULL, 1, ncclFloat, comm, NULL), "recvbuff");
   BAD_ARG(ncclReduceScatter(f, NULL, 1, ncclFloat, ncclSum, comm, NULL), "recvbuff");
   BAD_ARG(ncclReduceScatter(f, g, 1, ncclFloat, (ncclRedOp_t)5, comm, NULL), "op");
-  BAD_ARG(ncclAlltoAll(f, f, 2, ncclFloat, comm, NULL), "overlaps");
+  /* In place (f, f) is an all-to-all's legal layout; a shifted overlap is not. */
+  BAD_ARG(ncclAlltoAll(f, f + 1, 2, ncclFloat, comm, NULL), "overlaps");
   BAD_ARG(ncclAlltoAll(NULL, g, 2, ncclFloat, comm, NULL), "sendbuff");
   BAD_ARG(ncclGather(f, g, 1, ncclFloat, P, comm, NULL), "root");
   BAD_ARG(ncclGather(NULL, g, 1, ncclFloat, 0, comm, NULL), "sendbuff");

@@ -13,7 +13,10 @@
 //! - AllGather: rank r copies its input into block r of every output;
 //! - Gather: rank r copies its input into block r of the root's output;
 //! - Scatter: rank r copies block r of the root's input into its own output;
-//! - AllToAll: rank r copies block q of its input into block r of rank q's output, for each q.
+//! - AllToAll: rank r copies block q of its input into block r of rank q's output, for each q;
+//!   a pair of ranks of which one is in place (send == recv, legal per rank) is exchanged
+//!   by one of the two with a pairwise task (see [`pair_owner`]), since the in-place rank's
+//!   block q is both what it sends q and where q's block lands.
 //!
 //! Slices are 16-byte multiples (so vector loads stay aligned when the buffers are). Within
 //! one call, no byte written by one rank is read or written by another, and a rank that both
@@ -80,7 +83,10 @@ pub struct Bufs {
 
 /// One reduce-copy: `dsts[i][e] = srcs[0][e] ⊕ srcs[1][e] ⊕ …` for `e < n` elements; or, when
 /// `copy`, a byte copy of `n` bytes from the one source (the collectives that move data
-/// without combining it: any launch may carry such a task, whatever its type).
+/// without combining it: any launch may carry such a task, whatever its type); or, when
+/// `copy` and `pairs`, byte copies `dsts[i] ← srcs[i]` in which each thread reads its bytes
+/// of every source before it writes any destination (so a source may be another pair's
+/// destination: an exchange in place).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Task {
     pub srcs: Vec<u64>,
@@ -88,12 +94,24 @@ pub struct Task {
     /// Elements, or bytes for a copy.
     pub n: usize,
     pub copy: bool,
+    pub pairs: bool,
 }
 
 impl Task {
     /// A byte copy of `bytes` from `src` to each of `dsts`.
     pub fn copy(src: u64, dsts: Vec<u64>, bytes: usize) -> Task {
-        Task { srcs: vec![src], dsts, n: bytes, copy: true }
+        Task { srcs: vec![src], dsts, n: bytes, copy: true, pairs: false }
+    }
+
+    /// Byte copies of `bytes`: `dsts[i] ← srcs[i]`, every source read before any write.
+    pub fn pairs(srcs: Vec<u64>, dsts: Vec<u64>, bytes: usize) -> Task {
+        debug_assert_eq!(srcs.len(), dsts.len());
+        Task { srcs, dsts, n: bytes, copy: true, pairs: true }
+    }
+
+    /// A reduce-copy of `n` elements of `srcs` into each of `dsts`.
+    pub fn reduce(srcs: Vec<u64>, dsts: Vec<u64>, n: usize) -> Task {
+        Task { srcs, dsts, n, copy: false, pairs: false }
     }
 
     /// Bytes each source and destination spans, for elements of `elem` bytes.
@@ -139,6 +157,7 @@ pub fn tasks(c: Coll, count: usize, elem: usize, rank: usize, bufs: &[Bufs]) -> 
     let recvs = |off: u64| bufs.iter().map(|b| b.recv + off).collect::<Vec<_>>();
     let me = bufs[rank];
     let mut v = Vec::new();
+    let mut exchanges = Vec::new();
     let copy = !c.reduces();
     let mut push = |srcs: Vec<u64>, dsts: Vec<u64>, n: usize| {
         // A copy onto itself (in place) writes nothing new.
@@ -146,7 +165,7 @@ pub fn tasks(c: Coll, count: usize, elem: usize, rank: usize, bufs: &[Bufs]) -> 
         if n > 0 && !dsts.is_empty() {
             // Copies count bytes.
             let n = if copy { n * elem } else { n };
-            v.push(Task { srcs, dsts, n, copy });
+            v.push(Task { srcs, dsts, n, copy, pairs: false });
         }
     };
     match c {
@@ -170,12 +189,34 @@ pub fn tasks(c: Coll, count: usize, elem: usize, rank: usize, bufs: &[Bufs]) -> 
         Coll::Gather(root) => push(vec![me.send], vec![bufs[root].recv + rank as u64 * block], count),
         Coll::Scatter(root) => push(vec![bufs[root].send + rank as u64 * block], vec![me.recv], count),
         Coll::AllToAll => {
+            let in_place = |q: usize| bufs[q].send == bufs[q].recv;
+            let at = |base: u64, k: usize| base + k as u64 * block;
             for (q, b) in bufs.iter().enumerate() {
-                push(vec![me.send + q as u64 * block], vec![b.recv + rank as u64 * block], count);
+                if q == rank || !(in_place(rank) || in_place(q)) {
+                    push(vec![at(me.send, q)], vec![at(b.recv, rank)], count);
+                } else if pair_owner(rank, q, p) == rank && count > 0 {
+                    // Both directions of the pair, each element read on both sides first.
+                    let (srcs, dsts) =
+                        (vec![at(me.send, q), at(b.send, rank)], vec![at(b.recv, rank), at(me.recv, q)]);
+                    exchanges.push(Task::pairs(srcs, dsts, count * elem));
+                }
             }
         }
     }
+    v.extend(exchanges);
     v
+}
+
+/// Which of ranks `a` and `b` (of `p`) carries their pairwise exchange in an all-to-all: the
+/// one the other lies less than half-way round the ring after (the lower rank at exactly
+/// half), so that every rank carries at most ⌈(p − 1) / 2⌉ pairs.
+pub fn pair_owner(a: usize, b: usize, p: usize) -> usize {
+    let d = (b + p - a) % p;
+    if 2 * d < p || (2 * d == p && a < b) {
+        a
+    } else {
+        b
+    }
 }
 
 /// The most bytes any one rank reads and writes for `c` (sizes the launch: every rank of a
@@ -260,8 +301,8 @@ mod tests {
     }
 
     /// Runs `c` on `p` ranks through the plan in memory, checking race freedom and the result
-    /// against a reference made from the definitions.
-    fn check(c: Coll, p: usize, count: usize, t: DataType, op: ReduceOp, in_place: bool) {
+    /// against a reference made from the definitions. `in_place`: the ranks (a bit each) that call in place; NCCL lets each rank choose.
+    fn check(c: Coll, p: usize, count: usize, t: DataType, op: ReduceOp, in_place: u32) {
         let es = t.size_bytes();
         let block = count * es;
         let ctx = ReduceCtx::new(t, op, p as u32).unwrap();
@@ -305,13 +346,12 @@ mod tests {
             let poison = |n: usize| vec![0xA5u8; n];
             let inner = |r: usize| (r * block) as u64;
             let place = match c {
-                _ if !in_place || sl == 0 || rl == 0 => None,
-                Coll::AllReduce | Coll::Broadcast(_) | Coll::Reduce(_) => Some((true, 0)),
+                _ if in_place >> q & 1 == 0 || sl == 0 || rl == 0 => None,
+                Coll::AllReduce | Coll::Broadcast(_) | Coll::Reduce(_) | Coll::AllToAll => Some((true, 0)),
                 Coll::AllGather => Some((true, inner(q))),
                 Coll::Gather(r) => Some((true, inner(r))),
                 Coll::ReduceScatter => Some((false, inner(q))),
                 Coll::Scatter(r) => Some((false, inner(r))),
-                Coll::AllToAll => None,
             };
             match place {
                 // The send range lies in the receive buffer at `off`.
@@ -375,6 +415,13 @@ mod tests {
                 let ins: Vec<Vec<u8>> = task.srcs.iter().map(|&a| mem.read(a, len)).collect();
                 let refs: Vec<&[u8]> = ins.iter().map(|v| v.as_slice()).collect();
                 let mut out = vec![0u8; len];
+                if task.pairs {
+                    assert!(task.copy && task.srcs.len() == task.dsts.len());
+                    for (&d, data) in task.dsts.iter().zip(&ins) {
+                        mem.write(d, data);
+                    }
+                    continue;
+                }
                 if c.reduces() {
                     reduce_many(&ctx, &mut out, &refs);
                     finalize(&ctx, &mut out);
@@ -389,7 +436,7 @@ mod tests {
         for (q, b) in bufs.iter().enumerate() {
             if let Some(w) = want(q) {
                 let got = mem.read(b.recv, recv_len(q));
-                assert_eq!(got, w, "{c:?} p={p} count={count} {t:?} {op:?} in_place={in_place}: rank {q}");
+                assert_eq!(got, w, "{c:?} p={p} count={count} {t:?} {op:?} in_place={in_place:b}: rank {q}");
             }
         }
     }
@@ -412,7 +459,8 @@ mod tests {
                         (DataType::U8, ReduceOp::Max),
                         (DataType::F64, ReduceOp::Prod),
                     ] {
-                        for in_place in [false, true] {
+                        // None, all, and two mixes of ranks in place.
+                        for in_place in [0, u32::MAX, 0b0101_0101, 0b1001_0110] {
                             check(c, p, count, t, op, in_place);
                         }
                     }

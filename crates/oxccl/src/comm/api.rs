@@ -56,6 +56,8 @@ calls! {
     fn reduce_scatter_in_place(buf: &'a mut [T], op: ReduceOp);
     /// All-to-all.
     fn all_to_all(send: &'a [T], recv: &'a mut [T]);
+    /// All-to-all in place.
+    fn all_to_all_in_place(buf: &'a mut [T]);
     /// All-to-all with per-peer counts and displacements.
     fn all_to_all_v(send: &'a [T], send_counts: &[usize], send_displs: &[usize], recv: &'a mut [T], recv_counts: &[usize], recv_displs: &[usize]);
     /// Gather to `root`.

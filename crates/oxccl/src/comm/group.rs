@@ -81,9 +81,9 @@ impl<'a, M> Group<'a, M> {
     }
 
     fn buf(&mut self, b: RawBuf) -> Result<Loc> {
-        let id = u16::try_from(self.bufs.len()).map_err(|_| CoreError::InvalidArgument {
-            arg: "group",
-            reason: "more than 65535 buffers in one group".into(),
+        // The last id is the engines' scratch buffer.
+        let id = u16::try_from(self.bufs.len()).ok().filter(|&i| i != BufId::SCRATCH.0).ok_or_else(|| {
+            CoreError::InvalidArgument { arg: "group", reason: "more than 65535 buffers in one group".into() }
         })?;
         self.bufs.push(b);
         Ok(Loc::start(BufId(id)))
@@ -286,6 +286,13 @@ impl<'a, M> Group<'a, M> {
         let src = self.buf(RawBuf::of(send))?;
         let dst = self.buf(RawBuf::of_mut(recv))?;
         Ok(self.push(OpSpec::AllToAll { count, dtype, src, dst }, "all_to_all"))
+    }
+
+    /// [`all_to_all_in_place`](Self::all_to_all_in_place) on bytes of `dtype`.
+    pub fn all_to_all_in_place_raw(&mut self, dtype: DataType, buf: &'a mut [u8]) -> Result<&mut Self> {
+        let count = self.per_rank("buf", Self::elems_of("buf", dtype, buf)?)?;
+        let b = self.buf(RawBuf::of_mut(buf))?;
+        Ok(self.push(OpSpec::AllToAll { count, dtype, src: b, dst: b }, "all_to_all"))
     }
 
     /// [`all_to_all_v`](Self::all_to_all_v) on bytes of `dtype` (counts and displacements in
@@ -507,6 +514,12 @@ impl<'a, M> Group<'a, M> {
     /// `i` (`send.len() / size` elements per block).
     pub fn all_to_all<T: Element>(&mut self, send: &'a [T], recv: &'a mut [T]) -> Result<&mut Self> {
         self.all_to_all_raw(T::DTYPE, bytes(send), bytes_mut(recv))
+    }
+
+    /// All-to-all in place: block `j` of `buf` goes to rank `j` and is replaced by rank `j`'s
+    /// block for this rank (NCCL's `sendbuff == recvbuff`; each rank chooses for itself).
+    pub fn all_to_all_in_place<T: Element>(&mut self, buf: &'a mut [T]) -> Result<&mut Self> {
+        self.all_to_all_in_place_raw(T::DTYPE, bytes_mut(buf))
     }
 
     /// All-to-all with per-peer counts and displacements (in elements): this rank sends

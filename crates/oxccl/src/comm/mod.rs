@@ -23,7 +23,7 @@ use crate::transport::hostmem::Ctl;
 use oxccl_core::config::subsys;
 use oxccl_core::config::Config;
 use oxccl_core::launch::Rendezvous;
-use oxccl_core::plan::{ConnClass, ConnKey, Geometry, OpSpec};
+use oxccl_core::plan::{BufId, ConnClass, ConnKey, Geometry, Loc, OpSpec};
 use oxccl_core::uniqueid::{derive_secret, UniqueId};
 use oxccl_core::wire::{Reader, Writer};
 use oxccl_core::{coll, ifname, tuning, ChannelId, CommHash, CoreError, Rank};
@@ -1010,6 +1010,11 @@ impl Inner {
         }
         let tracing = self.log.level >= oxccl_core::config::LogLevel::Trace;
         let started = tracing.then(Instant::now);
+        let copied = inputs_of_in_place_all_to_alls(self.size, ops, bufs)?;
+        let (ops, bufs) = match &copied {
+            Some(c) => (&c.ops[..], &c.bufs[..]),
+            None => (ops, bufs),
+        };
         let mut r = lock(&self.engine).run_ops(&self.geometry, ops, bufs, what);
         if let Some(t) = started {
             self.log.trace(format_args!("{what} took {:?}", t.elapsed()));
@@ -1140,4 +1145,53 @@ fn worker(inner: Arc<Inner>) {
             inner.sched_cv.notify_all();
         }
     }
+}
+
+/// A group's operations with every in-place all-to-all reading its input from a copy, and the
+/// copies (which the rewritten buffers point into).
+struct CopiedInputs {
+    ops: Vec<OpSpec>,
+    bufs: Vec<RawBuf>,
+    _copies: Vec<Vec<u8>>,
+}
+
+/// Rewrites in-place all-to-alls (source and destination the same buffer, which NCCL allows)
+/// to read from a copy of their input taken now: each block of such a buffer is both what
+/// this rank sends a peer and where that peer's block lands, so no engine may read it after
+/// the first block arrives. `None` when the group has none (the common case: no copy).
+fn inputs_of_in_place_all_to_alls(p: usize, ops: &[OpSpec], bufs: &[RawBuf]) -> Result<Option<CopiedInputs>> {
+    let in_place = |o: &OpSpec| matches!(o, OpSpec::AllToAll { src, dst, .. } if src == dst);
+    if !ops.iter().any(in_place) {
+        return Ok(None);
+    }
+    let mut c = CopiedInputs { ops: ops.to_vec(), bufs: bufs.to_vec(), _copies: Vec::new() };
+    for op in &mut c.ops {
+        if let OpSpec::AllToAll { count, dtype, src, dst } = op {
+            if src != dst {
+                continue;
+            }
+            let len = *count * dtype.size_bytes() * p;
+            let b = c.bufs.get(src.buf.0 as usize).copied();
+            let Some(b) = b.filter(|b| src.off.checked_add(len).is_some_and(|end| end <= b.len)) else {
+                return Err(Error::Internal(format!(
+                    "in-place all-to-all of {len} bytes outside its buffer"
+                )));
+            };
+            let id =
+                u16::try_from(c.bufs.len()).ok().filter(|&i| i != BufId::SCRATCH.0).ok_or_else(|| {
+                    Error::from(CoreError::InvalidArgument {
+                        arg: "group",
+                        reason: "too many buffers in one group".into(),
+                    })
+                })?;
+            // SAFETY: the group checked that the buffer holds `len` bytes from `src.off`, and it
+            // stays borrowed (unaliased) while the job runs.
+            let data = unsafe { std::slice::from_raw_parts(b.ptr.add(src.off), len) }.to_vec();
+            c.bufs.push(RawBuf { ptr: data.as_ptr() as *mut u8, len, writable: false });
+            // The Vec's heap block does not move when `_copies` grows.
+            c._copies.push(data);
+            *src = Loc::start(BufId(id));
+        }
+    }
+    Ok(Some(c))
 }

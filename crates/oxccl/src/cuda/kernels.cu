@@ -52,7 +52,9 @@ struct __align__(16) V16 { u32 w[4]; };
 #define OX_MAXTASK 8
 
 // One reduce-copy: every destination receives op(src[0], src[1], ...) over n elements; or,
-// with `copy`, the n bytes of src[0] (any launch carries such tasks, whatever its type).
+// with `copy` 1, the n bytes of src[0] (any launch carries such tasks, whatever its type); or,
+// with `copy` 2, an exchange: dst[0] <- src[0] and dst[1] <- src[1] over n bytes, each thread
+// loading its bytes of both sources before storing either (in-place all-to-all pairs).
 struct Task {
   u64 src[OX_MAXSRC];
   u64 dst[OX_MAXDST];
@@ -248,6 +250,35 @@ __device__ __forceinline__ void copy_bytes(const u8* __restrict__ src, u8* __res
   for (u64 i = nv * 16 + tid; i < bytes; i += stride) dst[i] = src[i];
 }
 
+// The exchange task: no __restrict__, since one pair's source is the other's destination.
+__device__ __forceinline__ void pair_bytes(const Task& t) {
+  const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  const u64 stride = (u64)gridDim.x * blockDim.x;
+  const u64 bytes = t.n;
+  const u64 nv = t.vec ? bytes / 16 : 0;
+  constexpr int U = OX_COPY_UNROLL / 2 > 0 ? OX_COPY_UNROLL / 2 : 1;
+  for (u64 base = tid; base < nv; base += stride * U) {
+    V16 a[U], b[U];
+    load_vecs<U>(a, (const V16*)t.src[0], base, stride, nv);
+    load_vecs<U>(b, (const V16*)t.src[1], base, stride, nv);
+#pragma unroll
+    for (int r = 0; r < U; r++) {
+      const u64 v = base + r * stride;
+      if (v < nv) {
+        ((V16*)t.dst[0])[v] = a[r];
+        ((V16*)t.dst[1])[v] = b[r];
+      }
+    }
+  }
+  const u8* s0 = (const u8*)t.src[0];
+  const u8* s1 = (const u8*)t.src[1];
+  for (u64 i = nv * 16 + tid; i < bytes; i += stride) {
+    const u8 x = s0[i], y = s1[i];
+    ((u8*)t.dst[0])[i] = x;
+    ((u8*)t.dst[1])[i] = y;
+  }
+}
+
 template <typename T, typename Op>
 __device__ __forceinline__ void reduce_task(const Task& t, u64 scalar, u32 div) {
   typedef typename Acc<T>::A A;
@@ -255,6 +286,10 @@ __device__ __forceinline__ void reduce_task(const Task& t, u64 scalar, u32 div) 
   constexpr int U = Unroll<T>::U;
   const int nsrc = (int)t.nsrc, ndst = (int)t.ndst;
   const u64 n = t.n;
+  if (t.copy == 2) {
+    pair_bytes(t);
+    return;
+  }
   if (t.copy || (nsrc == 1 && !Op::PRE && !(Op::POST && div > 1))) {
     const u64 bytes = t.copy ? n : n * sizeof(T);
     for (int j = 0; j < ndst; j++)

@@ -530,7 +530,7 @@ impl Kernels {
         dst: CuDevicePtr,
         count: usize,
     ) -> Result<(), CudaError> {
-        let task = Task { srcs: srcs.to_vec(), dsts: vec![dst], n: count, copy: false };
+        let task = Task::reduce(srcs.to_vec(), vec![dst], count);
         self.run(s, t, Kop::Op(op), &[task], 0, 0, self.blocks, &Sync::default())
     }
 
@@ -559,6 +559,13 @@ impl Kernels {
         let f = self.function(t, op)?;
         let mut w = Work { t: [KTask::default(); MAX_TASKS], scalar, ntask: tasks.len() as u32, div };
         for (k, task) in w.t.iter_mut().zip(tasks) {
+            if task.pairs && (!task.copy || task.srcs.len() != 2 || task.dsts.len() != 2) {
+                return Err(CudaError::Invalid(format!(
+                    "an exchange copies 2 sources into 2 destinations, not {} into {}",
+                    task.srcs.len(),
+                    task.dsts.len()
+                )));
+            }
             if task.srcs.is_empty()
                 || task.srcs.len() > MAX_SOURCES
                 || task.dsts.is_empty()
@@ -576,7 +583,7 @@ impl Kernels {
             k.nsrc = task.srcs.len() as u32;
             k.ndst = task.dsts.len() as u32;
             k.vec = task.aligned() as u32;
-            k.copy = task.copy as u32;
+            k.copy = if task.pairs { 2 } else { task.copy as u32 };
         }
         self.launch_blocks(f, blocks, s, &mut [arg(&w), arg(sync)])
     }
