@@ -162,6 +162,17 @@ fn env_config() -> R<Config> {
     oxccl::env::config().map_err(Fail::from)
 }
 
+/// The calling thread's current CUDA device, if the process uses CUDA.
+#[cfg(feature = "cuda")]
+fn current_device() -> Option<i32> {
+    oxccl::cuda::current_device()
+}
+
+#[cfg(not(feature = "cuda"))]
+fn current_device() -> Option<i32> {
+    None
+}
+
 // ------------------------------------------------------------------------- configs
 
 /// What an `ncclConfig_t` asks for.
@@ -275,7 +286,9 @@ unsafe fn init_rank(
     // SAFETY: passed on from the caller.
     let s = unsafe { settings(config, None) }?;
     let id = decode_id(id, "commId")?;
-    let cfg = env_config()?;
+    let mut cfg = env_config()?;
+    // NCCL's rank lives on the device current at init: every rank learns every rank's.
+    cfg.cuda_device = current_device();
     let st = handle::new_comm(-1, s.name.clone(), s.blocking);
     // SAFETY: checked non-NULL above; the caller's out-pointer.
     unsafe { out.write(st.handle as ncclComm_t) };
@@ -345,7 +358,8 @@ entry! {
             comms.add(i).write(st.handle as ncclComm_t);
         }
         let results = ops::run_all(states.iter().copied().enumerate().collect(), |(i, st)| {
-            st.finish_init(Communicator::init(&id, n, Rank::new(i), cfg.clone()).map_err(Fail::from))
+            let cfg = Config { cuda_device: Some(devs[i]), ..cfg.clone() };
+            st.finish_init(Communicator::init(&id, n, Rank::new(i), cfg).map_err(Fail::from))
         });
         results.into_iter().collect::<R<Vec<()>>>()?;
         Ok(SUCCESS)

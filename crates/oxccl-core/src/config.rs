@@ -141,6 +141,10 @@ pub struct Config {
     /// table down a tree and keeps control connections to neighbours only (0: never). Rank
     /// 0's value holds for the whole communicator.
     pub bootstrap_sparse_from: usize,
+    /// The CUDA device this rank's device buffers are on (NCCL's current device at init);
+    /// every rank learns every rank's at init, so all choose the same device engine. Unset:
+    /// not known (a rank without CUDA, or a Rust caller that did not say).
+    pub cuda_device: Option<i32>,
 }
 
 impl Default for Config {
@@ -166,6 +170,7 @@ impl Default for Config {
             tuner: true,
             calibrate: None,
             bootstrap_sparse_from: tuning::BOOTSTRAP_SPARSE_FROM,
+            cuda_device: None,
         }
     }
 }

@@ -139,6 +139,8 @@ fn run_rank(o: Opts) -> i32 {
     let launched = oxccl::env::launch();
     let t = o.nthreads;
     if t == 1 {
+        let local = launched.as_ref().map_or(0, |l| l.local_rank.unwrap_or(0));
+        config.cuda_device = device_for(&o, local);
         let comm = match &launched {
             Ok(l) => Communicator::from_env_with(config).map(|c| (c, l.local_rank.unwrap_or(0))),
             Err(_) => oxccl::new_unique_id(&config)
@@ -173,7 +175,8 @@ fn run_rank(o: Opts) -> i32 {
     let codes: Vec<i32> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..t)
             .map(|i| {
-                let (o, config) = (o.clone(), config.clone());
+                let (o, mut config) = (o.clone(), config.clone());
+                config.cuda_device = device_for(&o, local * t + i);
                 s.spawn(move || match Communicator::init(&id, psize * t, Rank::new(prank * t + i), config) {
                     Ok(c) => run_one(&c, o, local * t + i),
                     Err(e) => {
@@ -203,6 +206,16 @@ fn run_one(comm: &Communicator, o: Opts, local: usize) -> i32 {
         None
     };
     bench::Runner::new(comm, o, 0, dev).run()
+}
+
+/// With `--mem device`, the device of the rank with host index `local` (`local % devices`, as
+/// [`device_side`] opens), told to init so that every rank knows every rank's device.
+fn device_for(o: &Opts, local: usize) -> Option<i32> {
+    if !o.device {
+        return None;
+    }
+    let n = oxccl::cuda::driver::driver().ok()?.device_count().ok()?;
+    (n > 0).then(|| (local % n as usize) as i32)
 }
 
 fn device_side(comm: &Communicator, local: usize) -> Result<bench::Dev<'_>, String> {

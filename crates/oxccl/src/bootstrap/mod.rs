@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 pub use service::{Incoming, Mailbox, PeerState, Service, Word};
 
 /// Protocol version of every bootstrap message.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Frame kinds.
 pub(crate) mod kind {
@@ -121,6 +121,9 @@ pub struct PeerInfo {
     pub unix_name: [u8; 16],
     /// The calibration of the rank's host (the tuner uses rank 0's on every rank).
     pub costs: oxccl_core::tuner::CpuCosts,
+    /// The rank's CUDA device ordinal ([`Config::cuda_device`](oxccl_core::config::Config)),
+    /// -1 when not known.
+    pub cuda_device: i32,
 }
 
 fn put_addr(w: &mut Writer, a: &SocketAddr) {
@@ -162,6 +165,7 @@ impl PeerInfo {
             .u64(c.ll_gbs.to_bits())
             .u64(c.ll128_gbs.to_bits())
             .u8(c.measured as u8);
+        w.u32(self.cuda_device as u32);
     }
 
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<PeerInfo, CoreError> {
@@ -192,6 +196,10 @@ impl PeerInfo {
                     ll128_gbs,
                     measured: r.u8()? != 0,
                 }
+            },
+            cuda_device: match r.u32()? as i32 {
+                d if d >= -1 => d,
+                d => return Err(CoreError::Malformed { what: "peer CUDA device", reason: format!("{d}") }),
             },
         })
     }
@@ -701,6 +709,7 @@ pub fn table_codec_probe(n: usize) -> (f64, f64) {
             addr: SocketAddr::from(([10, (r >> 16) as u8, (r >> 8) as u8, r as u8], 40000)),
             unix_name: [1; 16],
             costs: Default::default(),
+            cuda_device: -1,
         })
         .collect();
     let bytes = encode_table(&table);
@@ -1594,7 +1603,24 @@ pub(crate) mod tests {
             addr,
             unix_name: [0; 16],
             costs: Default::default(),
+            cuda_device: -1,
         }
+    }
+
+    /// Each rank's CUDA device travels in the peer table (-1: not known); a device below -1
+    /// is refused as malformed.
+    #[test]
+    fn the_peer_table_carries_each_ranks_cuda_device() {
+        let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let table: Vec<PeerInfo> = [-1, 0, 7]
+            .iter()
+            .enumerate()
+            .map(|(r, &d)| PeerInfo { cuda_device: d, ..info(r as u32, addr) })
+            .collect();
+        assert_eq!(decode_table(&encode_table(&table)).unwrap(), table);
+        let bad = encode_table(&[PeerInfo { cuda_device: -2, ..info(0, addr) }]);
+        let e = decode_table(&bad).unwrap_err().to_string();
+        assert!(e.contains("CUDA device") && e.contains("-2"), "{e}");
     }
 
     /// A sparse rendezvous of 5 ranks (relay tree 0 -> 1, 2; 1 -> 3, 4) where rank 1 joins

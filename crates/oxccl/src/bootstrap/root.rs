@@ -402,6 +402,7 @@ mod tests {
                                         addr: SocketAddr::from(([10, 0, (r >> 8) as u8, r as u8], 40000)),
                                         unix_name: [1; 16],
                                         costs: Default::default(),
+                                        cuda_device: -1,
                                     },
                                 };
                                 s.write_all(&super::super::frame(kind::JOIN, &join.encode())).unwrap();

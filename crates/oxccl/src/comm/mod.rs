@@ -270,6 +270,7 @@ impl Communicator {
                 host::host_id(config.host_id.as_deref()),
                 config.calibrate.as_deref(),
             ),
+            cuda_device: config.cuda_device.unwrap_or(-1),
         };
         let w = Waiter::new(rank, config.timeout, abort.clone()).watching(&service.mailbox);
         let rv = bootstrap::Rendezvous {

@@ -47,12 +47,15 @@ pub struct DevComm<'c> {
 }
 
 /// Which engine fits ranks with these (process, host, device) triples, as every rank decides
-/// (threads of one process on several devices are not served by a device engine yet).
+/// (threads of one process on several devices are not served by a device engine yet: they
+/// are staged). A device of -1 is not known (the rank's init was not told it) and taken to
+/// be the others'.
 pub fn choose(ranks: &[(u32, u64, i32)], ipc_allowed: bool) -> EngineKind {
     let p = ranks.len();
     let one_host = ranks.iter().all(|r| r.1 == ranks[0].1);
     let one_process = ranks.iter().all(|r| r.0 == ranks[0].0);
-    let one_device = ranks.iter().all(|r| r.2 == ranks[0].2);
+    let mut known = ranks.iter().map(|r| r.2).filter(|&d| d >= 0);
+    let one_device = known.next().is_none_or(|d| known.all(|e| e == d));
     let mut pids: Vec<u32> = ranks.iter().map(|r| r.0).collect();
     pids.sort_unstable();
     pids.dedup();
@@ -72,11 +75,13 @@ pub fn ipc_allowed() -> bool {
 
 impl<'c> DevComm<'c> {
     /// This rank's device side of `comm`, on device `ordinal` (no communication: the engine
-    /// follows from the ranks' processes and hosts, which every rank knows alike; ranks that
-    /// are threads of one process must all use one device, which their group checks).
+    /// follows from the ranks' processes, hosts and devices as init told them, which every
+    /// rank knows alike; threads of one process whose devices were not told must all use one
+    /// device, which their group checks).
     pub fn new(comm: &'c Communicator, ordinal: i32) -> Result<DevComm<'c>, DevError> {
         let p = comm.size();
-        let ranks: Vec<(u32, u64, i32)> = comm.peers().iter().map(|pi| (pi.pid, pi.host_id, 0)).collect();
+        let ranks: Vec<(u32, u64, i32)> =
+            comm.peers().iter().map(|pi| (pi.pid, pi.host_id, pi.cuda_device)).collect();
         let rank = comm.rank().idx();
         let kind = choose(&ranks, ipc_allowed());
         comm.logger().info_in(
@@ -86,7 +91,7 @@ impl<'c> DevComm<'c> {
                 match kind {
                     EngineKind::Threads => format!("{p} ranks are threads of this process: thread-group kernels meeting on the GPU (LL all-reduce up to {} B: {}; LL128 up to {} B: {})", super::group::LL_MAX_BYTES, super::group::ll_allowed(), super::group::LL128_MAX_BYTES, super::group::ll128_allowed()),
                     EngineKind::Ipc => format!("{p} ranks are processes of one host: kernels over buffers mapped by CUDA IPC, streams ordered by interprocess events"),
-                    EngineKind::Staged => "staged through host memory (ranks on several hosts, over 8 ranks, mixed threads and processes, or OXCCL_CUDA_IPC=0)".to_string(),
+                    EngineKind::Staged => "staged through host memory (ranks on several hosts, over 8 ranks, mixed threads and processes, threads on several devices, or OXCCL_CUDA_IPC=0)".to_string(),
                 }
             ),
         );
@@ -385,6 +390,10 @@ mod tests {
         assert_eq!(choose(&mixed, true), EngineKind::Staged);
         let two_gpus_one_process = [(7, 1, 0), (7, 1, 1)];
         assert_eq!(choose(&two_gpus_one_process, true), EngineKind::Staged);
+        // Devices not told at init are taken to be the known ones; differing known ones stage.
+        assert_eq!(choose(&[(7, 1, -1), (7, 1, 3), (7, 1, -1)], true), EngineKind::Threads);
+        assert_eq!(choose(&[(7, 1, -1), (7, 1, -1)], true), EngineKind::Threads);
+        assert_eq!(choose(&[(7, 1, 2), (7, 1, -1), (7, 1, 5)], true), EngineKind::Staged);
         let nine: Vec<(u32, u64, i32)> = (0..9).map(|i| (i, 1, 0)).collect();
         assert_eq!(choose(&nine, true), EngineKind::Staged);
         assert_eq!(choose(&[(7, 1, 0)], true), EngineKind::Threads);

@@ -59,6 +59,7 @@ driver_table! {
     primary_ctx_retain: fn(*mut Handle, CuDevice) = [c"cuDevicePrimaryCtxRetain"];
     ctx_set_current: fn(Handle) = [c"cuCtxSetCurrent"];
     ctx_get_current: fn(*mut Handle) = [c"cuCtxGetCurrent"];
+    ctx_get_device: fn(*mut CuDevice) = [c"cuCtxGetDevice"];
     ctx_synchronize: fn() = [c"cuCtxSynchronize"];
     mem_alloc: fn(*mut CuDevicePtr, usize) = [c"cuMemAlloc_v2"];
     mem_free: fn(CuDevicePtr) = [c"cuMemFree_v2"];

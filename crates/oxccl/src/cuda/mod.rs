@@ -27,7 +27,7 @@ pub mod nvrtc;
 pub mod stage;
 
 pub use comm::DevComm;
-use driver::{CuDevicePtr, Driver, Handle};
+use driver::{CuDevice, CuDevicePtr, Driver, Handle};
 use std::ffi::c_void;
 
 /// What went wrong with CUDA.
@@ -126,6 +126,28 @@ pub fn alloc_in_current(bytes: usize) -> Result<Option<(CuDevicePtr, usize)>, Cu
     // SAFETY: writes one device pointer; a context is current.
     d.check("cuMemAlloc", unsafe { (d.mem_alloc)(&mut p, bytes.max(1)) })?;
     Ok(Some((p, ctx as usize)))
+}
+
+/// The ordinal of the calling thread's current context's device, if the process has loaded
+/// the CUDA driver and a context is current (NCCL's "current device" at init).
+pub fn current_device() -> Option<i32> {
+    let d = driver::driver_if_loaded()?;
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: writes one context handle.
+    if unsafe { (d.ctx_get_current)(&mut ctx) } != 0 || ctx.is_null() {
+        return None;
+    }
+    let mut dev: CuDevice = 0;
+    // SAFETY: writes one device handle; a context is current.
+    if unsafe { (d.ctx_get_device)(&mut dev) } != 0 {
+        return None;
+    }
+    // A device handle is not promised to be its ordinal: find the ordinal that has it.
+    (0..d.device_count().ok()?).find(|&i| {
+        let mut h: CuDevice = -1;
+        // SAFETY: writes one device handle.
+        unsafe { (d.device_get)(&mut h, i) == 0 && h == dev }
+    })
 }
 
 /// Frees what [`alloc_in_current`] returned, with its context pushed for the call. The

@@ -565,6 +565,7 @@ mod tests {
             addr: l.local_addr().unwrap(),
             unix_name: [0; 16],
             costs: Default::default(),
+            cuda_device: -1,
         };
         (tx, TcpRecv::accept(Rank(0), &peer, rx, 2, slot_bytes).unwrap())
     }
@@ -665,6 +666,7 @@ mod tests {
             addr: l.local_addr().unwrap(),
             unix_name: [0; 16],
             costs: Default::default(),
+            cuda_device: -1,
         };
         let tx = TcpStream::connect(peer.addr).unwrap();
         let (rx, _) = l.accept().unwrap();
