@@ -14,10 +14,10 @@ cd "$(dirname "$0")/../.."
 case "${1:-}" in
 build)
   set -e
-  cargo build --release -p oxccl-perf --bin oxccl-gpucheck --bin oxccl-perf
+  cargo build --release -p oxccl-perf --bin oxccl-gpucheck --bin oxccl-perf --bin oxccl
   cargo build --release -p oxccl-capi
   rm -rf gpu-bin && mkdir -p gpu-bin
-  cp target/release/oxccl-gpucheck target/release/oxccl-perf gpu-bin/
+  cp target/release/oxccl-gpucheck target/release/oxccl-perf target/release/oxccl gpu-bin/
   cp target/release/libnccl.so gpu-bin/libnccl.so.2
   strip gpu-bin/* 2>/dev/null || true
   # Every kernel compiled here for Hopper (NVRTC from OXCCL_NVRTC, as CI gets it) into the

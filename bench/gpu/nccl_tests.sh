@@ -52,6 +52,10 @@ device)
   echo "nccl-tests built in $(( $(date +%s) - t0 )) s"
   gpus=${GPUS:-$(nvidia-smi -L | wc -l)}
   ours="$PWD/gpu-bin/libnccl.so.2"
+  # The topology, as the driver reports it and as oxccl detects it.
+  { echo "== nvidia-smi topo -m"; nvidia-smi topo -m; echo "== oxccl topo"; ./gpu-bin/oxccl topo; } \
+    > "$out/topology.txt" 2>&1
+  cat "$out/topology.txt"
   status=0
   for b in $benches; do
     bin="$build/${b}_perf"
