@@ -29,6 +29,10 @@ pub enum EngineKind {
     Threads,
     /// Ranks are processes of one host, buffers mapped by CUDA IPC.
     Ipc,
+    /// Ranks are threads of one process on several devices (or on one, with
+    /// `OXCCL_DEVICE_ENGINE=events`): the IPC engine's protocol over addresses every device
+    /// reaches by peer access, streams ordered by events.
+    Events,
     /// Through host memory and the host transports.
     Staged,
 }
@@ -46,10 +50,10 @@ pub struct DevComm<'c> {
     mode: Mode,
 }
 
-/// Which engine fits ranks with these (process, host, device) triples, as every rank decides
-/// (threads of one process on several devices are not served by a device engine yet: they
-/// are staged). A device of -1 is not known (the rank's init was not told it) and taken to
-/// be the others'.
+/// Which engine fits ranks with these (process, host, device) triples, as every rank decides.
+/// A device of -1 is not known (the rank's init was not told it) and taken to be the
+/// others'. Threads of one process on several devices get [`EngineKind::Events`] (the caller
+/// stages instead when some pair of their devices has no peer access).
 pub fn choose(ranks: &[(u32, u64, i32)], ipc_allowed: bool) -> EngineKind {
     let p = ranks.len();
     let one_host = ranks.iter().all(|r| r.1 == ranks[0].1);
@@ -61,11 +65,27 @@ pub fn choose(ranks: &[(u32, u64, i32)], ipc_allowed: bool) -> EngineKind {
     pids.dedup();
     if p <= MAX_RANKS && one_host && one_process && one_device {
         EngineKind::Threads
+    } else if p <= MAX_RANKS && one_host && one_process {
+        EngineKind::Events
     } else if p <= MAX_RANKS && one_host && pids.len() == p && ipc_allowed {
         EngineKind::Ipc
     } else {
         EngineKind::Staged
     }
+}
+
+/// Whether every pair of `devices` (-1: `mine`) has peer access both ways.
+fn all_peers_reachable(devices: &[i32], mine: i32) -> bool {
+    let mut ds: Vec<i32> = devices.iter().map(|&d| if d < 0 { mine } else { d }).collect();
+    ds.sort_unstable();
+    ds.dedup();
+    ds.iter().all(|&a| ds.iter().all(|&b| super::can_access_peer(a, b).unwrap_or(false)))
+}
+
+/// `OXCCL_DEVICE_ENGINE=events`: threads of one process on one device use the event engine
+/// instead of the thread group (so its in-process path runs on one GPU too).
+pub fn events_forced() -> bool {
+    std::env::var("OXCCL_DEVICE_ENGINE").is_ok_and(|v| v.trim() == "events")
 }
 
 /// `OXCCL_CUDA_IPC=0` keeps processes off CUDA IPC (their device calls are staged).
@@ -83,7 +103,13 @@ impl<'c> DevComm<'c> {
         let ranks: Vec<(u32, u64, i32)> =
             comm.peers().iter().map(|pi| (pi.pid, pi.host_id, pi.cuda_device)).collect();
         let rank = comm.rank().idx();
-        let kind = choose(&ranks, ipc_allowed());
+        let devices: Vec<i32> = ranks.iter().map(|r| r.2).collect();
+        let kind = match choose(&ranks, ipc_allowed()) {
+            EngineKind::Threads if events_forced() => EngineKind::Events,
+            // Every rank asks about every pair: the same answer on every rank (one process).
+            EngineKind::Events if !all_peers_reachable(&devices, ordinal) => EngineKind::Staged,
+            k => k,
+        };
         comm.logger().info_in(
             oxccl_core::config::subsys::INIT,
             format_args!(
@@ -91,7 +117,8 @@ impl<'c> DevComm<'c> {
                 match kind {
                     EngineKind::Threads => format!("{p} ranks are threads of this process: thread-group kernels meeting on the GPU (LL all-reduce up to {} B: {}; LL128 up to {} B: {})", super::group::LL_MAX_BYTES, super::group::ll_allowed(), super::group::LL128_MAX_BYTES, super::group::ll128_allowed()),
                     EngineKind::Ipc => format!("{p} ranks are processes of one host: kernels over buffers mapped by CUDA IPC, streams ordered by interprocess events"),
-                    EngineKind::Staged => "staged through host memory (ranks on several hosts, over 8 ranks, mixed threads and processes, threads on several devices, or OXCCL_CUDA_IPC=0)".to_string(),
+                    EngineKind::Events => format!("{p} ranks are threads of this process on devices {devices:?}: kernels over buffers reached by peer access, streams ordered by events"),
+                    EngineKind::Staged => "staged through host memory (ranks on several hosts, over 8 ranks, mixed threads and processes, threads on several devices without peer access, or OXCCL_CUDA_IPC=0)".to_string(),
                 }
             ),
         );
@@ -101,6 +128,10 @@ impl<'c> DevComm<'c> {
                 Mode::Threads(Box::new(super::group::join(key, p, rank, ordinal, comm.config().timeout)?))
             }
             EngineKind::Ipc => Mode::Ipc(Box::new(Mutex::new(Engine::new(ordinal)?))),
+            EngineKind::Events => {
+                let known: Vec<i32> = devices.iter().map(|&d| if d < 0 { ordinal } else { d }).collect();
+                Mode::Ipc(Box::new(Mutex::new(Engine::local(ordinal, &known)?)))
+            }
             EngineKind::Staged => Mode::Staged,
         };
         Ok(DevComm { comm, ordinal, mode })
@@ -108,8 +139,9 @@ impl<'c> DevComm<'c> {
 
     /// The engine serving this communicator's device calls.
     pub fn engine(&self) -> EngineKind {
-        match self.mode {
+        match &self.mode {
             Mode::Threads(_) => EngineKind::Threads,
+            Mode::Ipc(e) if e.lock().unwrap_or_else(|e| e.into_inner()).is_local() => EngineKind::Events,
             Mode::Ipc(_) => EngineKind::Ipc,
             Mode::Staged => EngineKind::Staged,
         }
@@ -389,11 +421,14 @@ mod tests {
         let mixed = [(7, 1, 0), (7, 1, 0), (8, 1, 0)];
         assert_eq!(choose(&mixed, true), EngineKind::Staged);
         let two_gpus_one_process = [(7, 1, 0), (7, 1, 1)];
-        assert_eq!(choose(&two_gpus_one_process, true), EngineKind::Staged);
+        assert_eq!(choose(&two_gpus_one_process, true), EngineKind::Events);
         // Devices not told at init are taken to be the known ones; differing known ones stage.
         assert_eq!(choose(&[(7, 1, -1), (7, 1, 3), (7, 1, -1)], true), EngineKind::Threads);
         assert_eq!(choose(&[(7, 1, -1), (7, 1, -1)], true), EngineKind::Threads);
-        assert_eq!(choose(&[(7, 1, 2), (7, 1, -1), (7, 1, 5)], true), EngineKind::Staged);
+        assert_eq!(choose(&[(7, 1, 2), (7, 1, -1), (7, 1, 5)], true), EngineKind::Events);
+        // Over 8 threads on several devices: staged.
+        let nine_devs: Vec<(u32, u64, i32)> = (0..9).map(|i| (7, 1, i)).collect();
+        assert_eq!(choose(&nine_devs, true), EngineKind::Staged);
         let nine: Vec<(u32, u64, i32)> = (0..9).map(|i| (i, 1, 0)).collect();
         assert_eq!(choose(&nine, true), EngineKind::Staged);
         assert_eq!(choose(&[(7, 1, 0)], true), EngineKind::Threads);

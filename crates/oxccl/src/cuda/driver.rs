@@ -60,6 +60,8 @@ driver_table! {
     ctx_set_current: fn(Handle) = [c"cuCtxSetCurrent"];
     ctx_get_current: fn(*mut Handle) = [c"cuCtxGetCurrent"];
     ctx_get_device: fn(*mut CuDevice) = [c"cuCtxGetDevice"];
+    ctx_enable_peer_access: fn(Handle, c_uint) = [c"cuCtxEnablePeerAccess"];
+    device_can_access_peer: fn(*mut c_int, CuDevice, CuDevice) = [c"cuDeviceCanAccessPeer"];
     ctx_synchronize: fn() = [c"cuCtxSynchronize"];
     mem_alloc: fn(*mut CuDevicePtr, usize) = [c"cuMemAlloc_v2"];
     mem_free: fn(CuDevicePtr) = [c"cuMemFree_v2"];

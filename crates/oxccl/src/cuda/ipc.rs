@@ -108,9 +108,18 @@ pub fn open(ordinal: i32, e: &Exported) -> Result<CuDevicePtr, CudaError> {
 /// the collectives' pair by the all-gathers (every rank is in the next group's first one
 /// before anyone records again), the per-pair ones by the pair's own exchanges (a pair's
 /// events serve that pair only).
+///
+/// The same protocol serves ranks that are threads of one process on several devices
+/// ([`Engine::local`]): buffers travel as their addresses (one address space; each device's
+/// context has peer access to the others'), events as their handles (waited on across
+/// devices, no IPC), and the peers' events are never opened or destroyed here (the rank that
+/// owns one keeps it alive; it is waited on only while that rank is in the same call).
 pub struct Engine {
     ordinal: i32,
     dev: Device,
+    /// Ranks are threads of this process (addresses and event handles are exchanged as they
+    /// are); the devices opened for peer access are kept here.
+    local: Option<Vec<Device>>,
     kernels: Kernels,
     ready: Event,
     done: Event,
@@ -224,6 +233,23 @@ fn comm_err(e: crate::Error) -> DevError {
 
 const NO_EXPORT: Exported = Exported { handle: IpcHandle([0; 64]), offset: 0 };
 
+/// The handle of a buffer exported by address (ranks that are threads of one process).
+const LOCAL: IpcHandle = {
+    let mut h = [0u8; 64];
+    h[0] = 1;
+    IpcHandle(h)
+};
+
+/// Event `e` as the other ranks wait on it: its IPC handle, or (`local`) its handle's value.
+fn event_id(local: bool, e: &Event) -> Result<IpcHandle, CudaError> {
+    if !local {
+        return e.ipc_handle();
+    }
+    let mut h = [0u8; 64];
+    h[..8].copy_from_slice(&(e.h as usize as u64).to_le_bytes());
+    Ok(IpcHandle(h))
+}
+
 impl Engine {
     /// The engine of this process on device `ordinal` (its primary context).
     pub fn new(ordinal: i32) -> Result<Engine, CudaError> {
@@ -231,11 +257,82 @@ impl Engine {
         let kernels = Kernels::load(&dev, &[])?;
         let ready = Event::interprocess(&dev)?;
         let done = Event::interprocess(&dev)?;
-        Ok(Engine { ordinal, dev, kernels, ready, done, pair: HashMap::new(), peers: HashMap::new() })
+        Ok(Engine {
+            ordinal,
+            dev,
+            local: None,
+            kernels,
+            ready,
+            done,
+            pair: HashMap::new(),
+            peers: HashMap::new(),
+        })
+    }
+
+    /// The engine of a rank that is a thread of this process on device `ordinal`, the other
+    /// ranks on `devices` (each a thread of this process): peer access to each of them is
+    /// enabled for this device's context.
+    pub fn local(ordinal: i32, devices: &[i32]) -> Result<Engine, CudaError> {
+        let mut peers = Vec::new();
+        for &o in devices {
+            if o != ordinal && !peers.iter().any(|d: &Device| d.ordinal == o) {
+                peers.push(Device::open(o)?);
+            }
+        }
+        let dev = Device::open(ordinal)?;
+        for p in &peers {
+            super::enable_peer_access(&dev, p)?;
+        }
+        let kernels = Kernels::load(&dev, &[])?;
+        let ready = Event::sync_only(&dev)?;
+        let done = Event::sync_only(&dev)?;
+        Ok(Engine {
+            ordinal,
+            dev,
+            local: Some(peers),
+            kernels,
+            ready,
+            done,
+            pair: HashMap::new(),
+            peers: HashMap::new(),
+        })
+    }
+
+    /// Device buffer `a` as the other ranks open it.
+    fn export_buf(&self, a: u64) -> Result<Exported, CudaError> {
+        match (a, &self.local) {
+            (0, _) => Ok(NO_EXPORT),
+            (a, Some(_)) => Ok(Exported { handle: LOCAL, offset: a }),
+            (a, None) => export(a),
+        }
+    }
+
+    /// Another rank's buffer, as this rank's kernels address it (0: none).
+    fn open_buf(&self, e: &Exported) -> Result<u64, CudaError> {
+        match &self.local {
+            _ if e.handle == NO_EXPORT.handle => Ok(0),
+            Some(_) => Ok(e.offset),
+            None => open(self.ordinal, e),
+        }
+    }
+
+    /// Makes `s` wait for another rank's event, given as [`event_id`] made it.
+    fn wait_peer(&mut self, s: &Stream, h: IpcHandle) -> Result<(), CudaError> {
+        if self.local.is_some() {
+            let raw = u64::from_le_bytes(h.0[..8].try_into().unwrap_or([0; 8]));
+            return s.wait_raw(raw as usize);
+        }
+        let e = self.peer_event(h)?;
+        s.wait(e)
     }
 
     pub fn ordinal(&self) -> i32 {
         self.ordinal
+    }
+
+    /// Whether the ranks are threads of this process ([`Engine::local`]).
+    pub fn is_local(&self) -> bool {
+        self.local.is_some()
     }
 
     fn pair(&mut self, q: usize) -> Result<&(Event, Event), CudaError> {
@@ -269,10 +366,10 @@ impl Engine {
         let sends: Vec<DevCall> = calls.iter().filter(|c| matches!(c.what, What::Send(_))).copied().collect();
         let recvs: Vec<DevCall> = calls.iter().filter(|c| matches!(c.what, What::Recv(_))).copied().collect();
         // 1. Ready events and exports.
+        let local = self.local.is_some();
         let mut mine = vec![0u8; COLL_REC * colls.len() + 2 * HANDLE];
         for (i, c) in colls.iter().enumerate() {
-            let ex = |a: u64| if a == 0 { Ok(NO_EXPORT) } else { export(a) };
-            let (ok, send, recv) = match (ex(c.send), ex(c.recv)) {
+            let (ok, send, recv) = match (self.export_buf(c.send), self.export_buf(c.recv)) {
                 (Ok(a), Ok(b)) => (true, a, b),
                 _ => (false, NO_EXPORT, NO_EXPORT),
             };
@@ -281,28 +378,28 @@ impl Engine {
         let o = COLL_REC * colls.len();
         if !colls.is_empty() {
             self.ready.record_raw(stream)?;
-            mine[o..o + HANDLE].copy_from_slice(&self.ready.ipc_handle()?.0);
-            mine[o + HANDLE..o + 2 * HANDLE].copy_from_slice(&self.done.ipc_handle()?.0);
+            mine[o..o + HANDLE].copy_from_slice(&event_id(local, &self.ready)?.0);
+            mine[o + HANDLE..o + 2 * HANDLE].copy_from_slice(&event_id(local, &self.done)?.0);
         }
         let mut send_recs = Vec::with_capacity(sends.len());
         for c in &sends {
             let What::Send(q) = c.what else { continue };
             let mut b = vec![0u8; SEND_REC];
-            let ex = if c.bytes() == 0 { Ok(NO_EXPORT) } else { export(c.send) };
+            let ex = if c.bytes() == 0 { Ok(NO_EXPORT) } else { self.export_buf(c.send) };
             b[0] = ex.is_ok() as u8;
             b[1] = c.t as u8;
             b[8..16].copy_from_slice(&(c.count as u64).to_le_bytes());
             put_exported(&mut b[16..], &ex.unwrap_or(NO_EXPORT));
             let ready = &self.pair(q)?.0;
             ready.record_raw(stream)?;
-            let h = ready.ipc_handle()?;
+            let h = event_id(local, ready)?;
             b[16 + HANDLE + 8..].copy_from_slice(&h.0);
             send_recs.push(b);
         }
         let mut answers: Vec<Vec<u8>> = Vec::with_capacity(recvs.len());
         for c in &recvs {
             let What::Recv(q) = c.what else { continue };
-            answers.push(self.pair(q)?.1.ipc_handle()?.0.to_vec());
+            answers.push(event_id(local, &self.pair(q)?.1)?.0.to_vec());
         }
         // 2. The first exchange.
         let mut all = vec![0u8; mine.len() * p];
@@ -404,8 +501,7 @@ impl Engine {
             }
             for (q, &(_, done)) in coll_events.iter().enumerate() {
                 if q != rank {
-                    let e = self.peer_event(done)?;
-                    sref.wait(e)?;
+                    self.wait_peer(&sref, done)?;
                 }
             }
         }
@@ -413,8 +509,7 @@ impl Engine {
             let What::Send(q) = c.what else { continue };
             let h = IpcHandle(ans[..HANDLE].try_into().unwrap_or([0; HANDLE]));
             if q != rank {
-                let e = self.peer_event(h)?;
-                sref.wait(e)?;
+                self.wait_peer(&sref, h)?;
             }
         }
         for (c, f) in sends.iter().zip(&send_flags) {
@@ -449,23 +544,14 @@ impl Engine {
         if !colls.is_empty() && left.is_empty() {
             for (q, &(ready, _)) in coll_events.iter().enumerate() {
                 if q != rank {
-                    let e = self.peer_event(ready)?;
-                    s.wait(e)?;
+                    self.wait_peer(s, ready)?;
                 }
             }
             for (i, c) in colls.iter().enumerate() {
                 let bufs = (0..p)
                     .map(|q| {
                         let r = &table[q][i];
-                        let open = |a: u64, e: &Exported| {
-                            if q == rank {
-                                Ok(a)
-                            } else if e.handle == NO_EXPORT.handle {
-                                Ok(0)
-                            } else {
-                                open(self.ordinal, e)
-                            }
-                        };
+                        let open = |a: u64, e: &Exported| if q == rank { Ok(a) } else { self.open_buf(e) };
                         Ok(Bufs { send: open(c.send, &r.send)?, recv: open(c.recv, &r.recv)? })
                     })
                     .collect::<Result<Vec<Bufs>, CudaError>>()?;
@@ -504,8 +590,8 @@ impl Engine {
                     let ready = IpcHandle(
                         rec[16 + HANDLE + 8..16 + 2 * HANDLE + 8].try_into().unwrap_or([0; HANDLE]),
                     );
-                    s.wait(self.peer_event(ready)?)?;
-                    open(self.ordinal, &get_exported(&rec[16..]))?
+                    self.wait_peer(s, ready)?;
+                    self.open_buf(&get_exported(&rec[16..]))?
                 }
             };
             tasks.push(Task::copy(src, vec![c.recv], c.bytes()));

@@ -150,6 +150,35 @@ pub fn current_device() -> Option<i32> {
     })
 }
 
+/// Whether kernels on device `a` can address device `b`'s memory (peer access; a device
+/// can always address its own).
+pub fn can_access_peer(a: i32, b: i32) -> Result<bool, CudaError> {
+    if a == b {
+        return Ok(true);
+    }
+    let d = driver::driver()?;
+    let (da, db) = (d.device(a)?, d.device(b)?);
+    let mut yes = 0;
+    // SAFETY: writes one int.
+    d.check("cuDeviceCanAccessPeer", unsafe { (d.device_can_access_peer)(&mut yes, da, db) })?;
+    Ok(yes != 0)
+}
+
+/// Lets kernels in `dev`'s primary context address the memory of `peer`'s primary context
+/// (idempotent); `dev`'s context is current afterwards.
+pub fn enable_peer_access(dev: &Device, peer: &Device) -> Result<(), CudaError> {
+    if peer.ordinal == dev.ordinal {
+        return dev.make_current();
+    }
+    dev.make_current()?;
+    const ALREADY_ENABLED: driver::CuResult = 704;
+    // SAFETY: both primary contexts are retained for the life of the process.
+    match unsafe { (dev.d.ctx_enable_peer_access)(peer.ctx, 0) } {
+        0 | ALREADY_ENABLED => Ok(()),
+        r => dev.d.check("cuCtxEnablePeerAccess", r),
+    }
+}
+
 /// Frees what [`alloc_in_current`] returned, with its context pushed for the call. The
 /// caller frees each allocation once and keeps the context alive until then.
 pub fn free_in(ctx: usize, p: CuDevicePtr) -> Result<(), CudaError> {
@@ -256,8 +285,14 @@ impl Stream {
 
     /// Makes work enqueued later on this stream wait for `e`'s latest record.
     pub fn wait(&self, e: &Event) -> Result<(), CudaError> {
-        // SAFETY: a live stream and a live event (borrowed for the call).
-        self.d.check("cuStreamWaitEvent", unsafe { (self.d.stream_wait_event)(self.h, e.h, 0) })
+        self.wait_raw(e.h as usize)
+    }
+
+    /// Makes this stream wait for the event whose handle has value `e`, which the caller
+    /// keeps alive until the wait is enqueued (another rank's event of this process, say).
+    pub fn wait_raw(&self, e: usize) -> Result<(), CudaError> {
+        // SAFETY: a live stream; the driver validates the handle, which the caller keeps alive.
+        self.d.check("cuStreamWaitEvent", unsafe { (self.d.stream_wait_event)(self.h, e as Handle, 0) })
     }
 
     /// Copies `src` to device address `dst` in this stream's order, complete on return (the
