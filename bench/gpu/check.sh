@@ -61,9 +61,11 @@ device)
   fi
   if [ "${SKIP_PERF:-0}" != 1 ]; then
     # Correctness: every benchmark, every type and operator (and root), out of place and in
-    # place, checked (-c 1): 4 ranks as threads of one process, then 4 processes (CUDA IPC).
-    for mode in "-t 4" "-np 4"; do
+    # place, checked (-c 1): 4 ranks as threads of one process, then 4 processes (CUDA IPC),
+    # then 4 threads on the event engine (the one threads on several GPUs get; forced here).
+    for mode in "-t 4" "-np 4" "-t 4 events"; do
       tag=$(echo "$mode" | tr -d ' -')
+      case $mode in *events) export OXCCL_DEVICE_ENGINE=events; mode="-t 4" ;; *) unset OXCCL_DEVICE_ENGINE ;; esac
       for b in all_reduce all_gather broadcast reduce_scatter reduce alltoall gather scatter sendrecv hypercube; do
         extra="-d all"
         case $b in all_reduce|reduce|reduce_scatter) extra="-d all -o all" ;; esac
@@ -77,6 +79,7 @@ device)
         [ $rc = 0 ] || status=1
       done
     done
+    unset OXCCL_DEVICE_ENGINE
     # Speed, ranks as threads: all-reduce float and bfloat16 from 8 B to 1 GiB, CUDA-event-free
     # nccl-tests timing (host clock around -n calls, then a stream sync).
     for t in float bfloat16; do
