@@ -169,6 +169,15 @@ int main(int argc, char** argv) {
   ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
   sim.magic = 1;
   BAD_ARG(ncclGroupSimulateEnd(&sim), "NCCL_SIM_INFO_INITIALIZER");
+  /* An in-place all-to-all reads its input when its group starts: a call before it in the
+     group that writes that buffer is refused by name (every rank alike here), nothing run. */
+  float a2a[64] = {0};
+  for (int i = 0; i < 2 * P; i++) a2a[i] = 5.0f;
+  NCCLCHECK(ncclGroupStart());
+  NCCLCHECK(ncclAllReduce(f, a2a, 2 * P, ncclFloat, ncclSum, comm, NULL));
+  NCCLCHECK(ncclAlltoAll(a2a, a2a, 2, ncclFloat, comm, NULL));
+  BAD_USE(ncclGroupEnd(), "end the group between the two");
+  EXPECT(a2a[0] == 5.0f, "a refused group ran a call (a2a[0] = %g)", a2a[0]);
   /* The communicator still works. */
   NCCLCHECK(ncclAllReduce(&before, &sum, 1, ncclFloat, ncclSum, comm, NULL));
   EXPECT(sum == 7.0f * P, "all-reduce after the bad calls = %g", sum);

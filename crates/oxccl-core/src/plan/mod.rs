@@ -346,6 +346,23 @@ impl OpSpec {
     pub fn is_p2p(&self) -> bool {
         matches!(self, OpSpec::Send { .. } | OpSpec::Recv { .. })
     }
+
+    /// Where the op writes (every op but a send writes from there on).
+    pub fn dst(&self) -> Option<Loc> {
+        match *self {
+            OpSpec::AllReduce { dst, .. }
+            | OpSpec::Broadcast { dst, .. }
+            | OpSpec::Reduce { dst, .. }
+            | OpSpec::AllGather { dst, .. }
+            | OpSpec::ReduceScatter { dst, .. }
+            | OpSpec::AllToAll { dst, .. }
+            | OpSpec::AllToAllV { dst, .. }
+            | OpSpec::Gather { dst, .. }
+            | OpSpec::Scatter { dst, .. }
+            | OpSpec::Recv { dst, .. } => Some(dst),
+            OpSpec::Send { .. } => None,
+        }
+    }
 }
 
 fn ring_lanes(g: &Geometry, kind: RingKind, args: RingArgs) -> Result<Vec<Lane>, CoreError> {

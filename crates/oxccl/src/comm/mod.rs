@@ -1011,7 +1011,7 @@ impl Inner {
         }
         let tracing = self.log.level >= oxccl_core::config::LogLevel::Trace;
         let started = tracing.then(Instant::now);
-        let copied = inputs_of_in_place_all_to_alls(self.size, ops, bufs)?;
+        let copied = inputs_of_in_place_all_to_alls(self.rank, self.size, ops, bufs)?;
         let (ops, bufs) = match &copied {
             Some(c) => (&c.ops[..], &c.bufs[..]),
             None => (ops, bufs),
@@ -1159,15 +1159,23 @@ struct CopiedInputs {
 /// Rewrites in-place all-to-alls (source and destination the same buffer, which NCCL allows)
 /// to read from a copy of their input taken now: each block of such a buffer is both what
 /// this rank sends a peer and where that peer's block lands, so no engine may read it after
-/// the first block arrives. `None` when the group has none (the common case: no copy).
-fn inputs_of_in_place_all_to_alls(p: usize, ops: &[OpSpec], bufs: &[RawBuf]) -> Result<Option<CopiedInputs>> {
+/// the first block arrives. `None` when the group has none (the common case: no copy). The
+/// copy is taken before the group runs, so a call that writes the buffer before the
+/// all-to-all in the same group (an earlier collective, or any receive, which runs
+/// throughout) is refused by name rather than its result missed.
+fn inputs_of_in_place_all_to_alls(
+    me: Rank,
+    p: usize,
+    ops: &[OpSpec],
+    bufs: &[RawBuf],
+) -> Result<Option<CopiedInputs>> {
     let in_place = |o: &OpSpec| matches!(o, OpSpec::AllToAll { src, dst, .. } if src == dst);
     if !ops.iter().any(in_place) {
         return Ok(None);
     }
     let mut c = CopiedInputs { ops: ops.to_vec(), bufs: bufs.to_vec(), _copies: Vec::new() };
-    for op in &mut c.ops {
-        if let OpSpec::AllToAll { count, dtype, src, dst } = op {
+    for i in 0..c.ops.len() {
+        if let OpSpec::AllToAll { count, dtype, src, dst } = &mut c.ops[i] {
             if src != dst {
                 continue;
             }
@@ -1178,8 +1186,21 @@ fn inputs_of_in_place_all_to_alls(p: usize, ops: &[OpSpec], bufs: &[RawBuf]) -> 
                     "in-place all-to-all of {len} bytes outside its buffer"
                 )));
             };
+            let start = b.ptr as usize + src.off;
+            let writer = ops.iter().enumerate().find(|&(j, o)| {
+                let before = (j < i && !o.is_p2p()) || matches!(o, OpSpec::Recv { .. });
+                let w = o.dst().and_then(|d| bufs.get(d.buf.0 as usize)).filter(|w| w.writable);
+                before && w.is_some_and(|w| (w.ptr as usize) < start + len && start < w.ptr as usize + w.len)
+            });
+            if let Some((j, _)) = writer {
+                return Err(Error::InvalidUsage(format!(
+                    "rank {me}: call {} of this group, an in-place all-to-all, reads its buffer when the group starts, but call {} of the group writes it first: end the group between the two",
+                    i + 1,
+                    j + 1
+                )));
+            }
             let id =
-                u16::try_from(c.bufs.len()).ok().filter(|&i| i != BufId::SCRATCH.0).ok_or_else(|| {
+                u16::try_from(c.bufs.len()).ok().filter(|&k| k != BufId::SCRATCH.0).ok_or_else(|| {
                     Error::from(CoreError::InvalidArgument {
                         arg: "group",
                         reason: "too many buffers in one group".into(),
@@ -1191,7 +1212,9 @@ fn inputs_of_in_place_all_to_alls(p: usize, ops: &[OpSpec], bufs: &[RawBuf]) -> 
             c.bufs.push(RawBuf { ptr: data.as_ptr() as *mut u8, len, writable: false });
             // The Vec's heap block does not move when `_copies` grows.
             c._copies.push(data);
-            *src = Loc::start(BufId(id));
+            if let OpSpec::AllToAll { src, .. } = &mut c.ops[i] {
+                *src = Loc::start(BufId(id));
+            }
         }
     }
     Ok(Some(c))
