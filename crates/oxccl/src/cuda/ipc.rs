@@ -337,7 +337,8 @@ impl Engine {
 
     fn pair(&mut self, q: usize) -> Result<&(Event, Event), CudaError> {
         if !self.pair.contains_key(&q) {
-            let e = (Event::interprocess(&self.dev)?, Event::interprocess(&self.dev)?);
+            let make = if self.local.is_some() { Event::sync_only } else { Event::interprocess };
+            let e = (make(&self.dev)?, make(&self.dev)?);
             self.pair.insert(q, e);
         }
         Ok(&self.pair[&q])
