@@ -102,6 +102,9 @@ fn bounded(reason: &str) -> &str {
 /// The tag of the peer table relayed from a rank to its children in the relay tree.
 pub(crate) const TAG_TABLE: u64 = 0xB0 << 56;
 
+/// The tag of the word a rank sends each lifeline once it has connected to all of them.
+const TAG_CONNECTED: u64 = 0xB1 << 56;
+
 const JOIN_MAGIC: u32 = u32::from_le_bytes(*b"OXJN");
 const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"OXHL");
 
@@ -1258,16 +1261,30 @@ impl Bootstrap {
     }
 
     /// Opens the control connection to every lifeline peer (every peer, or in a sparse
-    /// communicator the neighbours). Each is this rank's lifeline: if it ends without a
-    /// goodbye, the peer knows this rank is gone. Others open when first used.
+    /// communicator the neighbours), then waits until every lifeline has done the same. Each
+    /// is this rank's lifeline: if it ends without a goodbye, the peer knows this rank is
+    /// gone. Others open when first used.
     pub fn connect_all(&self, w: &Waiter) -> Result<()> {
-        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
-        w.holding(|| {
-            for &r in &self.lifelines {
-                self.conn(&mut out, r, w)?;
-            }
-            Ok(())
-        })
+        {
+            let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+            w.holding(|| -> Result<()> {
+                for &r in &self.lifelines {
+                    self.conn(&mut out, r, w)?;
+                }
+                Ok(())
+            })?;
+        }
+        // Init is collective: no rank may leave it (and end its communicator at once) while a
+        // lifeline has yet to connect to it, or that lifeline's init fails on a refused
+        // connection. Each rank tells its lifelines it has connected to all of them, then
+        // hears the same from each (the lifeline relation is symmetric).
+        for &r in &self.lifelines {
+            self.send(r, TAG_CONNECTED, &[], w)?;
+        }
+        for &r in &self.lifelines {
+            self.recv(r, TAG_CONNECTED, w)?;
+        }
+        Ok(())
     }
 
     /// The peers this rank holds control connections to from the start.
