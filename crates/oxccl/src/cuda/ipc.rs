@@ -253,20 +253,7 @@ fn event_id(local: bool, e: &Event) -> Result<IpcHandle, CudaError> {
 impl Engine {
     /// The engine of this process on device `ordinal` (its primary context).
     pub fn new(ordinal: i32) -> Result<Engine, CudaError> {
-        let dev = Device::open(ordinal)?;
-        let kernels = Kernels::load(&dev, &[])?;
-        let ready = Event::interprocess(&dev)?;
-        let done = Event::interprocess(&dev)?;
-        Ok(Engine {
-            ordinal,
-            dev,
-            local: None,
-            kernels,
-            ready,
-            done,
-            pair: HashMap::new(),
-            peers: HashMap::new(),
-        })
+        Self::on(Device::open(ordinal)?, None)
     }
 
     /// The engine of a rank that is a thread of this process on device `ordinal`, the other
@@ -283,13 +270,18 @@ impl Engine {
         for p in &peers {
             super::enable_peer_access(&dev, p)?;
         }
+        Self::on(dev, Some(peers))
+    }
+
+    /// The engine on `dev`: its kernels, and its events (interprocess unless `local`).
+    fn on(dev: Device, local: Option<Vec<Device>>) -> Result<Engine, CudaError> {
         let kernels = Kernels::load(&dev, &[])?;
-        let ready = Event::sync_only(&dev)?;
-        let done = Event::sync_only(&dev)?;
+        let make = if local.is_some() { Event::sync_only } else { Event::interprocess };
+        let (ready, done) = (make(&dev)?, make(&dev)?);
         Ok(Engine {
-            ordinal,
+            ordinal: dev.ordinal,
             dev,
-            local: Some(peers),
+            local,
             kernels,
             ready,
             done,
