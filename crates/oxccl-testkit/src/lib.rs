@@ -5,11 +5,13 @@ pub mod cases;
 pub mod matrixrun;
 pub mod netns;
 pub mod rng;
+pub mod skip;
 pub mod spawn;
 pub mod verify;
 
 pub use cases::{matrix, run_case, Case, Coll, MatrixSpec};
 pub use rng::Rng;
+pub use skip::{skip, skip_unavailable};
 pub use spawn::{child, epoch_ms, ChildCtx, Finished, Launch};
 
 /// Prints a line to the process's stderr even under libtest's output capture (which only
