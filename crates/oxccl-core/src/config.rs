@@ -20,6 +20,7 @@
 //! | `OXCCL_TUNER` | `0`: no cost model; the built-in rules pick algorithms | `1` |
 //! | `OXCCL_CALIBRATE` | `0`: the model's built-in costs; `force`: measure this host again | cached probe |
 //! | `OXCCL_TIMEOUT` | seconds a call may wait for peers; `0` = forever | forever |
+//! | `OXCCL_WAIT_NOTICE` | seconds between the lines a rank still waiting at init prints on stderr (what it waits for); `0` = none | `30` |
 //! | `OXCCL_HOST_ID` | overrides the host identity (ranks with equal ids share memory) | derived |
 //! | `OXCCL_DIRECT` | `0`: single-host communicators use the ring engine, not direct memory access | `1` |
 //! | `OXCCL_FLIGHT_RECORDER` | calls each communicator's flight recorder keeps (0: off) | `2000` |
@@ -117,6 +118,9 @@ pub struct Config {
     /// `NCCL_DEBUG_FILE`: where log lines go (`%h` host, `%p` pid); unset: stderr.
     pub log_file: Option<String>,
     pub timeout: Option<Duration>,
+    /// How often a rank still waiting at init says on stderr what it waits for
+    /// (`OXCCL_WAIT_NOTICE`, seconds; `None`: never).
+    pub wait_notice: Option<Duration>,
     pub host_id: Option<String>,
     /// Single-host communicators run collectives by direct memory access (`OXCCL_DIRECT`).
     pub direct: bool,
@@ -160,6 +164,7 @@ impl Default for Config {
             log_subsys: subsys::DEFAULT,
             log_file: None,
             timeout: None,
+            wait_notice: Some(Duration::from_secs(tuning::WAIT_NOTICE_S)),
             host_id: None,
             direct: true,
             check_calls: true,
@@ -238,6 +243,13 @@ impl Config {
                 return Err(bad("OXCCL_TIMEOUT", &v, "expected a non-negative number of seconds"));
             }
             c.timeout = (secs > 0.0).then(|| Duration::from_secs_f64(secs));
+        }
+        if let Some(v) = get("OXCCL_WAIT_NOTICE") {
+            let secs: f64 = v.trim().parse().map_err(|_| bad("OXCCL_WAIT_NOTICE", &v, "expected seconds"))?;
+            if !(secs >= 0.0 && secs.is_finite()) {
+                return Err(bad("OXCCL_WAIT_NOTICE", &v, "expected a non-negative number of seconds"));
+            }
+            c.wait_notice = (secs > 0.0).then(|| Duration::from_secs_f64(secs));
         }
         if let Some(v) = get("OXCCL_FLIGHT_RECORDER") {
             c.flight_entries = v

@@ -36,6 +36,11 @@ pub const HELLO_DEADLINE_MS: u64 = 10_000;
 pub const MAX_PENDING_CONNECTIONS: usize = 1024;
 /// Bootstrap: delay between attempts to reach a root or peer that is not listening yet.
 pub const CONNECT_RETRY_MS: u64 = 20;
+/// A rank still waiting at init says what it waits for this often (`OXCCL_WAIT_NOTICE`).
+pub const WAIT_NOTICE_S: u64 = 30;
+/// A rendezvous root greets each connection as it accepts it; an endpoint that has not greeted
+/// within this long is not an oxccl root (say, torchrun's TCPStore on `MASTER_PORT`).
+pub const GREET_WAIT_MS: u64 = 3000;
 /// Bootstrap: from this many ranks on (`OXCCL_BOOTSTRAP_SPARSE_FROM`), the peer table goes
 /// down a binary tree of ranks instead of from the root to each, and each rank opens control
 /// connections (lifelines) only to its ring and tree neighbours instead of to every peer.

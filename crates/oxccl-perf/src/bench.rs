@@ -645,11 +645,24 @@ impl<'c> Runner<'c> {
         }
         self.errors = e[0];
         let avg = if self.bw_count > 0 { self.bw_sum / self.bw_count as f64 } else { 0.0 };
+        if let Some(e) = &err {
+            // Every rank says why it stopped, on its own stderr: the rank that printed the report
+            // may be the one that died.
+            eprintln!("oxccl-perf: {e}");
+            self.print(&format!("# error: {e}\n"));
+        }
+        // A run that stopped early checked only part of its values: never "OK".
         self.print(&format!(
             "# {:<20} : {} {}\n",
             "Out of bounds values",
             self.errors,
-            if self.errors > 0 { "FAILED" } else { "OK" }
+            if err.is_some() {
+                "FAILED (the run stopped early, see the error above)"
+            } else if self.errors > 0 {
+                "FAILED"
+            } else {
+                "OK"
+            }
         ));
         self.print(&format!("# {:<20} : {} \n", "Avg bus bandwidth", g6_plain(avg)));
         self.print("#\n");
@@ -670,9 +683,8 @@ impl<'c> Runner<'c> {
             ));
         }
         self.print("#\n");
-        match &err {
-            Some(e) => self.print(&format!("# error: {e}\n")),
-            None => self.print("\n"),
+        if err.is_none() {
+            self.print("\n");
         }
         if self.out {
             if let Some(path) = &self.o.json {

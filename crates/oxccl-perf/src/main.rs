@@ -12,16 +12,14 @@
 mod args;
 mod bench;
 mod colls;
+mod launcher;
 mod plot;
 mod report;
 mod sizes;
 
 use args::{Bench, Opts};
-use oxccl::{Communicator, Config, Rank};
-use std::process::Command;
+use oxccl::{Communicator, Rank};
 use std::time::Duration;
-
-const CHILD_ENV: &str = "OXCCL_PERF_CHILD";
 
 /// Writes an SVG of this run's JSON results plus `extra` JSON files.
 pub fn plot_files(svg: &str, ours: &[String], extra: &[String]) {
@@ -37,92 +35,6 @@ pub fn plot_files(svg: &str, ours: &[String], extra: &[String]) {
         Ok(()) => println!("# Wrote plot {svg} ({} series)", series.len()),
         Err(e) => eprintln!("oxccl-perf: cannot write {svg}: {e}"),
     }
-}
-
-/// `-np N`: starts N copies of this program as ranks and waits for them.
-fn launch(o: &Opts, args: &[String]) -> i32 {
-    let np = o.np.unwrap_or(1);
-    let id = match oxccl::new_unique_id(&Config::default()) {
-        Ok(id) => id,
-        Err(e) => {
-            eprintln!("oxccl-perf: cannot create a unique id: {e}");
-            return 2;
-        }
-    };
-    let exe = match std::env::current_exe() {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!("oxccl-perf: {e}");
-            return 2;
-        }
-    };
-    // The children get the same flags without -np, and the benchmark's name first.
-    let mut child_args = vec![o.bench.program().to_string()];
-    let mut i = 0;
-    while i < args.len() {
-        if args[i] == "-np" {
-            i += 2;
-            continue;
-        }
-        if Bench::parse(&args[i]).is_none() || i > 0 {
-            child_args.push(args[i].clone());
-        }
-        i += 1;
-    }
-    let mut kids = Vec::new();
-    for r in 0..np {
-        let c = Command::new(&exe)
-            .args(&child_args)
-            .env(CHILD_ENV, "1")
-            .env("OXCCL_RANK", r.to_string())
-            .env("OXCCL_WORLD_SIZE", np.to_string())
-            .env("OXCCL_LOCAL_RANK", r.to_string())
-            .env("OXCCL_UNIQUE_ID", id.to_string())
-            .spawn();
-        match c {
-            Ok(c) => kids.push(c),
-            Err(e) => {
-                eprintln!("oxccl-perf: cannot start rank {r}: {e}");
-                for mut k in kids {
-                    let _ = k.kill();
-                }
-                return 2;
-            }
-        }
-    }
-    let mut code = 0;
-    let mut done = vec![false; np];
-    let mut failed_at: Option<std::time::Instant> = None;
-    while done.iter().any(|d| !d) {
-        for (r, k) in kids.iter_mut().enumerate() {
-            if done[r] {
-                continue;
-            }
-            if let Ok(Some(s)) = k.try_wait() {
-                done[r] = true;
-                let c = s.code().unwrap_or(2);
-                if c != 0 {
-                    if code == 0 {
-                        code = c;
-                    }
-                    failed_at.get_or_insert_with(std::time::Instant::now);
-                }
-            }
-        }
-        // A failed rank leaves the others waiting for it: end them after a grace period.
-        if failed_at.is_some_and(|t| t.elapsed() > Duration::from_secs(5)) {
-            for (r, k) in kids.iter_mut().enumerate() {
-                if !done[r] {
-                    eprintln!("oxccl-perf: rank {r} still running after another rank failed; killing it");
-                    let _ = k.kill();
-                    let _ = k.wait();
-                    done[r] = true;
-                }
-            }
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    code
 }
 
 fn run_rank(o: Opts) -> i32 {
@@ -251,7 +163,10 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let code =
-        if o.np.is_some() && std::env::var_os(CHILD_ENV).is_none() { launch(&o, rest) } else { run_rank(o) };
+    let code = if o.np.is_some() && std::env::var_os(launcher::CHILD_ENV).is_none() {
+        launcher::launch(&o, rest)
+    } else {
+        run_rank(o)
+    };
     std::process::exit(code);
 }

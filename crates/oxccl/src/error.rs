@@ -74,6 +74,9 @@ pub enum Error {
     /// The rendezvous root refused this rank or the whole communicator.
     #[error("rank {rank}: bootstrap failed: {reason}")]
     Rejected { rank: Rank, reason: RejectReason },
+    /// The rendezvous address answers, but not as an oxccl root (another program listens there).
+    #[error("rank {rank}: the rendezvous endpoint {addr} is not an oxccl root: {saw}; is another program listening there (torchrun's TCPStore on MASTER_PORT, say)?")]
+    NotARoot { rank: Rank, addr: String, saw: String },
     /// A peer closed its connection while this rank needed it.
     #[error("rank {rank}: {op}: peer rank {peer} (host {host}) closed its connection")]
     PeerClosed { rank: Rank, op: String, peer: Rank, host: String },
@@ -88,7 +91,7 @@ pub enum Error {
     #[error("rank {rank}: {op}: rank {peer} (host {host}) failed: {reason}")]
     PeerFailed { rank: Rank, op: String, peer: Rank, host: String, reason: String },
     /// The call waited longer than the communicator's timeout.
-    #[error("rank {rank}: {op} timed out after {after:?}, still waiting for rank(s) {}{detail}", rank_list(.waiting_for))]
+    #[error("rank {rank}: {op} timed out after {after:?}{}{detail}", waiting(.waiting_for))]
     Timeout { rank: Rank, op: String, after: Duration, waiting_for: Vec<Rank>, detail: String },
     /// The communicator was aborted.
     #[error("rank {rank}: communicator aborted")]
@@ -101,9 +104,24 @@ pub enum Error {
     Internal(String),
 }
 
-/// `[1, 3]`.
-fn rank_list(r: &[Rank]) -> String {
-    format!("{:?}", r.iter().map(|r| r.0).collect::<Vec<_>>())
+/// `1, 3` (at most 64 listed, then how many more).
+pub(crate) fn rank_list(r: &[Rank]) -> String {
+    const SHOWN: usize = 64;
+    let mut s = r.iter().take(SHOWN).map(|r| r.0.to_string()).collect::<Vec<_>>().join(", ");
+    if r.len() > SHOWN {
+        s += &format!(" and {} more", r.len() - SHOWN);
+    }
+    s
+}
+
+/// A timeout's ", still waiting for rank(s) 1, 3", or nothing when the wait does not know whom
+/// it waits for (the operation then says what).
+fn waiting(r: &[Rank]) -> String {
+    if r.is_empty() {
+        String::new()
+    } else {
+        format!(", still waiting for rank(s) {}", rank_list(r))
+    }
 }
 
 /// `Result` with oxccl's error.

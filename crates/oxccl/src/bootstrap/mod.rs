@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 pub use service::{Incoming, Mailbox, PeerState, Service, Word};
 
 /// Protocol version of every bootstrap message.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// Frame kinds.
 pub(crate) mod kind {
@@ -46,6 +46,9 @@ pub(crate) mod kind {
     /// Root → each rank once all joined, before any table: how the table reaches it
     /// ([`super::Route`]).
     pub const ROUTE: u8 = 5;
+    /// Root → every connection, as it is accepted: "an oxccl root, of this protocol version"
+    /// ([`super::greeting`]).
+    pub const GREET: u8 = 6;
     pub const HELLO: u8 = 10;
     pub const MSG: u8 = 11;
     /// The last frame of a control connection closed in order.
@@ -106,6 +109,7 @@ pub(crate) const TAG_TABLE: u64 = 0xB0 << 56;
 const TAG_CONNECTED: u64 = 0xB1 << 56;
 
 const JOIN_MAGIC: u32 = u32::from_le_bytes(*b"OXJN");
+const GREET_MAGIC: u32 = u32::from_le_bytes(*b"OXRT");
 const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"OXHL");
 
 /// How long a wait stuck only on live peers keeps waiting once another peer is gone.
@@ -254,6 +258,16 @@ pub struct Waiter {
     held: std::cell::Cell<bool>,
     /// When this wait, stuck on a peer that destroyed its communicator in order, first saw it so.
     left_seen: std::cell::Cell<Option<Instant>>,
+    /// Set for waits at init: say on stderr, this often, what the wait is still waiting for.
+    notice: Option<Notice>,
+}
+
+/// A long wait's periodic word on stderr ([`Waiter::announcing`]).
+#[derive(Clone, Debug)]
+struct Notice {
+    every: Duration,
+    started: Instant,
+    next: std::cell::Cell<Instant>,
 }
 
 /// A stuck wait's questions to its peers: the communicator's control connections, this
@@ -348,7 +362,18 @@ impl Waiter {
             probe: None,
             held: std::cell::Cell::new(false),
             left_seen: std::cell::Cell::new(None),
+            notice: None,
         }
+    }
+
+    /// Also says on stderr, every `every` (if set) while the wait lasts, what it waits for:
+    /// waits at init must never be silent.
+    pub fn announcing(mut self, every: Option<Duration>) -> Waiter {
+        self.notice = every.map(|every| {
+            let now = Instant::now();
+            Notice { every, started: now, next: std::cell::Cell::new(now + every) }
+        });
+        self
     }
 
     /// Also asks, once stuck, where the awaited peers' calls stand: a peer in another call
@@ -384,6 +409,23 @@ impl Waiter {
     pub fn check(&self, what: &str, waiting_for: &[Rank]) -> Result<()> {
         if self.abort.load(Ordering::Relaxed) {
             return Err(Error::Aborted { rank: self.rank });
+        }
+        if let Some(n) = &self.notice {
+            let now = Instant::now();
+            if now >= n.next.get() {
+                n.next.set(now + n.every);
+                let who = if waiting_for.is_empty() {
+                    String::new()
+                } else {
+                    format!("; waiting on rank(s) {}", crate::error::rank_list(waiting_for))
+                };
+                // Always printed, whatever NCCL_DEBUG says: a silent wait looks like a hang.
+                eprintln!(
+                    "oxccl: rank {}: still waiting after {} s: {what}{who}",
+                    self.rank,
+                    n.started.elapsed().as_secs()
+                );
+            }
         }
         // A wait stuck on a gone peer fails at once. One stuck only on live peers while another
         // peer is gone fails after GONE_GRACE_MS: long enough for a call the gone peer had
@@ -589,6 +631,90 @@ pub(crate) fn read_frame(s: &mut TcpStream, w: &Waiter, what: &str, peer: &[Rank
     let mut payload = vec![0u8; len];
     read_full(s, &mut payload, w, what, peer)?;
     Ok((hdr[4], payload))
+}
+
+/// The frame a rendezvous root sends each connection as it accepts it.
+pub(crate) fn greeting() -> Vec<u8> {
+    let mut w = Writer::new();
+    w.u32(GREET_MAGIC).u32(PROTOCOL_VERSION);
+    frame(kind::GREET, &w.finish())
+}
+
+/// Up to 48 bytes, as hex and as text: what a stranger said.
+fn show_bytes(b: &[u8]) -> String {
+    let b = &b[..b.len().min(48)];
+    let hex: Vec<String> = b.iter().map(|x| format!("{x:02x}")).collect();
+    let text: String = b.iter().map(|&c| if (0x20..0x7f).contains(&c) { c as char } else { '.' }).collect();
+    format!("{} byte(s): {} ({text:?})", b.len(), hex.join(" "))
+}
+
+/// Reads the root's greeting, which an oxccl root sends as it accepts: anything else, or
+/// nothing for [`GREET_WAIT_MS`](oxccl_core::tuning::GREET_WAIT_MS), means something other
+/// than an oxccl root listens at `root`, and the error says what it saw.
+fn expect_greeting(s: &mut TcpStream, root: SocketAddr, w: &Waiter) -> Result<()> {
+    let want = greeting();
+    let mut got: Vec<u8> = Vec::with_capacity(64);
+    let waited = Duration::from_millis(oxccl_core::tuning::GREET_WAIT_MS);
+    let until = Instant::now() + waited;
+    let not_root = |saw: String| Error::NotARoot { rank: w.rank, addr: root.to_string(), saw };
+    // The version is the greeting's last 4 bytes; everything before it is fixed.
+    let fixed = want.len() - 4;
+    loop {
+        let n = got.len().min(fixed);
+        if got[..n] != want[..n] {
+            // A stranger: take whatever else it sends at once, to show it.
+            let _ = s.set_read_timeout(Some(Duration::from_millis(50)));
+            let mut more = [0u8; 48];
+            if let Ok(k) = s.read(&mut more) {
+                got.extend_from_slice(&more[..k]);
+            }
+            return Err(not_root(format!("it answered {}", show_bytes(&got))));
+        }
+        if got.len() >= want.len() {
+            let theirs = u32::from_le_bytes([got[fixed], got[fixed + 1], got[fixed + 2], got[fixed + 3]]);
+            if theirs != PROTOCOL_VERSION {
+                return Err(Error::Rejected {
+                    rank: w.rank,
+                    reason: RejectReason::Version { ours: PROTOCOL_VERSION, theirs },
+                });
+            }
+            return Ok(());
+        }
+        w.check(&format!("bootstrap: waiting for the rendezvous root at {root} to greet"), &[])?;
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(not_root(if got.is_empty() {
+                format!(
+                    "it accepted the connection but said nothing in {} s (an oxccl root greets at once)",
+                    waited.as_secs()
+                )
+            } else {
+                format!("it sent only {} and then nothing", show_bytes(&got))
+            }));
+        }
+        s.set_read_timeout(Some(left.min(w.slice()).max(Duration::from_millis(1))))
+            .map_err(|e| Error::io(w.rank, "set socket timeout", None, e))?;
+        let mut buf = [0u8; 64];
+        match s.read(&mut buf[..want.len() - got.len()]) {
+            Ok(0) => {
+                return Err(not_root(if got.is_empty() {
+                    "it closed the connection without a word (or rank 0's process ended just then)".into()
+                } else {
+                    format!("it sent {} and closed the connection", show_bytes(&got))
+                }))
+            }
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                return Err(not_root(format!("it reset the connection after {} byte(s)", got.len())))
+            }
+            Err(e) => return Err(Error::io(w.rank, "bootstrap: reading the root's greeting", None, e)),
+        }
+    }
 }
 
 /// Connects to `addr`, retrying while nothing listens there yet.
@@ -855,8 +981,8 @@ pub(crate) fn join(
     log: &crate::log::Logger,
 ) -> Result<Joined> {
     let Rendezvous { root, secret, size, sparse_from } = rv;
-    let what = "bootstrap: joining the rendezvous root";
-    let mut s = connect_retry(root, w, what, &[Rank(0)])?;
+    let what = format!("bootstrap: reaching the rendezvous root at {root} (nothing listens there yet)");
+    let mut s = connect_retry(root, w, &what, &[Rank(0)])?;
     let req = Join {
         version: PROTOCOL_VERSION,
         secret: *secret,
@@ -867,13 +993,18 @@ pub(crate) fn join(
     };
     write_frame(&mut s, kind::JOIN, &req.encode())
         .map_err(|e| Error::io(w.rank, "bootstrap: send join request", None, e))?;
+    expect_greeting(&mut s, root, w)?;
     // Until the route comes, the root's status frames say who has not joined yet: a timeout
     // names them.
     let mut missing: Vec<Rank> = Vec::new();
     let next = |s: &mut TcpStream, missing: &mut Vec<Rank>| -> Result<(u8, Vec<u8>)> {
         loop {
-            let (k, payload) =
-                read_frame(s, w, "bootstrap: waiting for all ranks to join", missing).map_err(|e| match e {
+            let what = if missing.is_empty() {
+                format!("bootstrap: waiting for every rank to join at the root {root} (it has not yet said which ranks it misses)")
+            } else {
+                format!("bootstrap: waiting for the missing ranks to join at the root {root}")
+            };
+            let (k, payload) = read_frame(s, w, &what, missing).map_err(|e| match e {
                     // The root lives in rank 0's process: a reset or an end of stream before
                     // its answer means that process ended (often after a failed rendezvous,
                     // which the ranks that had joined by then were told).

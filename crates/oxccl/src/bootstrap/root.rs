@@ -16,6 +16,9 @@
 //!    bounded in size and in the time they take to arrive.
 //! 5. While the set is incomplete, joined ranks hear who is still missing (a status frame
 //!    after joins, at most every `STATUS_EVERY`), so a rank that times out can name them.
+//! 6. Every accepted connection is greeted at once ([`super::greeting`]), before its request
+//!    is read: a joiner that reached another program instead learns it within
+//!    `GREET_WAIT_MS`, from what that program said or did not say.
 
 use super::{
     encode_reject, encode_table, kind, relay_links, write_frame, Join, JoinStatus, PeerInfo, Route,
@@ -28,6 +31,7 @@ use crate::sys::fd;
 use oxccl_core::tuning::{HELLO_DEADLINE_MS, MAX_PENDING_CONNECTIONS};
 use oxccl_core::Rank;
 use std::collections::BTreeMap;
+use std::io::Write as _;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
@@ -189,6 +193,7 @@ fn answer(joined: &mut BTreeMap<u32, Joined>, log: &Logger) {
 }
 
 fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
+    let greeting = super::greeting();
     let mut pending: Vec<Pending> = Vec::new();
     let mut joined: BTreeMap<u32, Joined> = BTreeMap::new();
     let mut failed: Option<(RejectReason, Instant)> = None;
@@ -233,6 +238,11 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
             };
             if pending.len() >= MAX_PENDING_CONNECTIONS || s.set_nonblocking(true).is_err() {
                 log.warn(format_args!("root: dropping connection from {peer}: too many pending"));
+                continue;
+            }
+            // Greet at once: a joiner that reached something else instead (another program on
+            // the port) learns so within GREET_WAIT_MS. Sixteen bytes fit any new socket's buffer.
+            if (&s).write_all(&greeting).is_err() {
                 continue;
             }
             pending.push(Pending { s, peer, buf: Vec::new(), since: Instant::now() });

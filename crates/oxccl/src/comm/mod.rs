@@ -272,7 +272,9 @@ impl Communicator {
             ),
             cuda_device: config.cuda_device.unwrap_or(-1),
         };
-        let w = Waiter::new(rank, config.timeout, abort.clone()).watching(&service.mailbox);
+        let w = Waiter::new(rank, config.timeout, abort.clone())
+            .watching(&service.mailbox)
+            .announcing(config.wait_notice);
         let rv = bootstrap::Rendezvous {
             root: id.root,
             secret: &id.secret,
@@ -515,11 +517,10 @@ impl Communicator {
         if sparse {
             spawn_herald(&boot, &mailbox, p.rank);
         }
-        let w = Waiter::new(p.rank, p.config.timeout, p.abort.clone()).watching(&mailbox).probing(
-            &boot,
-            oxccl_core::contract::Sig::NONE,
-            false,
-        );
+        let w = Waiter::new(p.rank, p.config.timeout, p.abort.clone())
+            .watching(&mailbox)
+            .probing(&boot, oxccl_core::contract::Sig::NONE, false)
+            .announcing(p.config.wait_notice);
         boot.connect_all(&w).map_err(|e| told(&boot, &mailbox, e))?;
         let single_host = peers.iter().all(|q| q.host_id == peers[p.rank.idx()].host_id);
         let direct =
@@ -621,11 +622,10 @@ impl Communicator {
             needed.push((ConnKey { peer: next, class }, true));
             needed.push((ConnKey { peer: prev, class }, false));
         }
-        let w = Waiter::new(i.rank, i.config.timeout, i.abort.clone()).watching(&i.mailbox).probing(
-            &i.boot,
-            oxccl_core::contract::Sig::NONE,
-            false,
-        );
+        let w = Waiter::new(i.rank, i.config.timeout, i.abort.clone())
+            .watching(&i.mailbox)
+            .probing(&i.boot, oxccl_core::contract::Sig::NONE, false)
+            .announcing(i.config.wait_notice);
         let r = lock(&i.engine)
             .connect(&needed, &w)
             .map_err(|e| i.mailbox.explain(e, Duration::from_millis(REASON_WAIT_MS)));

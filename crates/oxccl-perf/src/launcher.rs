@@ -1,0 +1,399 @@
+//! The local launcher (`-np N`): starts N copies of this program as the ranks of one job on
+//! this host, forwards their stderr, and says how each rank that failed ended.
+//!
+//! Rules:
+//! 1. `-np` is checked before anything starts: at least 1, and within what this machine allows
+//!    (processes and threads, descriptors, memory), or an error that names the limit.
+//! 2. Ranks share the launcher's stdout (rank 0 prints the report); their stderr comes through
+//!    the launcher line by line, so every rank's own error reaches the user whichever rank died.
+//! 3. A rank that ends by a signal or a non-zero exit is named with its pid and how it ended;
+//!    ranks still running [`GRACE`] after the first failure are killed and named. The exit code
+//!    is the first failure's (128 + signal for a signal), 0 only if every rank succeeded.
+//! 4. A rank killed by SIGPIPE means the reader of stdout went away (`| head`): the other ranks
+//!    are stopped, their errors (about the dead rank) are dropped, and the launcher ends by
+//!    SIGPIPE itself, quietly, as `cat` does.
+
+use crate::args::{Bench, Opts};
+use oxccl::Config;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// The variable that marks a process as a rank started by this launcher.
+pub const CHILD_ENV: &str = "OXCCL_PERF_CHILD";
+
+/// How long the other ranks get to notice a failed rank (they name it within a second) before
+/// they are killed.
+const GRACE: Duration = Duration::from_secs(5);
+
+/// Descriptors a rank holds per rank of the job (shared-memory regions, doorbells, sockets:
+/// 72 at 8 ranks running alltoall, measured 2026-12-04), and besides.
+const FDS_PER_PEER: u64 = 10;
+const FDS_BASE: u64 = 64;
+/// Threads of one rank process (main, service, worker, root on rank 0, flight), rounded up.
+const THREADS_PER_RANK: u64 = 5;
+/// The least memory a rank takes (23 MB resident at 8 ranks, 1 MiB all-to-all, measured).
+const MIN_RANK_BYTES: u64 = 16 << 20;
+
+fn read_u64(path: &str) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.split_whitespace().next()?.parse().ok()
+}
+
+fn mem_available() -> Option<u64> {
+    let t = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = t.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+}
+
+/// Raises the soft descriptor limit to the hard one (ranks inherit it); returns the soft limit.
+fn raise_nofile() -> u64 {
+    let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit read and write a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) != 0 {
+            return u64::MAX;
+        }
+        if l.rlim_cur < l.rlim_max {
+            let raised = libc::rlimit { rlim_cur: l.rlim_max, rlim_max: l.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                l = raised;
+            }
+        }
+    }
+    l.rlim_cur
+}
+
+/// Checks `-np` against this machine's limits; the error names the limit.
+pub fn check_np(np: usize) -> Result<(), String> {
+    if np == 0 {
+        return Err("-np 0: a job needs at least one rank".into());
+    }
+    let n = np as u64;
+    let threads = n * THREADS_PER_RANK;
+    if let Some(pid_max) = read_u64("/proc/sys/kernel/pid_max").filter(|&m| threads > m) {
+        return Err(format!(
+            "-np {np}: each rank is a process of about {THREADS_PER_RANK} threads, and kernel.pid_max ({pid_max}) allows at most {} ranks on this machine",
+            pid_max / THREADS_PER_RANK
+        ));
+    }
+    if let Some(max) = read_u64("/proc/sys/kernel/threads-max").filter(|&m| threads > m) {
+        return Err(format!(
+            "-np {np}: each rank is a process of about {THREADS_PER_RANK} threads, and kernel.threads-max ({max}) allows at most {} ranks on this machine",
+            max / THREADS_PER_RANK
+        ));
+    }
+    let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes a local struct; geteuid has no preconditions.
+    let (nproc, root) = unsafe { (libc::getrlimit(libc::RLIMIT_NPROC, &mut l) == 0, libc::geteuid() == 0) };
+    if nproc && !root && l.rlim_cur != libc::RLIM_INFINITY && threads > l.rlim_cur {
+        return Err(format!(
+            "-np {np}: each rank is a process of about {THREADS_PER_RANK} threads, and this user's process limit (ulimit -u: {}) allows at most {} ranks",
+            l.rlim_cur,
+            l.rlim_cur / THREADS_PER_RANK
+        ));
+    }
+    let nofile = raise_nofile();
+    let need = n * FDS_PER_PEER + FDS_BASE;
+    if need > nofile {
+        return Err(format!(
+            "-np {np}: each rank needs about {FDS_PER_PEER} descriptors per rank ({need} in all), and the descriptor limit (ulimit -n, hard: {nofile}) allows at most {} ranks",
+            nofile.saturating_sub(FDS_BASE) / FDS_PER_PEER
+        ));
+    }
+    if let Some(avail) = mem_available().filter(|&a| n * MIN_RANK_BYTES > a) {
+        return Err(format!(
+            "-np {np}: each rank takes at least {} MiB, and this machine has {} MiB available (MemAvailable), enough for at most {} ranks",
+            MIN_RANK_BYTES >> 20,
+            avail >> 20,
+            avail / MIN_RANK_BYTES
+        ));
+    }
+    Ok(())
+}
+
+/// A signal's name (`SIGKILL`), or its number.
+pub fn signal_name(sig: i32) -> String {
+    const NAMES: [&str; 32] = [
+        "",
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGILL",
+        "SIGTRAP",
+        "SIGABRT",
+        "SIGBUS",
+        "SIGFPE",
+        "SIGKILL",
+        "SIGUSR1",
+        "SIGSEGV",
+        "SIGUSR2",
+        "SIGPIPE",
+        "SIGALRM",
+        "SIGTERM",
+        "SIGSTKFLT",
+        "SIGCHLD",
+        "SIGCONT",
+        "SIGSTOP",
+        "SIGTSTP",
+        "SIGTTIN",
+        "SIGTTOU",
+        "SIGURG",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGWINCH",
+        "SIGIO",
+        "SIGPWR",
+        "SIGSYS",
+    ];
+    match NAMES.get(sig as usize).filter(|n| !n.is_empty()) {
+        Some(n) => n.to_string(),
+        None => format!("signal {sig}"),
+    }
+}
+
+/// How a process ended, for a sentence ("was killed by signal 9 (SIGKILL)").
+pub fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exited with code {c}"),
+        (None, Some(s)) => format!("was killed by signal {s} ({})", signal_name(s)),
+        _ => format!("ended ({status})"),
+    }
+}
+
+/// The exit code that passes `status` on.
+fn code_of(status: ExitStatus) -> i32 {
+    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+struct Rank {
+    child: Child,
+    pid: u32,
+    /// Bytes of stderr not yet forwarded (no newline yet).
+    pending: Vec<u8>,
+    open: bool,
+    status: Option<ExitStatus>,
+}
+
+impl Rank {
+    /// Reads what its stderr has and forwards whole lines (every byte at its end) unless
+    /// `quiet`. Returns whether there may be more to read now.
+    fn pump(&mut self, quiet: bool) -> bool {
+        let Some(err) = self.child.stderr.as_mut() else {
+            self.open = false;
+            return false;
+        };
+        let mut buf = [0u8; 8192];
+        let more = match err.read(&mut buf) {
+            Ok(0) => {
+                self.open = false;
+                false
+            }
+            Ok(n) => {
+                self.pending.extend_from_slice(&buf[..n]);
+                true
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => true,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+            Err(_) => {
+                self.open = false;
+                false
+            }
+        };
+        let upto = if self.open {
+            self.pending.iter().rposition(|&b| b == b'\n').map(|i| i + 1)
+        } else {
+            Some(self.pending.len())
+        };
+        if let Some(n) = upto.filter(|&n| n > 0) {
+            let line: Vec<u8> = self.pending.drain(..n).collect();
+            if !quiet {
+                let mut e = std::io::stderr().lock();
+                let _ = e.write_all(&line);
+                if line.last() != Some(&b'\n') {
+                    let _ = e.write_all(b"\n");
+                }
+            }
+        }
+        more
+    }
+}
+
+fn set_nonblocking(fd: i32) {
+    // SAFETY: fcntl on a descriptor this process owns (a child's stderr pipe).
+    unsafe {
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        if fl >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+        }
+    }
+}
+
+/// `-np N`: starts N copies of this program as ranks and waits for them; the exit code.
+pub fn launch(o: &Opts, args: &[String]) -> i32 {
+    let np = o.np.unwrap_or(1);
+    if let Err(e) = check_np(np) {
+        eprintln!("oxccl-perf: {e}");
+        return 2;
+    }
+    let id = match oxccl::new_unique_id(&Config::default()) {
+        Ok(id) => id,
+        Err(e) => {
+            eprintln!("oxccl-perf: cannot create a unique id: {e}");
+            return 2;
+        }
+    };
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("oxccl-perf: cannot find this program to start its ranks: {e}");
+            return 2;
+        }
+    };
+    // The children get the same flags without -np, and the benchmark's name first.
+    let mut child_args = vec![o.bench.program().to_string()];
+    let mut i = 0;
+    while i < args.len() {
+        if args[i] == "-np" {
+            i += 2;
+            continue;
+        }
+        if Bench::parse(&args[i]).is_none() || i > 0 {
+            child_args.push(args[i].clone());
+        }
+        i += 1;
+    }
+    let mut ranks: Vec<Rank> = Vec::with_capacity(np);
+    for r in 0..np {
+        let c = Command::new(&exe)
+            .args(&child_args)
+            .env(CHILD_ENV, "1")
+            .env("OXCCL_RANK", r.to_string())
+            .env("OXCCL_WORLD_SIZE", np.to_string())
+            .env("OXCCL_LOCAL_RANK", r.to_string())
+            .env("OXCCL_UNIQUE_ID", id.to_string())
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn();
+        match c {
+            Ok(child) => {
+                if let Some(e) = &child.stderr {
+                    set_nonblocking(e.as_raw_fd());
+                }
+                ranks.push(Rank { pid: child.id(), child, pending: Vec::new(), open: true, status: None });
+            }
+            Err(e) => {
+                eprintln!("oxccl-perf: cannot start rank {r} of {np}: {e}");
+                for k in &mut ranks {
+                    let _ = k.child.kill();
+                    let _ = k.child.wait();
+                }
+                return 2;
+            }
+        }
+    }
+    supervise(ranks)
+}
+
+/// Forwards the ranks' stderr until every rank has ended; names the ones that failed.
+fn supervise(mut ranks: Vec<Rank>) -> i32 {
+    let mut first: Option<(usize, ExitStatus, Instant)> = None;
+    let mut broken_pipe = false;
+    loop {
+        let mut fds: Vec<libc::pollfd> = ranks
+            .iter()
+            .filter(|k| k.open)
+            .filter_map(|k| k.child.stderr.as_ref())
+            .map(|e| libc::pollfd { fd: e.as_raw_fd(), events: libc::POLLIN, revents: 0 })
+            .collect();
+        // SAFETY: `fds` is a live array of pollfd of its length.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 20) };
+        for (r, k) in ranks.iter_mut().enumerate() {
+            if k.open {
+                k.pump(broken_pipe);
+            }
+            if k.status.is_some() {
+                continue;
+            }
+            let Ok(Some(s)) = k.child.try_wait() else { continue };
+            // What it wrote before it ended comes first (its end of the pipe is closed, unless
+            // something it started holds it: then what is there now).
+            while k.open && k.pump(broken_pipe) {}
+            k.status = Some(s);
+            if s.success() {
+                continue;
+            }
+            if s.signal() == Some(libc::SIGPIPE) {
+                broken_pipe = true;
+            }
+            if !broken_pipe {
+                eprintln!("oxccl-perf: rank {r} (pid {}) {}", k.pid, describe(s));
+            }
+            first.get_or_insert((r, s, Instant::now()));
+        }
+        if ranks.iter().all(|k| k.status.is_some()) {
+            break;
+        }
+        if broken_pipe || first.is_some_and(|(_, _, at)| at.elapsed() > GRACE) {
+            let (fr, fs, _) = first.expect("a failure was recorded");
+            for (r, k) in ranks.iter_mut().enumerate().filter(|(_, k)| k.status.is_none()) {
+                if !broken_pipe {
+                    eprintln!(
+                        "oxccl-perf: rank {r} (pid {}) still running {} s after rank {fr} {}; killing it",
+                        k.pid,
+                        GRACE.as_secs(),
+                        describe(fs)
+                    );
+                }
+                let _ = k.child.kill();
+                k.status = k.child.wait().ok();
+            }
+        }
+    }
+    if broken_pipe {
+        // The reader of stdout is gone: end as a program writing to it would.
+        // SAFETY: restoring SIGPIPE's default action and raising it on this process.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            libc::raise(libc::SIGPIPE);
+        }
+    }
+    match first {
+        None => 0,
+        Some((r, s, _)) => {
+            let failed = ranks.iter().filter(|k| k.status.is_some_and(|s| !s.success())).count();
+            eprintln!(
+                "oxccl-perf: the job failed ({failed} of {} ranks did not succeed); first: rank {r} (pid {}) {}",
+                ranks.len(),
+                ranks[r].pid,
+                describe(s)
+            );
+            code_of(s)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn np_limits_are_named() {
+        assert!(check_np(0).unwrap_err().contains("-np 0"));
+        let e = check_np(99_999_999).unwrap_err();
+        assert!(e.contains("-np 99999999") && e.contains("allows at most"), "{e}");
+        assert!(check_np(2).is_ok());
+    }
+
+    #[test]
+    fn signals_and_exits_are_described() {
+        assert_eq!(describe(ExitStatus::from_raw(9)), "was killed by signal 9 (SIGKILL)");
+        assert_eq!(describe(ExitStatus::from_raw(2 << 8)), "exited with code 2");
+        assert_eq!(code_of(ExitStatus::from_raw(9)), 137);
+        assert_eq!(signal_name(13), "SIGPIPE");
+        assert_eq!(signal_name(40), "signal 40");
+    }
+}
