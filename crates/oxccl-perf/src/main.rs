@@ -48,35 +48,24 @@ fn run_rank(o: Opts) -> i32 {
     if let Some(t) = o.timeout_s {
         config = config.with_timeout(Some(Duration::from_secs_f64(t)));
     }
-    let launched = oxccl::env::launch();
-    let t = o.nthreads;
-    if t == 1 {
-        let local = launched.as_ref().map_or(0, |l| l.local_rank.unwrap_or(0));
-        config.cuda_device = device_for(&o, local);
-        let comm = match &launched {
-            Ok(l) => Communicator::from_env_with(config).map(|c| (c, l.local_rank.unwrap_or(0))),
-            Err(_) => oxccl::new_unique_id(&config)
-                .and_then(|id| Communicator::init(&id, 1, Rank(0), config))
-                .map(|c| (c, 0)),
-        };
-        return match comm {
-            Ok((c, local)) => run_one(&c, o, local),
+    // A process no launcher started is a world of one; one a launcher started is a rank of
+    // its job, or an error that says why it cannot meet the others (never a world of one).
+    let launched = match oxccl::env::launch() {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("oxccl-perf: {e}");
+            return 2;
+        }
+    };
+    let (prank, psize, local, id) = match &launched {
+        Some(l) => match oxccl::rendezvous::unique_id(l, &config) {
+            Ok(id) => (l.rank, l.size, l.local_rank.unwrap_or(0), id),
             Err(e) => {
                 eprintln!("oxccl-perf: communicator init failed: {e}");
-                2
-            }
-        };
-    }
-    // -t N: this process's N ranks are threads, ranks prank * N .. prank * N + N - 1.
-    let (prank, psize, local, id) = match launched {
-        Ok(l) => match l.rendezvous {
-            oxccl_core::launch::Rendezvous::Id(id) => (l.rank, l.size, l.local_rank.unwrap_or(0), id),
-            _ => {
-                eprintln!("oxccl-perf: -t > 1 needs -np or OXCCL_UNIQUE_ID (a launcher's own rendezvous serves one rank per process)");
                 return 2;
             }
         },
-        Err(_) => match oxccl::new_unique_id(&config) {
+        None => match oxccl::new_unique_id(&config) {
             Ok(id) => (0, 1, 0, id),
             Err(e) => {
                 eprintln!("oxccl-perf: cannot create a unique id: {e}");
@@ -84,6 +73,18 @@ fn run_rank(o: Opts) -> i32 {
             }
         },
     };
+    // -t N: this process's N ranks are threads, ranks prank * N .. prank * N + N - 1.
+    let t = o.nthreads;
+    if t == 1 {
+        config.cuda_device = device_for(&o, local);
+        return match Communicator::init(&id, psize, Rank::new(prank), config) {
+            Ok(c) => run_one(&c, o, local),
+            Err(e) => {
+                eprintln!("oxccl-perf: communicator init failed: {e}");
+                2
+            }
+        };
+    }
     let codes: Vec<i32> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..t)
             .map(|i| {

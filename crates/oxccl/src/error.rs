@@ -77,6 +77,13 @@ pub enum Error {
     /// The rendezvous address answers, but not as an oxccl root (another program listens there).
     #[error("rank {rank}: the rendezvous endpoint {addr} is not an oxccl root: {saw}; is another program listening there (torchrun's TCPStore on MASTER_PORT, say)?")]
     NotARoot { rank: Rank, addr: String, saw: String },
+    /// torchrun's TCPStore (the rendezvous under torchrun) failed or answered outside its
+    /// protocol.
+    #[error("rank {rank}: rendezvous through torchrun's store at {addr}: {why}")]
+    Store { rank: Rank, addr: String, why: String },
+    /// The launcher's rendezvous could not be used (PMIx unavailable, rank 0's failure).
+    #[error("rank {rank}: rendezvous through {through}: {why}")]
+    Rendezvous { rank: Rank, through: String, why: String },
     /// A peer closed its connection while this rank needed it.
     #[error("rank {rank}: {op}: peer rank {peer} (host {host}) closed its connection")]
     PeerClosed { rank: Rank, op: String, peer: Rank, host: String },

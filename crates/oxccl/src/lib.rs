@@ -31,14 +31,16 @@ pub mod error;
 pub mod flight;
 mod log;
 pub mod mem;
+pub mod rendezvous;
 pub mod sys;
 pub mod topo;
 pub mod transport;
 
-pub use comm::{new_unique_id, Communicator, Group, Scope, Work};
+pub use comm::{Communicator, Group, Scope, Work};
 pub use error::{Error, RejectReason, Result};
 pub use half::{bf16, f16};
 pub use oxccl_core::config::{Config, LogLevel};
 pub use oxccl_core::fp8::{F8E4M3, F8E5M2};
 pub use oxccl_core::uniqueid::UniqueId;
 pub use oxccl_core::{CommHash, DataType, Element, Rank, ReduceOp};
+pub use rendezvous::new_unique_id;

@@ -641,7 +641,7 @@ pub(crate) fn greeting() -> Vec<u8> {
 }
 
 /// Up to 48 bytes, as hex and as text: what a stranger said.
-fn show_bytes(b: &[u8]) -> String {
+pub(crate) fn show_bytes(b: &[u8]) -> String {
     let b = &b[..b.len().min(48)];
     let hex: Vec<String> = b.iter().map(|x| format!("{x:02x}")).collect();
     let text: String = b.iter().map(|&c| if (0x20..0x7f).contains(&c) { c as char } else { '.' }).collect();

@@ -12,7 +12,7 @@ mod api;
 pub mod group;
 pub mod scope;
 
-use crate::bootstrap::{self, root, Bootstrap, Mailbox, PeerInfo, Route, Service, Waiter};
+use crate::bootstrap::{self, Bootstrap, Mailbox, PeerInfo, Route, Service, Waiter};
 use crate::engine::{direct, Engine, EngineCtx, RawBuf};
 use crate::env;
 use crate::error::{Error, Result};
@@ -22,13 +22,12 @@ use crate::sys::{host, ifaces};
 use crate::transport::hostmem::Ctl;
 use oxccl_core::config::subsys;
 use oxccl_core::config::Config;
-use oxccl_core::launch::Rendezvous;
 use oxccl_core::plan::{BufId, ConnClass, ConnKey, Geometry, Loc, OpSpec};
 use oxccl_core::uniqueid::{derive_secret, UniqueId};
 use oxccl_core::wire::{Reader, Writer};
-use oxccl_core::{coll, ifname, tuning, ChannelId, CommHash, CoreError, Rank};
+use oxccl_core::{coll, tuning, ChannelId, CommHash, CoreError, Rank};
 use std::collections::{HashMap, VecDeque};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -134,28 +133,6 @@ pub struct Communicator {
     inner: Arc<Inner>,
 }
 
-/// Creates a unique id: starts the rendezvous root in this process, on the interface the
-/// configuration selects. Pass the id (or its text form) to every rank.
-pub fn new_unique_id(config: &Config) -> Result<UniqueId> {
-    let log = Logger::new(config, None);
-    let ip = choose_ip(config, None, Rank(0))?;
-    let listener = TcpListener::bind(SocketAddr::new(ip, 0))
-        .map_err(|e| Error::io(Rank(0), "bind the rendezvous root", None, e))?;
-    let root = listener.local_addr().map_err(|e| Error::io(Rank(0), "rendezvous root", None, e))?;
-    let mut secret = [0u8; 32];
-    getrandom::getrandom(&mut secret).map_err(|e| Error::Internal(format!("no randomness: {e}")))?;
-    root::spawn(listener, secret, log)
-        .map_err(|e| Error::io(Rank(0), "start the rendezvous root", None, e))?;
-    log.info(format_args!("rendezvous root listening on {root}"));
-    Ok(UniqueId { root, secret })
-}
-
-fn choose_ip(config: &Config, root: Option<IpAddr>, rank: Rank) -> Result<IpAddr> {
-    let list = ifaces::list().map_err(|e| Error::io(rank, "list network interfaces", None, e))?;
-    let i = ifname::select(&list, config.socket_ifname.as_ref(), config.socket_family, root)?;
-    Ok(i.addr)
-}
-
 /// The ring order: ranks of one host adjacent, hosts in order of their lowest rank.
 fn ring_order(peers: &[PeerInfo]) -> Vec<Rank> {
     let host = host_indices(peers);
@@ -253,7 +230,7 @@ impl Communicator {
         let rank = coll::check_rank("rank", rank.0 as i64, size)?;
         config.validate()?;
         let log = Logger::new(&config, Some(rank.0));
-        let ip = choose_ip(&config, Some(id.root.ip()), rank)?;
+        let ip = crate::rendezvous::choose_ip(&config, Some(id.root.ip()), rank)?;
         let doorbell = Arc::new(EventFd::new().map_err(|e| Error::io(rank, "eventfd", None, e))?);
         let abort = Arc::new(AtomicBool::new(false));
         let ctl =
@@ -312,57 +289,16 @@ impl Communicator {
 
     /// [`from_env`](Communicator::from_env) with explicit settings.
     pub fn from_env_with(config: Config) -> Result<Communicator> {
-        let l = env::launch()?;
-        let rank = Rank::new(l.rank);
-        let abort = Arc::new(AtomicBool::new(false));
-        let w = Waiter::new(rank, config.timeout, abort);
-        let id = match l.rendezvous {
-            Rendezvous::Id(id) => id,
-            Rendezvous::File(path) => {
-                if l.rank == 0 {
-                    let id = new_unique_id(&config)?;
-                    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-                    std::fs::write(&tmp, id.to_string())
-                        .and_then(|_| std::fs::rename(&tmp, &path))
-                        .map_err(|e| Error::io(rank, "write the unique id file", None, e))?;
-                    id
-                } else {
-                    loop {
-                        if let Ok(t) = std::fs::read_to_string(&path) {
-                            if let Ok(id) = t.parse::<UniqueId>() {
-                                break id;
-                            }
-                        }
-                        w.check("bootstrap: waiting for rank 0's unique id file", &[Rank(0)])?;
-                        std::thread::sleep(Duration::from_millis(tuning::CONNECT_RETRY_MS));
-                    }
-                }
-            }
-            Rendezvous::Addr { host, port, secret } => {
-                if l.rank == 0 {
-                    let listener = TcpListener::bind(("0.0.0.0", port))
-                        .or_else(|_| TcpListener::bind(("::", port)))
-                        .map_err(|e| {
-                            Error::io(rank, "bind the rendezvous root at the launcher's port", None, e)
-                        })?;
-                    root::spawn(listener, secret, Logger::new(&config, Some(0)))
-                        .map_err(|e| Error::io(rank, "start the rendezvous root", None, e))?;
-                }
-                let root = loop {
-                    match (host.as_str(), port).to_socket_addrs() {
-                        Ok(mut a) => {
-                            if let Some(a) = a.next() {
-                                break a;
-                            }
-                        }
-                        Err(_) => w.check(&format!("bootstrap: resolving {host}"), &[Rank(0)])?,
-                    }
-                    std::thread::sleep(Duration::from_millis(tuning::CONNECT_RETRY_MS));
-                };
-                UniqueId { root, secret }
-            }
-        };
-        Communicator::init(&id, l.size, rank, config)
+        let l = env::launch()?.ok_or_else(|| {
+            Error::InvalidUsage(
+                "Communicator::from_env: no launcher started this process (no OXCCL_RANK, RANK and \
+                 WORLD_SIZE, SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK or PMIX_RANK); start it \
+                 with torchrun, srun, mpirun or oxccl-perf -np, or use Communicator::init"
+                    .into(),
+            )
+        })?;
+        let id = crate::rendezvous::unique_id(&l, &config)?;
+        Communicator::init(&id, l.size, Rank::new(l.rank), config)
     }
 
     fn assemble(p: Parts) -> Result<Communicator> {

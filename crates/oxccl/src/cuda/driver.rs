@@ -1,8 +1,8 @@
 //! The CUDA driver API, loaded at run time from `libcuda.so.1`: only what oxccl calls, each
 //! call checked and turned into a [`CudaError`] that names the call and CUDA's reason.
 
-use super::dl::Lib;
 use super::CudaError;
+use crate::sys::dl::Lib;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::OnceLock;
 

@@ -18,7 +18,6 @@
 
 pub mod call;
 pub mod comm;
-mod dl;
 pub mod driver;
 pub mod group;
 pub mod ipc;

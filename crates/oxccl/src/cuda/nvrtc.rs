@@ -3,8 +3,8 @@
 //! Where from: `OXCCL_NVRTC` (a file path) if set, else `libnvrtc.so.13`, `.12` or `libnvrtc.so`
 //! by the loader's search path, else the same names under `/usr/local/cuda/lib64`.
 
-use super::dl::Lib;
 use super::CudaError;
+use crate::sys::dl::Lib;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::OnceLock;
 

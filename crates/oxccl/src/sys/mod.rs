@@ -3,10 +3,12 @@
 //! Nothing above this layer calls `libc` directly.
 
 pub mod affinity;
+pub mod dl;
 pub mod fd;
 pub mod host;
 pub mod ifaces;
 pub mod nvml;
+pub mod pmix;
 pub mod shm;
 pub mod unix;
 
