@@ -246,6 +246,10 @@ fn main() {
     let rest = &argv[1..];
     let o = match args::parse(rest, from_name) {
         Ok(o) => o,
+        Err(args::ArgsError::Help) => {
+            println!("{}", args::USAGE);
+            return;
+        }
         Err(e) => {
             eprintln!("{e}");
             std::process::exit(2);
