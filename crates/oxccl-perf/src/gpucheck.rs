@@ -7,6 +7,8 @@
 //! Exit status 1 if any check fails; without CUDA it says so and exits 2. `--help` prints
 //! [`USAGE`] (stdout, exit 0); an argument it does not know is an error (stderr, exit 2).
 
+mod sigpipe;
+
 use oxccl::cuda::kernels::{Kop, Sync};
 use oxccl::cuda::{kernels, CudaError, DevBuf, Device, Event, Stream};
 use oxccl_core::plan::device::Task;
@@ -757,6 +759,7 @@ fn cubin(args: &[String]) -> i32 {
 }
 
 fn main() {
+    sigpipe::restore_default();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let threads_only = match args.first().map(String::as_str) {
         Some("-h" | "--help") => {

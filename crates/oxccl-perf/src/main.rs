@@ -14,6 +14,7 @@ mod bench;
 mod colls;
 mod plot;
 mod report;
+mod sigpipe;
 mod sizes;
 
 use args::{Bench, Opts};
@@ -233,6 +234,7 @@ fn device_side(comm: &Communicator, local: usize) -> Result<bench::Dev<'_>, Stri
 }
 
 fn main() {
+    sigpipe::restore_default();
     let argv: Vec<String> = std::env::args().collect();
     if argv.get(1).map(|s| s.as_str()) == Some("--plot") {
         let Some(svg) = argv.get(2) else {

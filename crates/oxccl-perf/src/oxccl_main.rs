@@ -15,12 +15,14 @@
 //!   against the tree, and the tuner's pick; `oxccl sim --bootstrap` prices the bootstrap
 //!   (see `simcmd`).
 //!
-//! A failing command prints `oxccl COMMAND: why` on stderr and exits 1.
+//! A failing command prints `oxccl COMMAND: why` on stderr and exits 1; a closed stdout ends
+//! the process quietly (`sigpipe`).
 
 #[allow(dead_code)]
 mod plot;
 #[allow(dead_code)]
 mod report;
+mod sigpipe;
 mod simcmd;
 mod sizes;
 
@@ -226,6 +228,7 @@ fn sim(a: &simcmd::SimArgs) {
 }
 
 fn main() {
+    sigpipe::restore_default();
     match Cli::parse().command {
         Command::Analyze(a) => analyze(&a),
         Command::Topo(a) => topo(&a),
