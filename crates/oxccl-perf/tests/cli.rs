@@ -5,6 +5,7 @@
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 const OXCCL: &str = env!("CARGO_BIN_EXE_oxccl");
 const PERF: &str = env!("CARGO_BIN_EXE_oxccl-perf");
@@ -30,9 +31,22 @@ fn command(exe: &str, args: &[&str]) -> Command {
     c
 }
 
+/// Held by a test while it starts a child, and by [`closed_after`] and [`no_reader`] until
+/// their pipe's read end is closed: a child that another test forks meanwhile would hold that
+/// read end open until its exec.
+static SPAWN: Mutex<()> = Mutex::new(());
+
+fn spawn_lock() -> MutexGuard<'static, ()> {
+    SPAWN.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// Exit code (-1 for a signal), stdout, stderr.
 fn run(exe: &str, args: &[&str]) -> (i32, String, String) {
-    let o = command(exe, args).output().unwrap();
+    let child = {
+        let _spawning = spawn_lock();
+        command(exe, args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+    };
+    let o = child.wait_with_output().unwrap();
     (
         o.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&o.stdout).into(),
@@ -158,6 +172,7 @@ fn wrong_command_lines_are_rejected_naming_what_is_wrong() {
 /// Runs `exe args` with stdout a pipe, reads `lines` lines, closes the pipe and waits:
 /// the exit status, the lines read and stderr.
 fn closed_after(exe: &str, args: &[&str], lines: usize) -> (ExitStatus, Vec<String>, String) {
+    let spawning = spawn_lock();
     let mut child =
         command(exe, args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start the tool");
     let mut out = BufReader::new(child.stdout.take().unwrap());
@@ -169,14 +184,30 @@ fn closed_after(exe: &str, args: &[&str], lines: usize) -> (ExitStatus, Vec<Stri
         })
         .collect();
     drop(out);
+    drop(spawning);
     let mut err = String::new();
     child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
     (child.wait().unwrap(), read, err)
 }
 
+/// Runs `exe args` with stdout a pipe that has no reader from the start (the stdin of a child
+/// that has ended): its first write meets the closed pipe, however fast it prints.
+fn no_reader(exe: &str, args: &[&str]) -> (ExitStatus, String) {
+    let spawning = spawn_lock();
+    let mut ended =
+        Command::new(OXCCL).arg("--version").stdin(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
+    let pipe = ended.stdin.take().unwrap();
+    ended.wait().unwrap();
+    let child = command(exe, args).stdout(pipe).stderr(Stdio::piped()).spawn().expect("start the tool");
+    drop(spawning);
+    let o = child.wait_with_output().unwrap();
+    (o.status, String::from_utf8_lossy(&o.stderr).into())
+}
+
 /// `| head -1`: the tools that print as they go (oxccl-perf's sizes, oxccl sim's) lose their
-/// reader after one line; those that print everything at once (topo, explain) have none from
-/// the start, so their first write meets the closed pipe.
+/// reader after one line (they end by SIGPIPE, or with 0 where they had printed everything
+/// before the reader went); those that print everything at once (topo, explain) would fill
+/// the pipe before a reader of one line closes it, so they get a pipe without a reader.
 #[test]
 fn a_closed_stdout_ends_each_tool_quietly() {
     let quiet = |status: ExitStatus, err: &str, what: &str| {
@@ -192,8 +223,11 @@ fn a_closed_stdout_ends_each_tool_quietly() {
     assert!(read[0].starts_with("# oxccl sim: Summit-like"), "{read:?}");
     quiet(status, &err, "oxccl sim");
     for args in [&["topo"][..], &["explain", "allreduce", "--ranks", "4"]] {
-        let (status, _, err) = closed_after(OXCCL, args, 0);
+        let (status, err) = no_reader(OXCCL, args);
         assert!(!err.contains("panicked"), "{args:?}: {err}");
         assert_eq!(status.signal(), Some(libc::SIGPIPE), "{args:?}: {status:?} {err}");
     }
+    let (status, err) = no_reader(PERF, &perf);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(status.signal(), Some(libc::SIGPIPE), "oxccl-perf: {status:?} {err}");
 }
