@@ -1,5 +1,7 @@
 //! nccl-tests' command line: the same flags, meanings and defaults, plus oxccl's own
-//! (`-np`, `--plot`).
+//! (`-np`, `--plot`), parsed by hand to keep nccl-tests' syntax exactly (`-b8`, `-b 8`,
+//! `-np 4`, `--minbytes=1K`). `-h`/`--help` is an outcome of its own ([`ArgsError::Help`]:
+//! the usage on stdout, exit 0), apart from a wrong command line ([`ArgsError::Invalid`]).
 
 use oxccl::{DataType, ReduceOp};
 
@@ -150,12 +152,42 @@ pub const USAGE: &str =
   --plot <file.svg> [json...] plot busbw and time against size (this run and/or JSON files)
   -h,--help";
 
+/// Why the command line gives nothing to run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ArgsError {
+    /// `-h` or `--help`: [`USAGE`] goes to stdout and the program ends successfully.
+    Help,
+    /// A wrong command line; the message names the option (for stderr, exit status 2).
+    Invalid(String),
+}
+
+impl From<String> for ArgsError {
+    fn from(message: String) -> Self {
+        ArgsError::Invalid(message)
+    }
+}
+
+impl From<&str> for ArgsError {
+    fn from(message: &str) -> Self {
+        ArgsError::Invalid(message.to_string())
+    }
+}
+
+impl std::fmt::Display for ArgsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ArgsError::Help => f.write_str(USAGE),
+            ArgsError::Invalid(message) => f.write_str(message),
+        }
+    }
+}
+
 fn num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
     v.trim().parse::<T>().map_err(|_| format!("invalid value {v:?} for {flag}"))
 }
 
 /// Parses `args` (without the program name); `bench` when the program name already says it.
-pub fn parse(args: &[String], bench: Option<Bench>) -> Result<Opts, String> {
+pub fn parse(args: &[String], bench: Option<Bench>) -> Result<Opts, ArgsError> {
     let mut o = Opts {
         bench: bench.unwrap_or(Bench::AllReduce),
         nthreads: 1,
@@ -210,13 +242,13 @@ pub fn parse(args: &[String], bench: Option<Bench>) -> Result<Opts, String> {
             } else if o.plot.is_some() {
                 o.plot_inputs.push(a.to_string());
             } else {
-                return Err(format!("unexpected argument {a:?}\n{USAGE}"));
+                return Err(format!("unexpected argument {a:?}\n{USAGE}").into());
             }
             i += 1;
             continue;
         };
         if flag == "h" || flag == "help" {
-            return Err(USAGE.to_string());
+            return Err(ArgsError::Help);
         }
         let mut value = || -> Result<String, String> {
             if let Some(v) = inline.clone() {
@@ -293,10 +325,10 @@ pub fn parse(args: &[String], bench: Option<Bench>) -> Result<Opts, String> {
                 o.device = match value()?.as_str() {
                     "device" => true,
                     "host" => false,
-                    v => return Err(format!("invalid value {v:?} for --mem (host or device)")),
+                    v => return Err(format!("invalid value {v:?} for --mem (host or device)").into()),
                 }
             }
-            _ => return Err(format!("invalid option {a:?}\n{USAGE}")),
+            _ => return Err(format!("invalid option {a:?}\n{USAGE}").into()),
         }
         i += 1;
     }
@@ -306,13 +338,14 @@ pub fn parse(args: &[String], bench: Option<Bench>) -> Result<Opts, String> {
         );
     }
     if o.nthreads == 0 || o.nthreads > 64 {
-        return Err(format!("-t takes 1..=64 threads per process, not {}", o.nthreads));
+        return Err(format!("-t takes 1..=64 threads per process, not {}", o.nthreads).into());
     }
     if o.min_bytes > o.max_bytes {
         return Err(format!(
             "invalid sizes for 'minbytes' and 'maxbytes': {} > {}",
             o.min_bytes, o.max_bytes
-        ));
+        )
+        .into());
     }
     if o.iters == 0 || o.agg == 0 {
         return Err("-n and -m must be at least 1".into());
@@ -351,7 +384,7 @@ impl Opts {
 mod tests {
     use super::*;
 
-    fn p(s: &str) -> Result<Opts, String> {
+    fn p(s: &str) -> Result<Opts, ArgsError> {
         let a: Vec<String> = s.split_whitespace().map(String::from).collect();
         parse(&a, None)
     }
@@ -379,6 +412,14 @@ mod tests {
     }
 
     #[test]
+    fn help_is_its_own_outcome() {
+        for line in ["-h", "--help", "all_reduce_perf -b 8 -h", "sendrecv_perf --help -e 1K"] {
+            assert_eq!(p(line).unwrap_err(), ArgsError::Help, "{line}");
+        }
+        assert_eq!(ArgsError::Help.to_string(), USAGE);
+    }
+
+    #[test]
     fn bad_flags_are_errors() {
         assert!(p("all_reduce_perf -b 64M -e 8").is_err());
         assert!(p("all_reduce_perf -d bogus").is_err());
@@ -386,7 +427,10 @@ mod tests {
         assert!(p("all_reduce_perf -t 0").is_err());
         assert!(p("all_reduce_perf --mem gpu").is_err());
         assert!(p("nosuch_perf").is_err());
-        assert!(p("all_reduce_perf -q 1").is_err());
+        let Err(ArgsError::Invalid(e)) = p("all_reduce_perf -q 1") else { panic!("-q accepted") };
+        assert!(e.starts_with("invalid option \"-q\"\nUSAGE: oxccl-perf"), "{e}");
+        let Err(ArgsError::Invalid(e)) = p("all_reduce_perf -b 1K -e x") else { panic!("-e x accepted") };
+        assert_eq!(e, "invalid size \"x\" for -e");
         assert_eq!(parse_size("1.5K"), Some(1536));
         assert_eq!(parse_size("x"), None);
     }

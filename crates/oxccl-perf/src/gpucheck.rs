@@ -4,13 +4,23 @@
 //! (aligned and unaligned, with a ragged tail), then measures, with CUDA events in one run:
 //! the driver's device-to-device copy, oxccl's copy kernel, and reduce-copy of 2 and 4 sources
 //! (f32 and bf16), as read + write bytes per second and as a ratio to the driver's copy.
-//! Exit status 1 if any check fails; without CUDA it says so and exits 2.
+//! Exit status 1 if any check fails; without CUDA it says so and exits 2. `--help` prints
+//! [`USAGE`] (stdout, exit 0); an argument it does not know is an error (stderr, exit 2).
+
+mod sigpipe;
 
 use oxccl::cuda::kernels::{Kop, Sync};
 use oxccl::cuda::{kernels, CudaError, DevBuf, Device, Event, Stream};
 use oxccl_core::plan::device::Task;
 use oxccl_core::reduce::{finalize, reduce_many, ReduceCtx};
 use oxccl_core::{DataType, ReduceOp};
+
+const USAGE: &str = "\
+usage: oxccl-gpucheck [--threads-only]
+         check every kernel on device 0 bit-exactly and measure it (--threads-only: only the
+         thread-group checks); exit status 1 if a check fails, 2 without CUDA
+       oxccl-gpucheck --cubin ARCH FILE [DEFINE...]
+         compile every kernel for ARCH with NVRTC (no GPU needed) and write the CUBIN to FILE";
 
 fn encode(t: DataType, vals: &[i64]) -> Vec<u8> {
     let mut out = Vec::with_capacity(vals.len() * t.size_bytes());
@@ -714,7 +724,7 @@ fn run(threads_only: bool) -> Result<usize, CudaError> {
 /// (no GPU needed) and writes the CUBIN, for `cuobjdump --dump-resource-usage` and SASS.
 fn cubin(args: &[String]) -> i32 {
     let (Some(arch), Some(file)) = (args.first(), args.get(1)) else {
-        eprintln!("usage: oxccl-gpucheck --cubin ARCH FILE [DEFINE...]");
+        eprintln!("{USAGE}");
         return 2;
     };
     // OXCCL_CUBIN_ONLY=sum_f32,avg_bf16: only those kernels (a quick look at a few).
@@ -749,11 +759,22 @@ fn cubin(args: &[String]) -> i32 {
 }
 
 fn main() {
+    sigpipe::restore_default();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("--cubin") {
-        std::process::exit(cubin(&args[1..]));
-    }
-    match run(args.first().map(String::as_str) == Some("--threads-only")) {
+    let threads_only = match args.first().map(String::as_str) {
+        Some("-h" | "--help") => {
+            println!("{USAGE}");
+            return;
+        }
+        Some("--cubin") => std::process::exit(cubin(&args[1..])),
+        None => false,
+        Some("--threads-only") if args.len() == 1 => true,
+        Some(_) => {
+            eprintln!("oxccl-gpucheck: unexpected arguments {:?}\n{USAGE}", &args[..]);
+            std::process::exit(2);
+        }
+    };
+    match run(threads_only) {
         Ok(0) => println!("GPU CHECK PASSED"),
         Ok(n) => {
             println!("GPU CHECK FAILED: {n} wrong");

@@ -15,6 +15,7 @@ mod colls;
 mod launcher;
 mod plot;
 mod report;
+mod sigpipe;
 mod sizes;
 
 use args::{Bench, Opts};
@@ -146,6 +147,7 @@ fn device_side(comm: &Communicator, local: usize) -> Result<bench::Dev<'_>, Stri
 }
 
 fn main() {
+    sigpipe::restore_default();
     let argv: Vec<String> = std::env::args().collect();
     if argv.get(1).map(|s| s.as_str()) == Some("--plot") {
         let Some(svg) = argv.get(2) else {
@@ -159,6 +161,10 @@ fn main() {
     let rest = &argv[1..];
     let o = match args::parse(rest, from_name) {
         Ok(o) => o,
+        Err(args::ArgsError::Help) => {
+            println!("{}", args::USAGE);
+            return;
+        }
         Err(e) => {
             eprintln!("{e}");
             std::process::exit(2);

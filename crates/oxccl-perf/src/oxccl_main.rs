@@ -1,35 +1,115 @@
-//! `oxccl`: tools around the library.
+//! `oxccl`: tools around the library, one subcommand each, on clap (`oxccl --help`,
+//! `oxccl SUBCOMMAND --help`; unknown options and missing arguments are errors, exit 2).
 //!
 //! - `oxccl analyze DUMP...` merges the ranks' flight recorder dumps and prints the verdict:
 //!   which rank stopped first, at which call, who waited for whom, and the first error.
 //! - `oxccl topo [--topo FILE] [--channels N] [--svg FILE] [--dump FILE]` prints this host's
 //!   topology (or a topology file's) as `nvidia-smi topo -m` does, then the rings and trees
 //!   built over it; `--svg` draws it, `--dump` writes the topology file.
-//! - `oxccl explain COLLECTIVE --ranks N [--topo FILE]` prints, for sizes 8 B .. 4 GiB, the
-//!   predicted time of every algorithm × protocol and the choice (`NCCL_ALGO`, `NCCL_PROTO`,
-//!   `NCCL_MIN/MAX_NCHANNELS` apply).
+//! - `oxccl explain COLLECTIVE --ranks N` prints, for sizes 8 B .. 4 GiB, the predicted time
+//!   of every algorithm × protocol and the choice for N CPU ranks on this host; with
+//!   `--topo FILE` for a topology file's GPUs (`--ranks` then defaults to all of them).
+//!   `NCCL_ALGO`, `NCCL_PROTO`, `NCCL_MIN/MAX_NCHANNELS` apply.
 //! - `oxccl sim --cluster FILE --ranks N,... [-b 8 -e 64M -f 8] [--algo ring,tree]` simulates
 //!   oxccl's own all-reduce plans on a cluster file and prints nccl-tests tables, the ring
-//!   against the tree, and the tuner's pick (see `simcmd`).
+//!   against the tree, and the tuner's pick; `oxccl sim --bootstrap` prices the bootstrap
+//!   (see `simcmd`).
+//!
+//! A failing command prints `oxccl COMMAND: why` on stderr and exits 1; a closed stdout ends
+//! the process quietly (`sigpipe`).
 
 #[allow(dead_code)]
 mod plot;
 #[allow(dead_code)]
 mod report;
+mod sigpipe;
 mod simcmd;
 mod sizes;
 
+use clap::{Args, Parser, Subcommand};
 use oxccl_core::topo::{graphs, Topo};
 use oxccl_core::tuner::{explain_sizes, Coll, Model};
+use std::path::{Path, PathBuf};
 
-fn usage() -> ! {
-    eprintln!(
-        "usage: oxccl analyze DUMP.json...                      flight recorder dumps, one per rank\n\
-         \x20      oxccl topo [--topo FILE] [--channels N] [--svg FILE] [--dump FILE]\n\
-         \x20      oxccl explain COLLECTIVE --ranks N [--topo FILE]  (allreduce, allgather, reducescatter, broadcast, reduce;\n\
-         \x20                                                      without --topo: N CPU ranks on this host)"
-    );
-    std::process::exit(2);
+/// Tools around oxccl: flight recorder dumps, topology, the tuner's reasoning, the simulator.
+#[derive(Parser, Debug)]
+#[command(name = "oxccl", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Merge the ranks' flight recorder dumps and say which rank stopped first
+    ///
+    /// The verdict: which rank stopped first, at which call, who waited for whom, and the
+    /// first error.
+    Analyze(AnalyzeArgs),
+    /// Print the topology, then the rings and trees built over it
+    ///
+    /// This host's topology (or a topology file's) as `nvidia-smi topo -m` prints it: the path
+    /// types between GPUs and NICs, CPU and NUMA affinity; then the rings and trees of each
+    /// channel and where ranks bind their progress threads.
+    Topo(TopoArgs),
+    /// Print the tuner's predicted times and its choice, size by size
+    ///
+    /// For sizes 8 B .. 4 GiB, the predicted time of every algorithm × protocol and the
+    /// choice, for N CPU ranks on this host or, with --topo, a topology file's GPUs.
+    /// NCCL_ALGO, NCCL_PROTO and NCCL_MIN/MAX_NCHANNELS apply.
+    Explain(ExplainArgs),
+    /// Simulate oxccl's all-reduce plans on a cluster file, or price the bootstrap
+    ///
+    /// Prints nccl-tests tables per rank count and algorithm, ring against tree, and the
+    /// tuner's pick per size; with --bootstrap, the bootstrap's cost model, dense against
+    /// sparse.
+    Sim(simcmd::SimArgs),
+}
+
+#[derive(Args, Debug)]
+struct AnalyzeArgs {
+    /// Flight recorder dumps (oxccl-flight-*.json), one per rank
+    #[arg(required = true, value_name = "DUMP.json")]
+    dumps: Vec<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct TopoArgs {
+    /// Read this topology file instead of detecting this host's (as NCCL_TOPO_FILE does)
+    #[arg(long, value_name = "FILE")]
+    topo: Option<PathBuf>,
+    /// Channels to build rings and trees for
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    channels: usize,
+    /// Draw the (first) host as SVG
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+    /// Write the topology file
+    #[arg(long, value_name = "FILE")]
+    dump: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct ExplainArgs {
+    /// allreduce, allgather, reducescatter, broadcast or reduce
+    #[arg(value_name = "COLLECTIVE", value_parser = collective)]
+    collective: Coll,
+    /// Ranks: CPU ranks on this host, or with --topo GPUs of the topology [default with --topo:
+    /// all its GPUs]
+    #[arg(long, value_name = "N", required_unless_present = "topo", value_parser = rank_count)]
+    ranks: Option<usize>,
+    /// Price this topology file's GPUs instead of this host's CPU ranks
+    #[arg(long, value_name = "FILE")]
+    topo: Option<PathBuf>,
+}
+
+fn rank_count(v: &str) -> Result<usize, String> {
+    v.parse().ok().filter(|&n: &usize| n >= 1).ok_or_else(|| "not a rank count of at least 1".into())
+}
+
+fn collective(v: &str) -> Result<Coll, String> {
+    Coll::parse(v)
+        .ok_or_else(|| "the collectives are allreduce, allgather, reducescatter, broadcast and reduce".into())
 }
 
 fn fail(cmd: &str, e: impl std::fmt::Display) -> ! {
@@ -37,49 +117,27 @@ fn fail(cmd: &str, e: impl std::fmt::Display) -> ! {
     std::process::exit(1);
 }
 
-/// `--name value` options; anything else is positional.
-fn options(args: &[String]) -> (Vec<String>, std::collections::BTreeMap<String, String>) {
-    let mut pos = Vec::new();
-    let mut opts = std::collections::BTreeMap::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        if let Some(k) = a.strip_prefix("--") {
-            match it.next() {
-                Some(v) => {
-                    opts.insert(k.to_string(), v.clone());
-                }
-                None => fail("", format!("--{k} needs a value")),
-            }
-        } else {
-            pos.push(a.clone());
-        }
-    }
-    (pos, opts)
-}
-
-fn load(cmd: &str, opts: &std::collections::BTreeMap<String, String>) -> Topo {
-    match opts.get("topo") {
+/// The topology file at `path`, or this host's detected topology.
+fn load(cmd: &str, path: Option<&Path>) -> Topo {
+    match path {
         Some(f) => {
-            let text = std::fs::read_to_string(f).unwrap_or_else(|e| fail(cmd, format!("{f}: {e}")));
-            Topo::parse(&text).unwrap_or_else(|e| fail(cmd, format!("{f}: {e}")))
+            let text =
+                std::fs::read_to_string(f).unwrap_or_else(|e| fail(cmd, format!("{}: {e}", f.display())));
+            Topo::parse(&text).unwrap_or_else(|e| fail(cmd, format!("{}: {e}", f.display())))
         }
         None => oxccl::topo::system(|k| std::env::var(k).ok()).unwrap_or_else(|e| fail(cmd, e)),
     }
 }
 
-fn number(cmd: &str, opts: &std::collections::BTreeMap<String, String>, k: &str, default: usize) -> usize {
-    match opts.get(k) {
-        None => default,
-        Some(v) => v.parse().unwrap_or_else(|_| fail(cmd, format!("--{k} {v}: not a number"))),
+fn analyze(a: &AnalyzeArgs) {
+    match oxccl::flight::analyze_files(&a.dumps) {
+        Ok(v) => print!("{v}"),
+        Err(e) => fail("analyze", e),
     }
 }
 
-fn topo(args: &[String]) {
-    let (pos, opts) = options(args);
-    if !pos.is_empty() {
-        usage();
-    }
-    let t = load("topo", &opts);
+fn topo(a: &TopoArgs) {
+    let t = load("topo", a.topo.as_deref());
     // Hosts that are copies of one another are printed once.
     let mut shown: Vec<usize> = Vec::new();
     for (i, h) in t.hosts.iter().enumerate() {
@@ -92,7 +150,7 @@ fn topo(args: &[String]) {
         println!();
         shown.push(i);
     }
-    print!("{}", graphs::describe(&t, number("topo", &opts, "channels", 2)));
+    print!("{}", graphs::describe(&t, a.channels));
     // Affinity: where ranks started here put their progress threads.
     let launch = oxccl::sys::affinity::current();
     let h = &t.hosts[0];
@@ -114,38 +172,39 @@ fn topo(args: &[String]) {
             node(&b)
         );
     }
-    if let Some(f) = opts.get("svg") {
-        std::fs::write(f, graphs::svg(&t.hosts[0])).unwrap_or_else(|e| fail("topo", format!("{f}: {e}")));
-        println!("drawing of host {} written to {f}", t.hosts[0].name);
+    if let Some(f) = &a.svg {
+        write("topo", f, graphs::svg(&t.hosts[0]));
+        println!("drawing of host {} written to {}", t.hosts[0].name, f.display());
     }
-    if let Some(f) = opts.get("dump") {
-        std::fs::write(f, t.to_json()).unwrap_or_else(|e| fail("topo", format!("{f}: {e}")));
-        println!("topology written to {f}");
+    if let Some(f) = &a.dump {
+        write("topo", f, t.to_json());
+        println!("topology written to {}", f.display());
     }
 }
 
-fn explain(args: &[String]) {
-    let (pos, opts) = options(args);
-    let [coll] = pos.as_slice() else { usage() };
-    let c = Coll::parse(coll).unwrap_or_else(|| fail("explain", format!("unknown collective {coll:?}")));
+fn write(cmd: &str, path: &Path, contents: String) {
+    std::fs::write(path, contents).unwrap_or_else(|e| fail(cmd, format!("{}: {e}", path.display())));
+}
+
+fn explain(a: &ExplainArgs) {
     // The library's own reading of the environment (NCCL_ALGO, NCCL_PROTO, channel counts,
     // OXCCL_DIRECT, OXCCL_CALIBRATE, OXCCL_HOST_ID).
     let config = oxccl::Config::from_lookup(|k| std::env::var(k).ok()).unwrap_or_else(|e| fail("explain", e));
-    let mut m = if opts.contains_key("topo") {
-        let t = load("explain", &opts);
-        let ranks = number("explain", &opts, "ranks", t.gpus().len());
-        Model::from_topo(&t, ranks).unwrap_or_else(|e| fail("explain", e))
-    } else {
-        // This host's CPU ranks, from its calibration (measured once, cached).
-        let ranks = number("explain", &opts, "ranks", 2);
-        if ranks < 1 {
-            fail("explain", "--ranks must be at least 1");
+    let mut m = match (&a.topo, a.ranks) {
+        (Some(f), ranks) => {
+            let t = load("explain", Some(f));
+            let ranks = ranks.unwrap_or(t.gpus().len());
+            Model::from_topo(&t, ranks).unwrap_or_else(|e| fail("explain", e))
         }
-        let costs = oxccl::calib::host_costs(
-            oxccl::sys::host::host_id(config.host_id.as_deref()),
-            config.calibrate.as_deref(),
-        );
-        Model::cpu(ranks, 1, &costs, config.direct && ranks > 1, 1, 1)
+        (None, Some(ranks)) => {
+            // This host's CPU ranks, from its calibration (measured once, cached).
+            let costs = oxccl::calib::host_costs(
+                oxccl::sys::host::host_id(config.host_id.as_deref()),
+                config.calibrate.as_deref(),
+            );
+            Model::cpu(ranks, 1, &costs, config.direct && ranks > 1, 1, 1)
+        }
+        (None, None) => unreachable!("clap requires --ranks without --topo"),
     };
     if std::env::var_os("NCCL_MIN_NCHANNELS").is_some() {
         m.min_channels = config.min_channels;
@@ -154,51 +213,26 @@ fn explain(args: &[String]) {
         m.max_channels = config.max_channels;
     }
     let en = config.enabled;
-    print!("{}", m.explain_text(c, &explain_sizes(), &en));
+    print!("{}", m.explain_text(a.collective, &explain_sizes(), &en));
 }
 
-fn sim(args: &[String]) {
-    // `--name value`, `-b/-e/-f value`, and the flag `--exact`.
-    let mut opts = std::collections::BTreeMap::new();
-    let mut flags = Vec::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let key = match a.as_str() {
-            "--exact" | "--bootstrap" => {
-                flags.push(a[2..].to_string());
-                continue;
-            }
-            "-b" | "-e" | "-f" => &a[1..],
-            k if k.starts_with("--") => &k[2..],
-            _ => fail("sim", format!("unexpected argument {a:?}")),
-        };
-        let v = it.next().unwrap_or_else(|| fail("sim", format!("{a} needs a value")));
-        opts.insert(key.to_string(), v.clone());
-    }
-    if flags.iter().any(|f| f == "bootstrap") {
-        if let Err(e) = simcmd::run_bootstrap(&opts) {
-            fail("sim", e);
-        }
-        return;
-    }
-    let o = simcmd::parse(&opts, &flags).unwrap_or_else(|e| fail("sim", e));
-    if let Err(e) = simcmd::run(&o) {
+fn sim(a: &simcmd::SimArgs) {
+    let done = if a.bootstrap {
+        simcmd::run_bootstrap(a)
+    } else {
+        simcmd::parse(a).and_then(|o| simcmd::run(&o).map(drop))
+    };
+    if let Err(e) = done {
         fail("sim", e);
     }
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.split_first() {
-        Some((cmd, files)) if cmd == "analyze" && !files.is_empty() => {
-            match oxccl::flight::analyze_files(files) {
-                Ok(v) => print!("{v}"),
-                Err(e) => fail("analyze", e),
-            }
-        }
-        Some((cmd, rest)) if cmd == "topo" => topo(rest),
-        Some((cmd, rest)) if cmd == "explain" => explain(rest),
-        Some((cmd, rest)) if cmd == "sim" => sim(rest),
-        _ => usage(),
+    sigpipe::restore_default();
+    match Cli::parse().command {
+        Command::Analyze(a) => analyze(&a),
+        Command::Topo(a) => topo(&a),
+        Command::Explain(a) => explain(&a),
+        Command::Sim(a) => sim(&a),
     }
 }

@@ -9,9 +9,11 @@
 //! oxccl sim --bootstrap --cluster FILE [--ranks 64,10000,100000] [--join-us 40]
 //!           [--connect-us 50] [--boot-gbs G]
 //! ```
-//! `--bootstrap` prints the bootstrap's cost model (`oxccl_core::netsim::bootstrap`), dense
-//! against sparse, with the table's size and decode cost measured here from the real codec
-//! and the bootstrap interface's bandwidth from the cluster file's network (or `--boot-gbs`).
+//! The command line is [`SimArgs`] (clap: `oxccl sim --help`); the sweep's options and the
+//! bootstrap model's exclude each other. `--bootstrap` prints the bootstrap's cost model
+//! (`oxccl_core::netsim::bootstrap`), dense against sparse, with the table's size and decode
+//! cost measured here from the real codec and the bootstrap interface's bandwidth from the
+//! cluster file's network (or `--boot-gbs`).
 //! Per rank count and algorithm, each size runs in the protocol the tuner's model of the
 //! cluster prices cheapest for that algorithm (among `--protos`). Rings of 4096 ranks or more
 //! are simulated periodically (`Spec::period`: 96 of the ranks) when the count, rounded to
@@ -22,9 +24,9 @@
 use crate::plot::Series;
 use crate::report::{float_str, obj, Json};
 use crate::sizes::parse_size;
+use clap::Args;
 use oxccl_core::netsim::{model_of, simulate, Cluster, Spec};
 use oxccl_core::tuner::{Algo, Coll, Enabled, Proto};
-use std::collections::BTreeMap;
 
 /// One simulated point.
 #[derive(Clone, Debug)]
@@ -39,10 +41,6 @@ pub struct Point {
     /// How it was simulated ("exact", or "periodic q, +n elements").
     pub how: String,
     pub wall_s: f64,
-}
-
-fn list<T>(v: &str, f: impl Fn(&str) -> Option<T>, what: &str) -> Result<Vec<T>, String> {
-    v.split(',').map(|x| f(x.trim()).ok_or_else(|| format!("{what}: cannot read {x:?}"))).collect()
 }
 
 /// The simulation of one all-reduce, periodic where that is exact enough (see the module).
@@ -128,7 +126,108 @@ pub fn tuner_pick(c: &Cluster, ranks: usize, bytes: usize, allowed: &[Proto]) ->
     m.choose(Coll::AllReduce, bytes, &en).map_or(Algo::Ring, |e| e.algo)
 }
 
-/// Options of `oxccl sim`.
+/// `oxccl sim`'s command line.
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:\n  \
+    oxccl sim --cluster fixtures/clusters/summit.json --ranks 96,1536,24576 -b 8 -e 64M -f 8\n  \
+    oxccl sim --cluster local --ranks 4 --algo ring --protos Simple --channels 1 --chunk 1M\n  \
+    oxccl sim --bootstrap --cluster fixtures/clusters/summit.json --ranks 1024,10000,100000")]
+pub struct SimArgs {
+    /// Cluster file (fixtures/clusters/), or `local`: this host from its calibration
+    #[arg(long, value_name = "FILE|local")]
+    pub cluster: String,
+    /// Rank counts, each at least 2 [default: 96; with --bootstrap: 64,1024,10000,100000]
+    #[arg(long, value_name = "N,...", value_delimiter = ',', value_parser = rank_count)]
+    pub ranks: Vec<usize>,
+    /// Smallest size (8, 64K, 1M, ...)
+    #[arg(short = 'b', value_name = "SIZE", default_value = "8", value_parser = size,
+          conflicts_with = "sizes", help_heading = SWEEP)]
+    pub min_bytes: usize,
+    /// Largest size
+    #[arg(short = 'e', value_name = "SIZE", default_value = "64M", value_parser = size,
+          conflicts_with = "sizes", help_heading = SWEEP)]
+    pub max_bytes: usize,
+    /// Factor from one size to the next (at least 2)
+    #[arg(short = 'f', value_name = "FACTOR", default_value_t = 8, conflicts_with = "sizes",
+          help_heading = SWEEP)]
+    pub step_factor: usize,
+    /// The sizes themselves, instead of -b/-e/-f
+    #[arg(long, value_name = "SIZE,...", value_delimiter = ',', value_parser = size, help_heading = SWEEP)]
+    pub sizes: Vec<usize>,
+    /// Algorithms: ring, tree
+    #[arg(long = "algo", value_name = "ALGO,...", value_delimiter = ',', value_parser = algo,
+          default_value = "ring,tree", help_heading = SWEEP)]
+    pub algos: Vec<Algo>,
+    /// Protocols each size may run in (the tuner's model picks among them): LL, LL128, Simple
+    #[arg(long, value_name = "PROTO,...", value_delimiter = ',', value_parser = proto,
+          default_value = "LL,LL128,Simple", help_heading = SWEEP)]
+    pub protos: Vec<Proto>,
+    /// Channels
+    #[arg(long, value_name = "N", default_value_t = 2, help_heading = SWEEP)]
+    pub channels: usize,
+    /// Chunk size
+    #[arg(long, value_name = "SIZE", default_value = "512K", value_parser = size, help_heading = SWEEP)]
+    pub chunk: usize,
+    /// Simulate every ring exactly, never periodically (slow beyond 4096 ranks)
+    #[arg(long, help_heading = SWEEP)]
+    pub exact: bool,
+    /// Write the results as JSON
+    #[arg(long, value_name = "FILE", help_heading = SWEEP)]
+    pub json: Option<String>,
+    /// Draw busbw and time against size (SVG)
+    #[arg(long, value_name = "FILE.svg", help_heading = SWEEP)]
+    pub plot: Option<String>,
+    /// Print the bootstrap's cost model, dense against sparse, instead of a sweep
+    #[arg(long, conflicts_with_all = ["min_bytes", "max_bytes", "step_factor", "sizes", "algos",
+          "protos", "channels", "chunk", "exact", "json", "plot"], help_heading = BOOTSTRAP)]
+    pub bootstrap: bool,
+    /// The root's time per join (us)
+    #[arg(long, value_name = "US", default_value_t = 40.0, value_parser = positive,
+          allow_negative_numbers = true, requires = "bootstrap", help_heading = BOOTSTRAP)]
+    pub join_us: f64,
+    /// Time per connection (us)
+    #[arg(long, value_name = "US", default_value_t = 50.0, value_parser = positive,
+          allow_negative_numbers = true, requires = "bootstrap", help_heading = BOOTSTRAP)]
+    pub connect_us: f64,
+    /// The bootstrap interface's bandwidth (GB/s) [default: the cluster's network]
+    #[arg(long, value_name = "G", value_parser = positive, allow_negative_numbers = true,
+          requires = "bootstrap", help_heading = BOOTSTRAP)]
+    pub boot_gbs: Option<f64>,
+}
+
+const SWEEP: &str = "Sweep";
+const BOOTSTRAP: &str = "Bootstrap model";
+
+fn rank_count(v: &str) -> Result<usize, String> {
+    v.trim().parse().ok().filter(|&n: &usize| n >= 2).ok_or_else(|| "not a rank count of at least 2".into())
+}
+
+fn size(v: &str) -> Result<usize, String> {
+    parse_size(v).ok_or_else(|| "not a size (8, 64K, 1M, 1.5G, ...)".into())
+}
+
+fn algo(v: &str) -> Result<Algo, String> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "ring" => Ok(Algo::Ring),
+        "tree" => Ok(Algo::Tree),
+        _ => Err("the algorithms are ring and tree".into()),
+    }
+}
+
+fn proto(v: &str) -> Result<Proto, String> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "ll" => Ok(Proto::LL),
+        "ll128" => Ok(Proto::LL128),
+        "simple" => Ok(Proto::Simple),
+        _ => Err("the protocols are LL, LL128 and Simple".into()),
+    }
+}
+
+fn positive(v: &str) -> Result<f64, String> {
+    v.trim().parse().ok().filter(|x: &f64| *x > 0.0).ok_or_else(|| "not a positive number".into())
+}
+
+/// A sweep's options, defaults applied and sizes listed.
 #[derive(Clone, Debug)]
 pub struct Opts {
     pub cluster: String,
@@ -143,53 +242,28 @@ pub struct Opts {
     pub plot: Option<String>,
 }
 
-pub fn parse(opts: &BTreeMap<String, String>, flags: &[String]) -> Result<Opts, String> {
-    let get = |k: &str| opts.get(k).map(String::as_str);
-    let cluster = get("cluster").ok_or("--cluster FILE is required")?.to_string();
-    let ranks =
-        list(get("ranks").unwrap_or("96"), |x| x.parse().ok().filter(|&n: &usize| n >= 2), "--ranks")?;
-    let algos = list(
-        get("algo").unwrap_or("ring,tree"),
-        |x| match x.to_ascii_lowercase().as_str() {
-            "ring" => Some(Algo::Ring),
-            "tree" => Some(Algo::Tree),
-            _ => None,
-        },
-        "--algo (ring, tree)",
-    )?;
-    let protos = list(
-        get("protos").unwrap_or("LL,LL128,Simple"),
-        |x| match x.to_ascii_lowercase().as_str() {
-            "ll" => Some(Proto::LL),
-            "ll128" => Some(Proto::LL128),
-            "simple" => Some(Proto::Simple),
-            _ => None,
-        },
-        "--protos (LL, LL128, Simple)",
-    )?;
-    let sizes = match get("sizes") {
-        Some(v) => list(v, parse_size, "--sizes")?,
-        None => {
-            let b = parse_size(get("b").unwrap_or("8")).ok_or("-b: not a size")?;
-            let e = parse_size(get("e").unwrap_or("64M")).ok_or("-e: not a size")?;
-            let f: usize = get("f").unwrap_or("8").parse().map_err(|_| "-f: not a number")?;
-            if b == 0 || b > e || f < 2 {
-                return Err("sizes: need 0 < -b <= -e and -f >= 2".into());
-            }
-            std::iter::successors(Some(b), |&s| s.checked_mul(f)).take_while(|&s| s <= e).collect()
+/// The sweep `a` asks for (not `--bootstrap`).
+pub fn parse(a: &SimArgs) -> Result<Opts, String> {
+    let sizes = if a.sizes.is_empty() {
+        let (b, e, f) = (a.min_bytes, a.max_bytes, a.step_factor);
+        if b == 0 || b > e || f < 2 {
+            return Err("sizes: need 0 < -b <= -e and -f >= 2".into());
         }
+        std::iter::successors(Some(b), |&s| s.checked_mul(f)).take_while(|&s| s <= e).collect()
+    } else {
+        a.sizes.clone()
     };
     Ok(Opts {
-        cluster,
-        ranks,
-        algos,
-        protos,
+        cluster: a.cluster.clone(),
+        ranks: if a.ranks.is_empty() { vec![96] } else { a.ranks.clone() },
+        algos: a.algos.clone(),
+        protos: a.protos.clone(),
         sizes,
-        channels: get("channels").map_or(Ok(2), |v| v.parse().map_err(|_| "--channels: not a number"))?,
-        chunk: get("chunk").map_or(Some(512 << 10), parse_size).ok_or("--chunk: not a size")?,
-        exact: flags.iter().any(|f| f == "exact"),
-        json: get("json").map(String::from),
-        plot: get("plot").map(String::from),
+        channels: a.channels,
+        chunk: a.chunk,
+        exact: a.exact,
+        json: a.json.clone(),
+        plot: a.plot.clone(),
     })
 }
 
@@ -309,20 +383,10 @@ fn json(c: &Cluster, points: &[Point]) -> Json {
 }
 
 /// `oxccl sim --bootstrap`: the bootstrap's cost model, dense against sparse, per rank count.
-pub fn run_bootstrap(opts: &BTreeMap<String, String>) -> Result<(), String> {
+pub fn run_bootstrap(a: &SimArgs) -> Result<(), String> {
     use oxccl_core::netsim::bootstrap::{cost, BootParams};
-    let get = |k: &str| opts.get(k).map(String::as_str);
-    let num = |k: &str, d: f64| -> Result<f64, String> {
-        get(k).map_or(Ok(d), |v| {
-            v.parse().ok().filter(|x: &f64| *x > 0.0).ok_or(format!("--{k}: not a positive number"))
-        })
-    };
-    let ranks = list(
-        get("ranks").unwrap_or("64,1024,10000,100000"),
-        |x| x.parse().ok().filter(|&n: &usize| n >= 2),
-        "--ranks",
-    )?;
-    let cluster = get("cluster").ok_or("--cluster FILE is required")?;
+    let ranks = if a.ranks.is_empty() { vec![64, 1024, 10000, 100000] } else { a.ranks.clone() };
+    let cluster = a.cluster.as_str();
     let c = if cluster == "local" {
         let config = oxccl::Config::from_lookup(|k| std::env::var(k).ok()).map_err(|e| e.to_string())?;
         let costs = oxccl::calib::host_costs(
@@ -338,9 +402,9 @@ pub fn run_bootstrap(opts: &BTreeMap<String, String>) -> Result<(), String> {
     let p = BootParams {
         entry_bytes,
         decode_us_per_entry,
-        join_us: num("join-us", 40.0)?,
-        connect_us: num("connect-us", 50.0)?,
-        gbs: num("boot-gbs", c.net.gbs)?,
+        join_us: a.join_us,
+        connect_us: a.connect_us,
+        gbs: a.boot_gbs.unwrap_or(c.net.gbs),
         sparse_lifelines: 11,
     };
     println!("# oxccl sim --bootstrap: {} ({cluster})", c.name);
@@ -397,21 +461,68 @@ fn human_bytes(b: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::error::ErrorKind;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        sim: SimArgs,
+    }
+
+    fn args(line: &str) -> Result<SimArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("sim").chain(line.split_whitespace())).map(|c| c.sim)
+    }
 
     #[test]
-    fn sizes_and_lists_parse() {
-        assert_eq!(parse_size("64M"), Some(64 << 20));
-        assert_eq!(parse_size("8"), Some(8));
-        let mut o = BTreeMap::new();
-        o.insert("cluster".to_string(), "x.json".to_string());
-        o.insert("ranks".to_string(), "96,1536".to_string());
-        o.insert("b".to_string(), "8".to_string());
-        o.insert("e".to_string(), "512".to_string());
-        let p = parse(&o, &[]).unwrap();
-        assert_eq!(p.ranks, vec![96, 1536]);
-        assert_eq!(p.sizes, vec![8, 64, 512]);
-        assert_eq!(p.algos, vec![Algo::Ring, Algo::Tree]);
-        o.insert("algo".to_string(), "bogus".to_string());
-        assert!(parse(&o, &[]).unwrap_err().contains("--algo"));
+    fn a_sweep_parses_with_its_defaults() {
+        let o = parse(&args("--cluster x.json --ranks 96,1536 -b 8 -e 512").unwrap()).unwrap();
+        assert_eq!(o.cluster, "x.json");
+        assert_eq!(o.ranks, vec![96, 1536]);
+        assert_eq!(o.sizes, vec![8, 64, 512]);
+        assert_eq!(o.algos, vec![Algo::Ring, Algo::Tree]);
+        assert_eq!(o.protos, vec![Proto::LL, Proto::LL128, Proto::Simple]);
+        assert_eq!((o.channels, o.chunk, o.exact), (2, 512 << 10, false));
+        assert_eq!((o.json, o.plot), (None, None));
+        let o = parse(&args("--cluster local").unwrap()).unwrap();
+        assert_eq!(o.ranks, vec![96]);
+        assert_eq!(o.sizes.len(), 8); // 8 B × 8^k up to 64M: 8 .. 16M
+        assert_eq!(*o.sizes.last().unwrap(), 16 << 20);
+        let line = "--cluster local --algo TREE --protos simple,LL --sizes 1K,3M --chunk 1M --channels 1";
+        let o = parse(&args(&format!("{line} --exact")).unwrap()).unwrap();
+        assert_eq!((o.algos, o.protos), (vec![Algo::Tree], vec![Proto::Simple, Proto::LL]));
+        assert_eq!((o.sizes, o.chunk, o.channels, o.exact), (vec![1024, 3 << 20], 1 << 20, 1, true));
+    }
+
+    #[test]
+    fn bad_options_name_the_option() {
+        let err = |line: &str| args(line).unwrap_err();
+        assert_eq!(err("--ranks 4").kind(), ErrorKind::MissingRequiredArgument);
+        let e = err("--cluster x --algo bogus").to_string();
+        assert!(e.contains("--algo") && e.contains("ring and tree"), "{e}");
+        let e = err("--cluster x --ranks 96,1").to_string();
+        assert!(e.contains("--ranks") && e.contains("at least 2"), "{e}");
+        let e = err("--cluster x --chunk big").to_string();
+        assert!(e.contains("--chunk") && e.contains("not a size"), "{e}");
+        assert_eq!(err("--cluster x --sizes 8 -b 8").kind(), ErrorKind::ArgumentConflict);
+        assert_eq!(err("--cluster x --rnaks 4").kind(), ErrorKind::UnknownArgument);
+        let e = parse(&args("--cluster x -b 64 -e 8").unwrap()).unwrap_err();
+        assert_eq!(e, "sizes: need 0 < -b <= -e and -f >= 2");
+        assert!(parse(&args("--cluster x -f 1").unwrap()).is_err());
+    }
+
+    #[test]
+    fn bootstrap_options_belong_to_bootstrap() {
+        let a = args("--bootstrap --cluster x").unwrap();
+        assert!(a.bootstrap && a.ranks.is_empty());
+        assert_eq!((a.join_us, a.connect_us, a.boot_gbs), (40.0, 50.0, None));
+        let a = args("--bootstrap --cluster x --join-us 10 --connect-us 5 --boot-gbs 1.5").unwrap();
+        assert_eq!((a.join_us, a.connect_us, a.boot_gbs), (10.0, 5.0, Some(1.5)));
+        let err = |line: &str| args(line).unwrap_err();
+        assert_eq!(err("--cluster x --join-us 10").kind(), ErrorKind::MissingRequiredArgument);
+        assert_eq!(err("--bootstrap --cluster x --exact").kind(), ErrorKind::ArgumentConflict);
+        assert_eq!(err("--bootstrap --cluster x -b 8").kind(), ErrorKind::ArgumentConflict);
+        let e = err("--bootstrap --cluster x --join-us -1").to_string();
+        assert!(e.contains("--join-us") && e.contains("not a positive number"), "{e}");
     }
 }
