@@ -133,7 +133,7 @@ impl Store {
                 let left = l.saturating_sub(started.elapsed());
                 if left.is_zero() {
                     return Err(self.protocol(format!(
-                        "no {what} in {} s (after {got} of {} bytes)",
+                        "nothing came in {} s while this rank waited for {what} ({got} of {} bytes): not a c10d TCPStore?",
                         l.as_secs_f64(),
                         buf.len()
                     )));
