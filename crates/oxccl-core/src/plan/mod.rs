@@ -571,24 +571,12 @@ pub fn plan_group_signed(
             }
             lanes
         };
-        if g.deterministic {
-            let det = match *op {
-                OpSpec::AllReduce { count, dtype, op, src, dst } if !oneshot::applies(g, count, dtype) => {
-                    Some(det::reduce_scatter_like(g, count, None, dtype, op, src, dst)?)
-                }
-                OpSpec::ReduceScatter { count, dtype, op, src, dst } => {
-                    Some(det::reduce_scatter_like(g, count * g.size, Some(count), dtype, op, src, dst)?)
-                }
-                OpSpec::Reduce { count, dtype, op, root, src, dst } => {
-                    Some(det::reduce(g, count, dtype, op, root, src, dst)?)
-                }
-                _ => None,
-            };
-            if let Some((phases, scratch)) = det {
-                job.phases.extend(phases.into_iter().map(sign));
-                job.scratch_bytes = job.scratch_bytes.max(scratch);
-                continue;
-            }
+        // Deterministic mode: every reduction is planned as the rank-order fold, whatever the
+        // selector chose for its size (`det::plan`); other collectives plan as usual.
+        if let Some((phases, scratch)) = det::plan(g, op)? {
+            job.phases.extend(phases.into_iter().map(sign));
+            job.scratch_bytes = job.scratch_bytes.max(scratch);
+            continue;
         }
         if let OpSpec::AllReduce { count, dtype, op, src, dst } = *op {
             let algo = g.select.as_ref().and_then(|s| s.all_reduce_algo(count * dtype.size_bytes()));
