@@ -223,16 +223,9 @@ fn forget(src: &str, arch: &str, defines: &[String]) {
 }
 
 /// Where CUBINs are kept between processes: `OXCCL_KERNEL_CACHE` (a directory; `0` or empty:
-/// none), else `$XDG_CACHE_HOME/oxccl`, else `$HOME/.cache/oxccl`.
+/// none), else oxccl's cache directory ([`crate::env::kernel_cache_dir`]).
 pub fn disk_cache_dir() -> Option<std::path::PathBuf> {
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-    if let Some(v) = std::env::var_os("OXCCL_KERNEL_CACHE") {
-        return (!v.is_empty() && v != "0").then(|| v.into());
-    }
-    if let Some(x) = var("XDG_CACHE_HOME") {
-        return Some(std::path::PathBuf::from(x).join("oxccl"));
-    }
-    var("HOME").map(|h| std::path::PathBuf::from(h).join(".cache").join("oxccl"))
+    crate::env::kernel_cache_dir()
 }
 
 /// The cache file's name: the architecture and a 64-bit FNV-1a hash of everything the CUBIN
