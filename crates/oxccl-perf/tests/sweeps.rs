@@ -4,6 +4,8 @@
 
 use std::process::{Command, Output};
 
+oxccl_testkit::test_scope!();
+
 const EXE: &str = env!("CARGO_BIN_EXE_oxccl-perf");
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> Output {

@@ -6,6 +6,8 @@ use oxccl::{Communicator, Config, Error, Rank, ReduceOp};
 use oxccl_testkit::{child, epoch_ms, Launch};
 use std::time::Duration;
 
+oxccl_testkit::test_scope!();
+
 fn sparse(n: usize) -> Config {
     Config::default()
         .with_timeout(Some(Duration::from_secs(60)))

@@ -7,6 +7,8 @@ use oxccl_core::CoreError;
 use oxccl_testkit::{child, Launch};
 use std::time::{Duration, Instant};
 
+oxccl_testkit::test_scope!();
+
 /// Runs `f(comm)` on `n` ranks as threads of this process, all on one host.
 fn threads<T: Send + 'static>(
     n: usize,

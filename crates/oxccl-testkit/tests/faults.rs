@@ -8,6 +8,8 @@ use oxccl_testkit::Rng;
 use oxccl_testkit::{child, epoch_ms, Launch};
 use std::time::{Duration, Instant};
 
+oxccl_testkit::test_scope!();
+
 /// How long a survivor stays alive after its errors.
 const LINGER_MS: u64 = 500;
 

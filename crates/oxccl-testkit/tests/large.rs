@@ -6,6 +6,8 @@ use oxccl::{Communicator, DataType, ReduceOp};
 use oxccl_testkit::{child, run_case, Case, Coll, Launch};
 use std::time::{Duration, Instant};
 
+oxccl_testkit::test_scope!();
+
 const MIB64_F32: usize = 16 << 20;
 
 fn rank() {

@@ -7,6 +7,8 @@ use oxccl_testkit::netns::TwoHosts;
 use oxccl_testkit::{matrix, Launch};
 use std::time::{Duration, Instant};
 
+oxccl_testkit::test_scope!();
+
 #[test]
 fn two_hosts_2_plus_2() {
     if let Some(ctx) = oxccl_testkit::child("two_hosts") {

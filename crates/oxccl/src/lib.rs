@@ -36,6 +36,10 @@ pub mod topo;
 pub mod transport;
 
 pub use comm::{new_unique_id, Communicator, Group, Scope, Work};
+
+// The unit tests write only under their run root and a test-scoped cache.
+#[cfg(test)]
+oxccl_testkit::test_scope!();
 pub use error::{Error, RejectReason, Result};
 pub use half::{bf16, f16};
 pub use oxccl_core::config::{Config, LogLevel};
