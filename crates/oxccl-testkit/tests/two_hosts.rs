@@ -41,6 +41,9 @@ fn two_hosts_2_plus_2() {
     match l.run() {
         Ok(done) => {
             let n = matrix(4, &oxccl_testkit::matrixrun::standard_spec()).len();
+            if let Err(e) = oxccl_testkit::matrixrun::check_summaries(&done, 4, n) {
+                panic!("two-host matrix: every rank exited 0, but\n{e}");
+            }
             oxccl_testkit::report!(
                 "two hosts ({} = {}, {} = {}), ranks 0-1 | 2-3: {n} cases on every rank, all exact, {:.1} s",
                 hosts.a,
