@@ -116,8 +116,15 @@ fn a_64k_dev_shm_does_not_limit_shared_memory() {
         ])
         .output();
     if !probe.as_ref().is_ok_and(|o| o.status.success()) {
-        oxccl_testkit::report!("SKIPPED a_64k_dev_shm_does_not_limit_shared_memory: cannot mount in a new mount namespace here: {probe:?}");
-        return;
+        let why = match &probe {
+            Ok(o) => format!("{}: {}", o.status, String::from_utf8_lossy(&o.stderr).trim()),
+            Err(e) => format!("cannot run unshare: {e}"),
+        };
+        return oxccl_testkit::skip(
+            "a_64k_dev_shm_does_not_limit_shared_memory",
+            "a mount namespace with its own /dev/shm",
+            &why,
+        );
     }
     let id = oxccl::new_unique_id(&oxccl::Config::default()).unwrap();
     let mut l = Launch::new("a_64k_dev_shm_does_not_limit_shared_memory", "tinyshm", 4)

@@ -16,12 +16,7 @@ fn two_hosts_2_plus_2() {
     }
     let hosts = match TwoHosts::create() {
         Ok(h) => h,
-        Err(why) => {
-            oxccl_testkit::report!(
-                "SKIPPED two_hosts_2_plus_2: cannot create network namespaces here: {why}"
-            );
-            return;
-        }
+        Err(why) => return oxccl_testkit::skip("two_hosts_2_plus_2", "network namespaces", &why),
     };
     let dir = Launch::scratch();
     let idfile = dir.join("unique-id");
