@@ -9,6 +9,8 @@ use nccl::{
 use std::ffi::CStr;
 use std::time::{Duration, Instant};
 
+oxccl_testkit::test_scope!();
+
 struct Comm(ncclComm_t);
 // SAFETY: an ncclComm_t may be used from any thread (the library serializes calls).
 unsafe impl Send for Comm {}

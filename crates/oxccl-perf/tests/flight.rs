@@ -7,6 +7,8 @@ use oxccl::{Communicator, ReduceOp};
 use oxccl_testkit::{child, Launch};
 use std::time::Duration;
 
+oxccl_testkit::test_scope!();
+
 fn rank_main(_ctx: oxccl_testkit::ChildCtx) {
     let comm = Communicator::from_env().unwrap();
     let me = comm.rank().idx();

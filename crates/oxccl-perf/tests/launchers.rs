@@ -14,6 +14,8 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+oxccl_testkit::test_scope!();
+
 const PERF: &str = env!("CARGO_BIN_EXE_oxccl-perf");
 
 /// Variables a launcher may have left in this process's environment: children start clean.

@@ -2,6 +2,8 @@
 
 use std::process::Command;
 
+oxccl_testkit::test_scope!();
+
 fn fixture(name: &str) -> String {
     format!("{}/../../fixtures/topo/{name}", env!("CARGO_MANIFEST_DIR"))
 }

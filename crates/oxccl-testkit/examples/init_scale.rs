@@ -46,7 +46,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    if child(SCENARIO).is_some() {
+    if let Some(_ctx) = child(SCENARIO) {
         return rank_main();
     }
     let args: Vec<String> = std::env::args().skip(1).collect();

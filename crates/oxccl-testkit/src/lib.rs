@@ -1,10 +1,12 @@
 //! oxccl's test kit: ranks as processes ([`spawn`]), verifiable inputs with an independent
-//! reference ([`verify`]), and one checked call of every collective ([`cases`]).
+//! reference ([`verify`]), one checked call of every collective ([`cases`]), skips that CI
+//! turns into failures ([`skip`]), and each test binary's scratch and cache ([`scope`]).
 
 pub mod cases;
 pub mod matrixrun;
 pub mod netns;
 pub mod rng;
+pub mod scope;
 pub mod skip;
 pub mod spawn;
 pub mod verify;

@@ -1,7 +1,11 @@
 //! The rank side and the launching side of the collective test matrix.
+//!
+//! Rule: a launch passes only if every rank printed its summary line (`MATRIX rank R of P: N
+//! cases, 0 failed`) with the number of cases the spec gives for P ([`check_summaries`]), so a
+//! rank that ran fewer cases, or none, fails the test even if it exited 0.
 
 use crate::cases::{matrix, run_case, Coll, MatrixSpec};
-use crate::spawn::{ChildCtx, Launch};
+use crate::spawn::{ChildCtx, Finished, Launch};
 use oxccl::{Communicator, Config, DataType};
 use std::time::{Duration, Instant};
 
@@ -91,6 +95,33 @@ pub fn rank_main(ctx: ChildCtx) {
     assert!(failures.is_empty(), "{} case(s) failed", failures.len());
 }
 
+/// The summary line rank `rank` of `size` prints after running `cases` cases, all exact.
+fn summary(rank: usize, size: usize, cases: usize) -> String {
+    format!("MATRIX rank {rank} of {size}: {cases} cases, 0 failed,")
+}
+
+/// Checks that each of the `size` ranks in `done` printed its summary line for `cases` exact
+/// cases; `Err` names every rank that did not.
+pub fn check_summaries(done: &[Finished], size: usize, cases: usize) -> Result<(), String> {
+    let mut missing = Vec::new();
+    for r in 0..size {
+        let want = summary(r, size, cases);
+        let said =
+            done.iter().find(|d| d.rank == r).is_some_and(|d| d.stdout.lines().any(|l| l.starts_with(&want)));
+        if !said {
+            let got = done.iter().find(|d| d.rank == r).map_or(String::from("no output"), |d| {
+                d.stdout.lines().filter(|l| l.starts_with("MATRIX rank")).collect::<Vec<_>>().join(" / ")
+            });
+            missing.push(format!("rank {r} did not print {want:?} (it printed: {got:?})"));
+        }
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(missing.join("\n"))
+    }
+}
+
 /// Launches the matrix on `size` ranks with the extra environment `env`; returns the number of
 /// cases each rank ran.
 pub fn launch_matrix(
@@ -113,6 +144,9 @@ pub fn launch_matrix(
     match l.run() {
         Ok(done) => {
             let n = matrix(size, &standard_spec()).len();
+            if let Err(e) = check_summaries(&done, size, n) {
+                panic!("matrix {scenario} P={size}: every rank exited 0, but\n{e}");
+            }
             crate::report!(
                 "matrix {scenario} P={size}: {n} cases on every rank, all exact, {:.1} s",
                 started.elapsed().as_secs_f64()

@@ -1,5 +1,7 @@
 //! Two "hosts" on one machine: network namespaces joined by a veth pair, made and removed by
-//! the test (root only; tests skip with the reason where namespaces cannot be made).
+//! the test (root only; tests skip with the reason where namespaces cannot be made, which
+//! under `OXCCL_REQUIRE_ALL=1` is a failure: see [`crate::skip`]). Also a lossy link made in
+//! user space, and the test of whether this kernel lacks `tc netem` altogether.
 
 use std::process::Command;
 
@@ -77,6 +79,29 @@ impl Drop for TwoHosts {
     fn drop(&mut self) {
         self.remove();
     }
+}
+
+/// Why `tc netem` cannot exist on this machine, given the error `tc qdisc add ... netem` gave
+/// (as root): `Some` only when the kernel itself refused the qdisc kind (neither built in nor
+/// loadable), with the kernel configuration's word on `CONFIG_NET_SCH_NETEM` where readable;
+/// `None` for any other failure (no `tc`, no permission), which a machine can be given.
+pub fn netem_absence(tc_error: &str) -> Option<String> {
+    if !tc_error.contains("qdisc kind is unknown") {
+        return None;
+    }
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let config = Command::new("gzip")
+        .args(["-dc", "/proc/config.gz"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .or_else(|| std::fs::read_to_string(format!("/boot/config-{}", release.trim())).ok());
+    let word = config
+        .as_deref()
+        .and_then(|c| c.lines().find(|l| l.contains("CONFIG_NET_SCH_NETEM")).map(str::to_string))
+        .unwrap_or_else(|| "kernel configuration not readable".into());
+    Some(format!("kernel {}: tc: {}; {word}", release.trim(), tc_error.trim()))
 }
 
 /// Two namespaces joined by a lossy, slow link made in user space: a TUN device in each, and

@@ -7,6 +7,8 @@ use oxccl_core::tuner::Enabled;
 use oxccl_testkit::threads;
 use std::time::Duration;
 
+oxccl_testkit::test_scope!();
+
 fn with_algo(algo: Option<&str>, proto: Option<&str>) -> Config {
     let mut c = Config::default().with_timeout(Some(Duration::from_secs(60)));
     c.enabled = Enabled::parse(algo, proto).unwrap();

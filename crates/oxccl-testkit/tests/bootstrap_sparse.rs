@@ -6,6 +6,8 @@ use oxccl::{Communicator, Config, Error, Rank, ReduceOp};
 use oxccl_testkit::{child, epoch_ms, Launch};
 use std::time::Duration;
 
+oxccl_testkit::test_scope!();
+
 fn sparse(n: usize) -> Config {
     Config::default()
         .with_timeout(Some(Duration::from_secs(60)))
@@ -272,7 +274,7 @@ const FD_CAP: libc::rlim_t = 64;
 /// process (the root's) ends: ranks that come later find the root gone and say so.
 #[test]
 fn a_root_out_of_descriptors_is_named_to_every_rank() {
-    if child("fdcap").is_some() {
+    if let Some(_ctx) = child("fdcap") {
         return fd_capped_rank();
     }
     let n = 80;

@@ -7,6 +7,8 @@ use oxccl_core::CoreError;
 use oxccl_testkit::{child, Launch};
 use std::time::{Duration, Instant};
 
+oxccl_testkit::test_scope!();
+
 /// Runs `f(comm)` on `n` ranks as threads of this process, all on one host.
 fn threads<T: Send + 'static>(
     n: usize,
@@ -82,7 +84,7 @@ fn split_rank() {
 
 #[test]
 fn split_colors_keys_and_concurrent_subcommunicators() {
-    if child("split").is_some() {
+    if let Some(_ctx) = child("split") {
         return split_rank();
     }
     for (p, shm_off) in [(6usize, "0"), (5, "1")] {
@@ -389,7 +391,7 @@ fn free_port() -> u16 {
 
 #[test]
 fn init_from_torchrun_slurm_and_openmpi_environments() {
-    if child("launcher").is_some() {
+    if let Some(_ctx) = child("launcher") {
         return launcher_rank();
     }
     let dir = Launch::scratch();

@@ -6,6 +6,8 @@ use oxccl::{Communicator, Rank, ReduceOp};
 use oxccl_testkit::{child, Launch};
 use std::time::{Duration, Instant};
 
+oxccl_testkit::test_scope!();
+
 /// Every kind of divergence: rank 1 makes the odd call, after one matching all-reduce (call
 /// #0). The expected pair of signatures (as the error prints them) for each.
 const CASES: &[(&str, &str, &str)] = &[

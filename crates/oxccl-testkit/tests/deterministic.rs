@@ -15,6 +15,8 @@ use oxccl_core::Element;
 use std::ops::{Deref, DerefMut};
 use std::time::{Duration, Instant};
 
+oxccl_testkit::test_scope!();
+
 /// Counts every setting runs at every world size: where one-shot, the direct path's inline
 /// area and a single chunk end (the sizes the mode's promise was broken at).
 const SMALL: [usize; 12] = [1, 3, 7, 13, 31, 61, 127, 251, 509, 1021, 2047, 4093];

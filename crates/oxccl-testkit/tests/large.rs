@@ -6,12 +6,17 @@ use oxccl::{Communicator, DataType, ReduceOp};
 use oxccl_testkit::{child, run_case, Case, Coll, Launch};
 use std::time::{Duration, Instant};
 
+oxccl_testkit::test_scope!();
+
 const MIB64_F32: usize = 16 << 20;
+
+/// Cases each rank of `large_buffers_shm_and_tcp` runs (and reports with a `LARGE` line).
+const LARGE_CASES: usize = 5;
 
 fn rank() {
     let comm = Communicator::from_env().unwrap();
     let p = comm.size();
-    let cases = [
+    let cases: [Case; LARGE_CASES] = [
         Case {
             coll: Coll::AllReduce,
             dtype: DataType::F32,
@@ -97,7 +102,7 @@ fn tiny_dev_shm_rank() {
 
 #[test]
 fn a_64k_dev_shm_does_not_limit_shared_memory() {
-    if child("tinyshm").is_some() {
+    if let Some(_ctx) = child("tinyshm") {
         return tiny_dev_shm_rank();
     }
     let probe = std::process::Command::new("unshare")
@@ -111,8 +116,15 @@ fn a_64k_dev_shm_does_not_limit_shared_memory() {
         ])
         .output();
     if !probe.as_ref().is_ok_and(|o| o.status.success()) {
-        oxccl_testkit::report!("SKIPPED a_64k_dev_shm_does_not_limit_shared_memory: cannot mount in a new mount namespace here: {probe:?}");
-        return;
+        let why = match &probe {
+            Ok(o) => format!("{}: {}", o.status, String::from_utf8_lossy(&o.stderr).trim()),
+            Err(e) => format!("cannot run unshare: {e}"),
+        };
+        return oxccl_testkit::skip(
+            "a_64k_dev_shm_does_not_limit_shared_memory",
+            "a mount namespace with its own /dev/shm",
+            &why,
+        );
     }
     let id = oxccl::new_unique_id(&oxccl::Config::default()).unwrap();
     let mut l = Launch::new("a_64k_dev_shm_does_not_limit_shared_memory", "tinyshm", 4)
@@ -134,12 +146,15 @@ fn a_64k_dev_shm_does_not_limit_shared_memory() {
     .collect();
     l.wrap = vec![wrap; 4];
     let done = l.run().unwrap_or_else(|e| panic!("{e}"));
-    assert!(done.iter().all(|d| d.stdout.matches("TINYSHM rank").count() == 2));
+    for d in &done {
+        let n = d.stdout.matches(&format!("TINYSHM rank {} ", d.rank)).count();
+        assert_eq!(n, 2, "rank {} reported {n} of its 2 cases:\n{}", d.rank, d.stdout);
+    }
 }
 
 #[test]
 fn large_buffers_shm_and_tcp() {
-    if child("large").is_some() {
+    if let Some(_ctx) = child("large") {
         return rank();
     }
     for shm_off in ["0", "1"] {
@@ -156,6 +171,16 @@ fn large_buffers_shm_and_tcp() {
             "large buffers, 4 ranks, NCCL_SHM_DISABLE={shm_off}: {:.1} s",
             t.elapsed().as_secs_f64()
         );
+        // Every rank ran every case: each printed one LARGE line per case.
+        for d in &done {
+            let lines = d.stdout.lines().filter(|l| l.starts_with(&format!("LARGE rank {} ", d.rank)));
+            let n = lines.filter(|l| l.contains(": exact (")).count();
+            assert_eq!(
+                n, LARGE_CASES,
+                "NCCL_SHM_DISABLE={shm_off}: rank {} reported {n} of {LARGE_CASES} cases exact:\n{}",
+                d.rank, d.stdout
+            );
+        }
         for l in done[0].stdout.lines().filter(|l| l.contains("LARGE rank")) {
             oxccl_testkit::report!("  {l}");
         }

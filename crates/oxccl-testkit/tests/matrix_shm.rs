@@ -4,6 +4,8 @@
 use oxccl_testkit::matrixrun::{launch_matrix, rank_main};
 use std::time::Duration;
 
+oxccl_testkit::test_scope!();
+
 #[test]
 fn matrix_shm() {
     if let Some(ctx) = oxccl_testkit::child("matrix_shm") {

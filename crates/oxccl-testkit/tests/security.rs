@@ -10,6 +10,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+oxccl_testkit::test_scope!();
+
 /// A frame header as the bootstrap writes them: `[len u32][kind u8][0; 3]`.
 fn header(len: u32, kind: u8) -> Vec<u8> {
     let mut h = len.to_le_bytes().to_vec();

@@ -7,6 +7,8 @@ use oxccl_testkit::netns::TwoHosts;
 use oxccl_testkit::{matrix, Launch};
 use std::time::{Duration, Instant};
 
+oxccl_testkit::test_scope!();
+
 #[test]
 fn two_hosts_2_plus_2() {
     if let Some(ctx) = oxccl_testkit::child("two_hosts") {
@@ -14,12 +16,7 @@ fn two_hosts_2_plus_2() {
     }
     let hosts = match TwoHosts::create() {
         Ok(h) => h,
-        Err(why) => {
-            oxccl_testkit::report!(
-                "SKIPPED two_hosts_2_plus_2: cannot create network namespaces here: {why}"
-            );
-            return;
-        }
+        Err(why) => return oxccl_testkit::skip("two_hosts_2_plus_2", "network namespaces", &why),
     };
     let dir = Launch::scratch();
     let idfile = dir.join("unique-id");
@@ -39,6 +36,9 @@ fn two_hosts_2_plus_2() {
     match l.run() {
         Ok(done) => {
             let n = matrix(4, &oxccl_testkit::matrixrun::standard_spec()).len();
+            if let Err(e) = oxccl_testkit::matrixrun::check_summaries(&done, 4, n) {
+                panic!("two-host matrix: every rank exited 0, but\n{e}");
+            }
             oxccl_testkit::report!(
                 "two hosts ({} = {}, {} = {}), ranks 0-1 | 2-3: {n} cases on every rank, all exact, {:.1} s",
                 hosts.a,

@@ -1,8 +1,8 @@
 //! Calibration: a quick, bounded probe of this host's links for the tuner's cost model — the
 //! memory copy bandwidth, the latency of handing a chunk from one core to another, TCP
 //! loopback latency and bandwidth, and what writing and reading the LL / LL128 formats costs. Measured once per host and cached in
-//! `$XDG_CACHE_HOME/oxccl/` (else `~/.cache/oxccl/`, else the temporary directory), keyed by
-//! host identity and oxccl version. `OXCCL_CALIBRATE=0` uses the built-in values instead,
+//! `OXCCL_CACHE_DIR` (else `$XDG_CACHE_HOME/oxccl/`, else `~/.cache/oxccl/`, else the
+//! temporary directory: [`crate::env::cache_dir`]), keyed by host identity and oxccl version. `OXCCL_CALIBRATE=0` uses the built-in values instead,
 //! `=force` measures again.
 //!
 //! Every rank publishes its host's numbers in the peer table, and every rank builds its model
@@ -22,11 +22,7 @@ use std::time::{Duration, Instant};
 const BUDGET: Duration = Duration::from_millis(200);
 
 fn cache_file(host_id: u64) -> PathBuf {
-    let dir = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir)
-        .join("oxccl");
+    let dir = crate::env::cache_dir().unwrap_or_else(|| std::env::temp_dir().join("oxccl"));
     dir.join(format!("calibration-{host_id:016x}-v{}.json", env!("CARGO_PKG_VERSION")))
 }
 

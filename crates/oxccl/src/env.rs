@@ -1,8 +1,10 @@
-//! The only reader of the process environment: settings and launcher variables.
+//! The only reader of the process environment: settings, launcher variables, and where
+//! oxccl keeps its caches.
 
 use crate::error::Result;
 use oxccl_core::config::Config;
 use oxccl_core::launch::{self, LaunchEnv};
+use std::path::PathBuf;
 
 fn get(k: &str) -> Option<String> {
     std::env::var(k).ok()
@@ -41,4 +43,26 @@ pub fn launch() -> Result<Option<LaunchEnv>> {
         return Err(fail(format!("PMIx says rank {} of {}", l.rank, l.size)));
     }
     Ok(Some(l))
+}
+
+fn non_empty(k: &str) -> Option<PathBuf> {
+    std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from)
+}
+
+/// Where oxccl caches what it measures or builds once per host (calibration, kernels), for
+/// the whole process: `OXCCL_CACHE_DIR`, else `$XDG_CACHE_HOME/oxccl`, else
+/// `$HOME/.cache/oxccl`; `None` without any of them.
+pub fn cache_dir() -> Option<PathBuf> {
+    non_empty("OXCCL_CACHE_DIR")
+        .or_else(|| non_empty("XDG_CACHE_HOME").map(|x| x.join("oxccl")))
+        .or_else(|| non_empty("HOME").map(|h| h.join(".cache").join("oxccl")))
+}
+
+/// Where compiled kernels are kept between processes: `OXCCL_KERNEL_CACHE` (a directory;
+/// `0` or empty: nowhere), else [`cache_dir`].
+pub fn kernel_cache_dir() -> Option<PathBuf> {
+    match std::env::var_os("OXCCL_KERNEL_CACHE") {
+        Some(v) => (!v.is_empty() && v != "0").then(|| v.into()),
+        None => cache_dir(),
+    }
 }

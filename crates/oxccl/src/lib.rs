@@ -37,6 +37,10 @@ pub mod topo;
 pub mod transport;
 
 pub use comm::{Communicator, Group, Scope, Work};
+
+// The unit tests write only under their run root and a test-scoped cache.
+#[cfg(test)]
+oxccl_testkit::test_scope!();
 pub use error::{Error, RejectReason, Result};
 pub use half::{bf16, f16};
 pub use oxccl_core::config::{Config, LogLevel};

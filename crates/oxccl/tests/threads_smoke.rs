@@ -3,6 +3,8 @@
 use oxccl::{Communicator, Config, Rank, ReduceOp};
 use std::time::Duration;
 
+oxccl_testkit::test_scope!();
+
 fn with_ranks(n: usize, config: Config, f: impl Fn(Communicator) + Send + Sync + Copy + 'static) {
     let id = oxccl::new_unique_id(&config).unwrap();
     let hs: Vec<_> = (0..n)
