@@ -207,7 +207,7 @@ fn threads_all_reduce(copy_gbs: f64) -> Result<usize, CudaError> {
                     let s2 = Stream::new(&m.dev)?;
                     // Buffers for the largest size, allocated once: cuMemFree waits for the
                     // whole device, so a rank freeing between calls would wait for kernels
-                    // that wait for its own next call (see docs/architecture.md).
+                    // that wait for its own next call (see docs/devices.md).
                     let most = sizes.iter().copied().max().unwrap_or(0);
                     let send = DevBuf::new(&m.dev, most)?;
                     let recv = DevBuf::new(&m.dev, most)?;

@@ -6,7 +6,7 @@
 //! - [`nvrtc`]: CUDA C to CUBIN for a device architecture;
 //! - [`kernels`]: oxccl's copy and reduce-copy kernels, their source, and a module with every
 //!   kernel loaded at once (CUDA's lazy loading would otherwise load a kernel at its first
-//!   launch, which stalls behind a spinning kernel; see docs/architecture.md);
+//!   launch, which stalls behind a spinning kernel; see docs/devices.md);
 //! - [`stage`]: what memory a pointer is, and stream-ordered copies to and from pinned host
 //!   mirrors (device buffers over the host transports);
 //! - [`call`]: calls on device buffers, and how a group of them becomes launches;
