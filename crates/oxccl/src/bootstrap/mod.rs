@@ -1749,7 +1749,13 @@ pub(crate) mod tests {
         };
         assert!(route.sparse && route.ancestors.len() == 1, "{route:?}");
         if let Some(f) = fake {
-            let (relay, _) = f.accept().unwrap();
+            // Take the whole relay (hello, then the table) before going: a close before rank 0
+            // has written it all would make rank 0 find rank 1 gone and relay past it.
+            let (mut relay, _) = f.accept().unwrap();
+            let (k, _) = read_frame(&mut relay, &w1, "test: the relay's hello", &[]).unwrap();
+            assert_eq!(k, kind::HELLO);
+            let (k, _) = read_frame(&mut relay, &w1, "test: the relayed table", &[]).unwrap();
+            assert_eq!(k, kind::MSG);
             drop(relay);
         }
         drop(s);
