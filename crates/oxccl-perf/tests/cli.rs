@@ -7,6 +7,8 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+oxccl_testkit::test_scope!();
+
 const OXCCL: &str = env!("CARGO_BIN_EXE_oxccl");
 const PERF: &str = env!("CARGO_BIN_EXE_oxccl-perf");
 const GPUCHECK: &str = env!("CARGO_BIN_EXE_oxccl-gpucheck");
