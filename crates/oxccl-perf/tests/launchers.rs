@@ -266,8 +266,9 @@ print("COUNT", w.get("counter").decode(), "DONE", w.get("done").decode(), flush=
     assert!(rest.contains("COUNT 42 DONE from oxccl"), "{rest}");
 }
 
-/// A listener that answers every connection with `reply` (nothing if empty) and holds it.
-fn impostor(reply: &'static [u8]) -> u16 {
+/// A listener that answers every connection with `reply` (nothing if empty) and holds it, or
+/// (`hang_up`) closes it at once.
+fn impostor_that(reply: &'static [u8], hang_up: bool) -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -277,10 +278,16 @@ fn impostor(reply: &'static [u8]) -> u16 {
             if !reply.is_empty() {
                 let _ = s.write_all(reply);
             }
-            held.push(s);
+            if !hang_up {
+                held.push(s);
+            }
         }
     });
     port
+}
+
+fn impostor(reply: &'static [u8]) -> u16 {
+    impostor_that(reply, false)
 }
 
 /// One rank of two, launched as torchrun would launch it, with `extra` environment.
@@ -314,9 +321,10 @@ fn a_store_or_root_that_is_something_else_fails_fast_naming_it() {
     assert_ne!(rc, 0);
     assert!(err.contains(&format!("127.0.0.1:{port}")) && err.contains("ping"), "{err}");
     assert!(took < Duration::from_secs(5), "took {took:?}");
-    // A root address (no agent store) where something else answers, or says nothing.
-    for reply in [&b"SSH-2.0-OpenSSH_9.2\r\n"[..], &b""[..]] {
-        let port = impostor(reply);
+    // A root address (no agent store) where something else answers, says nothing, or hangs
+    // up at once (twice: not a root whose process just ended, whose port would then refuse).
+    for (reply, hang_up) in [(&b"SSH-2.0-OpenSSH_9.2\r\n"[..], false), (&b""[..], false), (&b""[..], true)] {
+        let port = impostor_that(reply, hang_up);
         let (rc, _, err, took) = lone_rank(1, port, &[]);
         assert_ne!(rc, 0);
         assert!(

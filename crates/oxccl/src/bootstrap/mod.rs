@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub(crate) use greet::{expect_greeting, greeting, show_bytes};
+pub(crate) use greet::{greeting, join_root, show_bytes};
 pub use service::{Incoming, Mailbox, PeerState, Service, Word};
 
 /// Protocol version of every bootstrap message.
@@ -899,7 +899,6 @@ pub(crate) fn join(
 ) -> Result<Joined> {
     let Rendezvous { root, secret, size, sparse_from } = rv;
     let what = format!("bootstrap: reaching the rendezvous root at {root} (nothing listens there yet)");
-    let mut s = connect_retry(root, w, &what, &[Rank(0)])?;
     let req = Join {
         version: PROTOCOL_VERSION,
         secret: *secret,
@@ -908,9 +907,7 @@ pub(crate) fn join(
         sparse_from: sparse_from.min(u32::MAX as usize) as u32,
         info: info.clone(),
     };
-    write_frame(&mut s, kind::JOIN, &req.encode())
-        .map_err(|e| Error::io(w.rank, "bootstrap: send join request", None, e))?;
-    expect_greeting(&mut s, root, w)?;
+    let mut s = join_root(root, &req.encode(), w, &what)?;
     // Until the route comes, the root's status frames say who has not joined yet: a timeout
     // names them.
     let mut missing: Vec<Rank> = Vec::new();

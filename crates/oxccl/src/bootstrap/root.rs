@@ -331,7 +331,10 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
             (changed, last_status) = (false, Instant::now());
         }
         if let Some((why, _)) = &failed {
-            for (_, mut j) in std::mem::take(&mut joined) {
+            // Rank 0 hears it last: its process runs this thread, and ends once it knows.
+            let mut all = std::mem::take(&mut joined);
+            let zero = all.remove(&0);
+            for (_, mut j) in all.into_iter().chain(zero.map(|z| (0, z))) {
                 reject(&mut j.s, why);
             }
         }
