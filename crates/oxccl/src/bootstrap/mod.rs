@@ -415,10 +415,21 @@ impl Waiter {
             let now = Instant::now();
             if now >= n.next.get() {
                 n.next.set(now + n.every);
-                let who = if waiting_for.is_empty() {
-                    String::new()
-                } else {
-                    format!("; waiting on rank(s) {}", crate::error::rank_list(waiting_for))
+                // The peers' hosts once the peer table is known (after the join).
+                let hosts: Vec<String> = match &self.mailbox {
+                    Some(m) => {
+                        waiting_for.iter().take(8).map(|r| m.host_of(*r)).filter(|h| h != "?").collect()
+                    }
+                    None => Vec::new(),
+                };
+                let who = match (waiting_for.is_empty(), hosts.is_empty()) {
+                    (true, _) => String::new(),
+                    (false, true) => format!("; waiting on rank(s) {}", crate::error::rank_list(waiting_for)),
+                    (false, false) => format!(
+                        "; waiting on rank(s) {} (host(s) {})",
+                        crate::error::rank_list(waiting_for),
+                        hosts.join(", ")
+                    ),
                 };
                 // Always printed, whatever NCCL_DEBUG says: a silent wait looks like a hang.
                 eprintln!(
