@@ -119,8 +119,10 @@ pub const USAGE: &str =
     "USAGE: oxccl-perf <benchmark> [options]   (or run as <benchmark>, e.g. all_reduce_perf)
   benchmarks: all_reduce_perf all_gather_perf broadcast_perf reduce_scatter_perf reduce_perf
               alltoall_perf gather_perf scatter_perf sendrecv_perf hypercube_perf
+              (none given: all_reduce_perf)
   -np <ranks>                 start this many local rank processes (oxccl); without it, each
-                              process started by mpirun/srun/torchrun is one rank
+                              process started by mpirun/srun/torchrun is one rank (and -np is
+                              refused under them)
   -t,--nthreads <1>           ranks per process, each a thread (1)
   -g,--ngpus <1>              devices per thread (1)
   --mem <host/device>         buffers in host memory (host) or on CUDA device
@@ -150,6 +152,8 @@ pub const USAGE: &str =
   -R,--local_register <0/1>   buffers in oxccl shared memory, registered (1) or on the heap (0)
   -u,--unalign <elements>     misalign buffers by this many elements (0)
   --plot <file.svg> [json...] plot busbw and time against size (this run and/or JSON files)
+  -p -y -G -x -D -V           nccl-tests' parallel init, stream, CUDA graph and device-API
+                              options: accepted with their value, not used yet
   -h,--help";
 
 /// Why the command line gives nothing to run.

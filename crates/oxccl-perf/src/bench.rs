@@ -652,18 +652,12 @@ impl<'c> Runner<'c> {
             self.print(&format!("# error: {e}\n"));
         }
         // A run that stopped early checked only part of its values: never "OK".
-        self.print(&format!(
-            "# {:<20} : {} {}\n",
-            "Out of bounds values",
-            self.errors,
-            if err.is_some() {
-                "FAILED (the run stopped early, see the error above)"
-            } else if self.errors > 0 {
-                "FAILED"
-            } else {
-                "OK"
-            }
-        ));
+        let verdict = match (&err, self.errors) {
+            (Some(_), n) => format!("{n} found before the run stopped early: FAILED (see the error above)"),
+            (None, 0) => "0 OK".to_string(),
+            (None, n) => format!("{n} FAILED"),
+        };
+        self.print(&format!("# {:<20} : {verdict}\n", "Out of bounds values"));
         self.print(&format!("# {:<20} : {} \n", "Avg bus bandwidth", g6_plain(avg)));
         self.print("#\n");
         self.print(&format!("# Collective test concluded: {}\n", self.o.bench.program()));

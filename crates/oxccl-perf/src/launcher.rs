@@ -10,8 +10,10 @@
 //!    ranks still running [`GRACE`] after the first failure are killed and named. The exit code
 //!    is the first failure's (128 + signal for a signal), 0 only if every rank succeeded.
 //! 4. A rank killed by SIGPIPE means the reader of stdout went away (`| head`): the other ranks
-//!    are stopped, their errors (about the dead rank) are dropped, and the launcher ends by
-//!    SIGPIPE itself, quietly, as `cat` does.
+//!    are stopped, their errors (about the dead rank) and flight recorder dumps are dropped,
+//!    and the launcher ends by SIGPIPE itself, quietly, as `cat` does.
+//! 5. After a failure, the launcher says where the ranks' flight recorder dumps are and how
+//!    to read them (`oxccl analyze`).
 
 use crate::args::{Bench, Opts};
 use oxccl::Config;
@@ -27,6 +29,10 @@ pub const CHILD_ENV: &str = "OXCCL_PERF_CHILD";
 /// How long the other ranks get to notice a failed rank (they name it within a second) before
 /// they are killed.
 const GRACE: Duration = Duration::from_secs(5);
+
+/// How long a rank's stderr is held before it is forwarded: long enough to learn that rank 0
+/// died of SIGPIPE (whose consequences, the others' errors, are dropped; rule 4).
+const HOLD: Duration = Duration::from_millis(100);
 
 /// Descriptors a rank holds per rank of the job (shared-memory regions, doorbells, sockets:
 /// 72 at 8 ranks running alltoall, measured 2026-12-04), and besides.
@@ -172,28 +178,30 @@ fn code_of(status: ExitStatus) -> i32 {
 struct Rank {
     child: Child,
     pid: u32,
-    /// Bytes of stderr not yet forwarded (no newline yet).
+    /// Bytes of stderr not yet forwarded.
     pending: Vec<u8>,
+    /// When the oldest of them came in.
+    since: Option<Instant>,
     open: bool,
     status: Option<ExitStatus>,
 }
 
 impl Rank {
-    /// Reads what its stderr has and forwards whole lines (every byte at its end) unless
-    /// `quiet`. Returns whether there may be more to read now.
-    fn pump(&mut self, quiet: bool) -> bool {
+    /// Reads what its stderr has (keeping it in `pending`); whether there may be more now.
+    fn pump(&mut self) -> bool {
         let Some(err) = self.child.stderr.as_mut() else {
             self.open = false;
             return false;
         };
         let mut buf = [0u8; 8192];
-        let more = match err.read(&mut buf) {
+        match err.read(&mut buf) {
             Ok(0) => {
                 self.open = false;
                 false
             }
             Ok(n) => {
                 self.pending.extend_from_slice(&buf[..n]);
+                self.since.get_or_insert_with(Instant::now);
                 true
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => true,
@@ -202,11 +210,20 @@ impl Rank {
                 self.open = false;
                 false
             }
-        };
-        let upto = if self.open {
-            self.pending.iter().rposition(|&b| b == b'\n').map(|i| i + 1)
-        } else {
+        }
+    }
+
+    /// Forwards the whole lines held at least [`HOLD`] (every byte once the rank has ended or
+    /// `now`), or drops them (`quiet`).
+    fn flush(&mut self, quiet: bool, now: bool) {
+        let ended = !self.open || self.status.is_some();
+        if !(now || ended || self.since.is_some_and(|t| t.elapsed() >= HOLD)) {
+            return;
+        }
+        let upto = if ended {
             Some(self.pending.len())
+        } else {
+            self.pending.iter().rposition(|&b| b == b'\n').map(|i| i + 1)
         };
         if let Some(n) = upto.filter(|&n| n > 0) {
             let line: Vec<u8> = self.pending.drain(..n).collect();
@@ -218,7 +235,7 @@ impl Rank {
                 }
             }
         }
-        more
+        self.since = (!self.pending.is_empty()).then(Instant::now);
     }
 }
 
@@ -283,7 +300,14 @@ pub fn launch(o: &Opts, args: &[String]) -> i32 {
                 if let Some(e) = &child.stderr {
                     set_nonblocking(e.as_raw_fd());
                 }
-                ranks.push(Rank { pid: child.id(), child, pending: Vec::new(), open: true, status: None });
+                ranks.push(Rank {
+                    pid: child.id(),
+                    child,
+                    pending: Vec::new(),
+                    since: None,
+                    open: true,
+                    status: None,
+                });
             }
             Err(e) => {
                 eprintln!("oxccl-perf: cannot start rank {r} of {np}: {e}");
@@ -295,11 +319,31 @@ pub fn launch(o: &Opts, args: &[String]) -> i32 {
             }
         }
     }
-    supervise(ranks)
+    let dir = oxccl::env::config().ok().and_then(|c| c.flight_dir).unwrap_or_else(std::env::temp_dir);
+    let dumps = Dumps { dir, comm: format!("{:016x}", id.comm_hash().0) };
+    supervise(ranks, &dumps)
+}
+
+/// Where the job's ranks write their flight recorder dumps.
+struct Dumps {
+    dir: std::path::PathBuf,
+    comm: String,
+}
+
+impl Dumps {
+    /// The dumps the job's ranks wrote.
+    fn written(&self) -> Vec<std::path::PathBuf> {
+        let prefix = format!("oxccl-flight-{}-r", self.comm);
+        let Ok(rd) = std::fs::read_dir(&self.dir) else { return Vec::new() };
+        rd.flatten()
+            .map(|e| e.path())
+            .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&prefix)))
+            .collect()
+    }
 }
 
 /// Forwards the ranks' stderr until every rank has ended; names the ones that failed.
-fn supervise(mut ranks: Vec<Rank>) -> i32 {
+fn supervise(mut ranks: Vec<Rank>, dumps: &Dumps) -> i32 {
     let mut first: Option<(usize, ExitStatus, Instant)> = None;
     let mut broken_pipe = false;
     loop {
@@ -311,28 +355,34 @@ fn supervise(mut ranks: Vec<Rank>) -> i32 {
             .collect();
         // SAFETY: `fds` is a live array of pollfd of its length.
         unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 20) };
+        // Who has ended first, then their output: a death by SIGPIPE is known before the
+        // errors it causes in the others are forwarded.
         for (r, k) in ranks.iter_mut().enumerate() {
-            if k.open {
-                k.pump(broken_pipe);
-            }
             if k.status.is_some() {
                 continue;
             }
             let Ok(Some(s)) = k.child.try_wait() else { continue };
             // What it wrote before it ended comes first (its end of the pipe is closed, unless
             // something it started holds it: then what is there now).
-            while k.open && k.pump(broken_pipe) {}
+            while k.open && k.pump() {}
             k.status = Some(s);
-            if s.success() {
-                continue;
-            }
             if s.signal() == Some(libc::SIGPIPE) {
                 broken_pipe = true;
+            }
+            k.flush(broken_pipe, true);
+            if s.success() {
+                continue;
             }
             if !broken_pipe {
                 eprintln!("oxccl-perf: rank {r} (pid {}) {}", k.pid, describe(s));
             }
             first.get_or_insert((r, s, Instant::now()));
+        }
+        for k in ranks.iter_mut() {
+            if k.open {
+                k.pump();
+            }
+            k.flush(broken_pipe, false);
         }
         if ranks.iter().all(|k| k.status.is_some()) {
             break;
@@ -350,10 +400,16 @@ fn supervise(mut ranks: Vec<Rank>) -> i32 {
                 }
                 let _ = k.child.kill();
                 k.status = k.child.wait().ok();
+                while k.open && k.pump() {}
+                k.flush(broken_pipe, true);
             }
         }
     }
     if broken_pipe {
+        // The ranks failed only because rank 0's output closed: nothing to analyze.
+        for p in dumps.written() {
+            let _ = std::fs::remove_file(p);
+        }
         // The reader of stdout is gone: end as a program writing to it would.
         // SAFETY: restoring SIGPIPE's default action and raising it on this process.
         unsafe {
@@ -371,6 +427,14 @@ fn supervise(mut ranks: Vec<Rank>) -> i32 {
                 ranks[r].pid,
                 describe(s)
             );
+            let n = dumps.written().len();
+            if n > 0 {
+                eprintln!(
+                    "oxccl-perf: {n} rank(s) wrote flight recorder dumps; read them with: oxccl analyze {}/oxccl-flight-{}-r*.json",
+                    dumps.dir.display(),
+                    dumps.comm
+                );
+            }
             code_of(s)
         }
     }

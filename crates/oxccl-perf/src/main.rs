@@ -166,11 +166,20 @@ fn main() {
             return;
         }
         Err(e) => {
-            eprintln!("{e}");
+            eprintln!("oxccl-perf: {e}");
             std::process::exit(2);
         }
     };
     let code = if o.np.is_some() && std::env::var_os(launcher::CHILD_ENV).is_none() {
+        // Under another launcher every process is already a rank of its job: -np would start
+        // a separate job from each of them.
+        if let Ok(Some(l)) = oxccl::env::launch() {
+            eprintln!(
+                "oxccl-perf: {} started this process as rank {} of {}: leave -np out (each process it starts is one rank)",
+                l.launcher, l.rank, l.size
+            );
+            std::process::exit(2);
+        }
         launcher::launch(&o, rest)
     } else {
         run_rank(o)

@@ -267,6 +267,27 @@ pub fn parse(a: &SimArgs) -> Result<Opts, String> {
     })
 }
 
+/// Runs `f`, saying on stderr what it simulates if it takes more than a few seconds (and
+/// again every 30 s): a long point must not look like a hang.
+fn with_progress<T>(label: &str, f: impl FnOnce() -> T) -> T {
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let started = std::time::Instant::now();
+            let mut next = std::time::Duration::from_secs(5);
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                wait.recv_timeout(next.saturating_sub(started.elapsed()))
+            {
+                eprintln!("# [oxccl sim] still simulating {label}: {} s so far", started.elapsed().as_secs());
+                next += std::time::Duration::from_secs(30);
+            }
+        });
+        let r = f();
+        drop(done);
+        r
+    })
+}
+
 /// Runs the sweep and prints it; returns every point.
 pub fn run(o: &Opts) -> Result<Vec<Point>, String> {
     let c = if o.cluster == "local" {
@@ -304,7 +325,8 @@ pub fn run(o: &Opts) -> Result<Vec<Point>, String> {
             );
             for &bytes in &o.sizes {
                 let proto = protocol(&c, ranks, algo, bytes, &o.protos, o.channels);
-                let p = run_one(&c, ranks, algo, proto, bytes, o)?;
+                let label = format!("{ranks} ranks, {algo:?}, {bytes} B");
+                let p = with_progress(&label, || run_one(&c, ranks, algo, proto, bytes, o))?;
                 println!(
                     "  {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>6.2}  {}",
                     bytes,

@@ -354,6 +354,21 @@ fn a_rank_and_size_without_a_rendezvous_fail_saying_what_to_set() {
     }
 }
 
+/// `-np` under another launcher would start a job per process: refused, saying why.
+#[test]
+fn np_under_another_launcher_is_refused() {
+    let mut c = command(PERF);
+    c.args(["all_reduce_perf", "-np", "2", "-b", "8", "-e", "8"])
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", free_port().to_string());
+    let (rc, out, err) = run(c, Duration::from_secs(30));
+    assert_eq!(rc, 2, "{out}\n{err}");
+    assert!(err.contains("torchrun started this process as rank 0 of 2: leave -np out"), "{err}");
+    assert!(out.is_empty(), "{out}");
+}
+
 #[test]
 fn mpirun_runs_one_job_through_pmix() {
     if let Err(why) = mpirun() {
@@ -432,7 +447,42 @@ fn the_launcher_names_a_killed_rank_and_fails() {
         let named = err.lines().filter(|l| l.contains(&format!("peer rank {victim} "))).count();
         assert!(named >= 1, "no survivor named rank {victim}:\n{err}");
         assert!(!rest.contains("0 OK"), "a failed run reported 0 OK:\n{rest}");
+        // Rank 0 prints the report: alive, it says the run stopped early.
+        assert!(victim == 0 || rest.contains("found before the run stopped early: FAILED"), "{rest}");
+        // The survivors' flight recorder dumps, and how to read them.
+        assert!(err.contains("wrote flight recorder dumps; read them with: oxccl analyze "), "{err}");
     }
+}
+
+/// `oxccl-perf -np 3 ... | head -1`: the launcher ends quietly by SIGPIPE, as `cat` would,
+/// with nothing on stderr and no flight recorder dumps left by the ranks it stopped.
+#[test]
+fn a_closed_stdout_ends_the_launcher_quietly() {
+    let dumps = std::env::temp_dir().join(format!("pipe-dumps-{}", std::process::id()));
+    std::fs::create_dir_all(&dumps).unwrap();
+    let mut c = command(PERF);
+    c.args(["all_reduce_perf", "-np", "3", "-b", "8", "-e", "128M", "-f", "2"])
+        .env("OXCCL_FLIGHT_DIR", &dumps)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut first = Vec::new();
+    let mut b = [0u8; 1];
+    while out.read(&mut b).unwrap_or(0) == 1 && b[0] != b'\n' {
+        first.push(b[0]);
+    }
+    drop(out);
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    let status = child.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert!(String::from_utf8_lossy(&first).starts_with("# oxccl-perf"), "{first:?}");
+    assert_eq!(status.signal(), Some(libc::SIGPIPE), "{status:?}: {err}");
+    assert!(err.is_empty(), "stderr: {err}");
+    let left: Vec<_> = std::fs::read_dir(&dumps).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "dumps left: {left:?}");
+    let _ = std::fs::remove_dir_all(&dumps);
 }
 
 #[test]

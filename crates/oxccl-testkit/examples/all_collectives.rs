@@ -23,6 +23,51 @@ fn arg<T: std::str::FromStr>(args: &[String], flag: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
+const USAGE: &str = "usage: all_collectives [-np N] [-n COUNT] [-d TYPE] [--tcp] [--shared]
+  -np N      ranks, each a process (default 4)
+  -n COUNT   elements per rank (default 1048579)
+  -d TYPE    data type: int8 uint8 int32 uint32 int64 uint64 half float double bfloat16
+             f8e4m3 f8e5m2 (default float)
+  --tcp      ranks talk over TCP (NCCL_SHM_DISABLE=1)
+  --shared   buffers in oxccl shared memory (the zero-copy path)";
+
+/// Exits with the usage (`-h`, `--help`: stdout, 0) or an error naming the argument (2)
+/// unless every argument is one of the options with a valid value.
+fn check_args(args: &[String]) {
+    let fail = |m: String| -> ! {
+        eprintln!("all_collectives: {m}\n{USAGE}");
+        std::process::exit(2)
+    };
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].as_str();
+        let value = || args.get(i + 1).cloned().unwrap_or_else(|| fail(format!("{a} needs a value")));
+        match a {
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0)
+            }
+            "--tcp" | "--shared" => {}
+            "-np" | "-n" => {
+                let v = value();
+                if v.parse::<usize>().ok().filter(|&n| n > 0).is_none() {
+                    fail(format!("{a} {v:?}: not a positive number"));
+                }
+                i += 1;
+            }
+            "-d" => {
+                let v = value();
+                if DataType::parse(&v).is_none() {
+                    fail(format!("-d {v:?}: not a data type"));
+                }
+                i += 1;
+            }
+            _ => fail(format!("unknown argument {a:?}")),
+        }
+        i += 1;
+    }
+}
+
 /// One rank's part: every collective once; whether all were exact.
 fn rank_main(args: &[String]) -> bool {
     let comm = Communicator::from_env().unwrap_or_else(|e| {
@@ -63,6 +108,7 @@ fn main() {
         drop(ctx);
         std::process::exit(if ok { 0 } else { 1 });
     }
+    check_args(&args[1..]);
     let np: usize = arg(&args, "-np", 4);
     let count: usize = arg(&args, "-n", (1 << 20) + 3);
     let tcp = args.iter().any(|a| a == "--tcp");

@@ -391,16 +391,45 @@ pub fn analyze(dumps: &[Dump]) -> Result<String, String> {
     Ok(out)
 }
 
-/// Reads and analyzes dump files (`oxccl analyze`).
+/// Reads and analyzes dump files (`oxccl analyze`). Dumps of several communicators (a
+/// directory where several runs left theirs) get a verdict each, the most recently written
+/// communicator last.
 pub fn analyze_files(paths: &[impl AsRef<Path>]) -> Result<String, String> {
-    let mut dumps = Vec::new();
+    // Per communicator: its dumps and when the newest of them was written.
+    let mut comms: Vec<(String, std::time::SystemTime, Vec<Dump>)> = Vec::new();
     for p in paths {
         let p = p.as_ref();
         let t = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
-        dumps.push(Dump::parse(&t).map_err(|e| format!("{}: {e}", p.display()))?);
+        let d = Dump::parse(&t).map_err(|e| format!("{}: {e}", p.display()))?;
+        let when = std::fs::metadata(p).and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH);
+        match comms.iter_mut().find(|c| c.0 == d.comm) {
+            Some(c) => {
+                c.1 = c.1.max(when);
+                c.2.push(d);
+            }
+            None => comms.push((d.comm.clone(), when, vec![d])),
+        }
     }
-    dumps.sort_by_key(|d| d.rank);
-    analyze(&dumps)
+    comms.sort_by_key(|c| c.1);
+    let mut out = String::new();
+    if comms.len() > 1 {
+        let _ = writeln!(
+            out,
+            "{} communicators in these dumps; each gets its own verdict, the most recent last",
+            comms.len()
+        );
+    }
+    for (i, (_, _, mut dumps)) in comms.into_iter().enumerate() {
+        dumps.sort_by_key(|d| d.rank);
+        if i > 0 {
+            out.push('\n');
+        }
+        out += &analyze(&dumps)?;
+    }
+    if out.is_empty() {
+        return Err("no dumps".into());
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -452,6 +481,19 @@ mod tests {
         let v = analyze_files(&paths[..2]).unwrap();
         assert!(v.contains("rank 2 (host h2, pid 12): no dump"), "{v}");
         assert!(v.contains("left no dump: they stopped first"), "{v}");
+        // Another communicator's dump in the same set: each gets its own verdict, the most
+        // recently written last.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let other = Recorder::new(4, Member { comm: "beef".into(), ..member(1) }, Some(dir.clone()));
+        let id = other.begin(Sig::of(&ar, 0), "all_reduce");
+        other.end(id, None);
+        let mut mixed = paths.clone();
+        mixed.insert(1, other.dump("timeout").unwrap());
+        let v = analyze_files(&mixed).unwrap();
+        assert!(v.starts_with("2 communicators in these dumps"), "{v}");
+        let (c0, beef) = (v.find("communicator c0ffee").unwrap(), v.find("communicator beef").unwrap());
+        assert!(c0 < beef, "the most recent last: {v}");
+        assert!(v.contains("rank(s) [2] stopped first"), "{v}");
         // Garbage is refused with a reason.
         assert!(Dump::parse("{\"x\":1}").is_err());
         assert!(Dump::parse("[1,2").is_err());

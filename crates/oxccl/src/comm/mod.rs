@@ -293,7 +293,8 @@ impl Communicator {
             Error::InvalidUsage(
                 "Communicator::from_env: no launcher started this process (no OXCCL_RANK, RANK and \
                  WORLD_SIZE, SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK or PMIX_RANK); start it \
-                 with torchrun, srun, mpirun or oxccl-perf -np, or use Communicator::init"
+                 with torchrun, srun or mpirun, set OXCCL_RANK, OXCCL_WORLD_SIZE and a rendezvous \
+                 (OXCCL_UNIQUE_ID, ...), or use Communicator::init"
                     .into(),
             )
         })?;

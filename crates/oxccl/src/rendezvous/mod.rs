@@ -81,8 +81,10 @@ pub fn unique_id(l: &LaunchEnv, config: &Config) -> Result<UniqueId> {
             if l.rank == 0 {
                 let listener = TcpListener::bind(("0.0.0.0", *port))
                     .or_else(|_| TcpListener::bind(("::", *port)))
-                    .map_err(|e| {
-                        Error::io(rank, "bind the rendezvous root at the launcher's port", None, e)
+                    .map_err(|e| Error::Rendezvous {
+                        rank,
+                        through: format!("a root at {host}:{port} on rank 0"),
+                        why: format!("cannot listen on port {port}: {e} (another program holds it? choose a free port)"),
                     })?;
                 root::spawn(listener, *secret, log)
                     .map_err(|e| Error::io(rank, "start the rendezvous root", None, e))?;
