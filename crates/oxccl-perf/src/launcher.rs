@@ -53,24 +53,6 @@ fn mem_available() -> Option<u64> {
     Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
 }
 
-/// Raises the soft descriptor limit to the hard one (ranks inherit it); returns the soft limit.
-fn raise_nofile() -> u64 {
-    let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit/setrlimit read and write a local struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) != 0 {
-            return u64::MAX;
-        }
-        if l.rlim_cur < l.rlim_max {
-            let raised = libc::rlimit { rlim_cur: l.rlim_max, rlim_max: l.rlim_max };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                l = raised;
-            }
-        }
-    }
-    l.rlim_cur
-}
-
 /// Checks `-np` against this machine's limits; the error names the limit.
 pub fn check_np(np: usize) -> Result<(), String> {
     if np == 0 {
@@ -100,7 +82,8 @@ pub fn check_np(np: usize) -> Result<(), String> {
             l.rlim_cur / THREADS_PER_RANK
         ));
     }
-    let nofile = raise_nofile();
+    // Ranks inherit the raised limit.
+    let nofile = oxccl::sys::limits::raise_nofile();
     let need = n * FDS_PER_PEER + FDS_BASE;
     if need > nofile {
         return Err(format!(

@@ -129,24 +129,6 @@ fn judge(joined: &BTreeMap<u32, Joined>, new: u32) -> Option<Result<(), RejectRe
     (joined.len() as u32 == root.nranks).then_some(Ok(()))
 }
 
-/// Raises this process's soft `RLIMIT_NOFILE` to its hard limit; the soft limit after.
-fn raise_descriptor_limit() -> u64 {
-    let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit/setrlimit on a local struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) != 0 {
-            return 0;
-        }
-        if l.rlim_cur < l.rlim_max {
-            let raised = libc::rlimit { rlim_cur: l.rlim_max, rlim_max: l.rlim_max };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                l = raised;
-            }
-        }
-    }
-    l.rlim_cur
-}
-
 /// How often joined ranks hear who is missing: every `STATUS_EVERY`, stretched so the root
 /// writes at most `STATUS_WRITES_PER_SEC` status frames a second (at 100,000 ranks, one round
 /// every 5 s): the root's time goes to taking joins.
@@ -217,7 +199,7 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                     // enough, every rank hears why rather than timing out.
                     if !raised {
                         raised = true;
-                        let limit = raise_descriptor_limit();
+                        let limit = crate::sys::limits::raise_nofile();
                         log.info_in(
                             oxccl_core::config::subsys::BOOTSTRAP,
                             format_args!("root: out of file descriptors; soft limit now {limit}"),
@@ -227,7 +209,7 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                     if failed.is_none() {
                         let why = RejectReason::RootOutOfDescriptors {
                             joined: joined.len() as u32,
-                            limit: raise_descriptor_limit(),
+                            limit: crate::sys::limits::raise_nofile(),
                         };
                         log.warn(format_args!("root: rendezvous failed: {why}"));
                         failed = Some((why, Instant::now()));

@@ -7,6 +7,7 @@ pub mod dl;
 pub mod fd;
 pub mod host;
 pub mod ifaces;
+pub mod limits;
 pub mod nvml;
 pub mod pmix;
 pub mod shm;
