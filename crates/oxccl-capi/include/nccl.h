@@ -1,6 +1,6 @@
 /* nccl.h for oxccl's libnccl.so.2.
  *
- * The host API of NCCL 2.28.9 (the version PyTorch 2.11 ships with): the same function
+ * The host API of NCCL 2.30.7 (the version PyTorch 2.15 ships with): the same function
  * names and signatures, enum values and struct layouts, so a program compiled against
  * NVIDIA's header runs on oxccl and one compiled against this header runs on NVIDIA's
  * library. Written for oxccl from NCCL's published API; see docs/capi.md for what each
@@ -24,11 +24,11 @@ typedef struct CUstream_st* cudaStream_t;
 #endif
 
 #define NCCL_MAJOR 2
-#define NCCL_MINOR 28
-#define NCCL_PATCH 9
+#define NCCL_MINOR 30
+#define NCCL_PATCH 7
 #define NCCL_SUFFIX ""
 
-#define NCCL_VERSION_CODE 22809
+#define NCCL_VERSION_CODE 23007
 #define NCCL_VERSION(X, Y, Z) \
   (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : (X) * 10000 + (Y) * 100 + (Z))
 
@@ -57,7 +57,8 @@ typedef enum {
   ncclInvalidUsage = 5,
   ncclRemoteError = 6,
   ncclInProgress = 7,
-  ncclNumResults = 8
+  ncclTimeout = 8,
+  ncclNumResults = 9
 } ncclResult_t;
 
 #define NCCL_CONFIG_UNDEF_INT INT_MIN
@@ -70,6 +71,9 @@ typedef enum {
 /* Window registration flags. */
 #define NCCL_WIN_DEFAULT 0x00
 #define NCCL_WIN_COLL_SYMMETRIC 0x01
+#define NCCL_WIN_STRICT_ORDERING 0x02
+/* Windows start on this boundary (ncclMemAlloc's memory does). */
+#define NCCL_WIN_REQUIRED_ALIGNMENT 4096
 
 /* CTA policies (GPU only; accepted and ignored for host memory). */
 #define NCCL_CTA_POLICY_DEFAULT 0x00
@@ -80,8 +84,14 @@ typedef enum {
 #define NCCL_SHRINK_DEFAULT 0x00
 #define NCCL_SHRINK_ABORT 0x01
 
+/* ncclCommRevoke flags (none yet: pass 0). */
+#define NCCL_REVOKE_DEFAULT 0x00
+
+/* ncclCommSuspend flags. */
+#define NCCL_SUSPEND_MEM 0x01 /* release the memory the communicator can rebuild */
+
 /* Communicator settings. Start from NCCL_CONFIG_INITIALIZER, then set fields. */
-typedef struct ncclConfig_v22800 {
+typedef struct ncclConfig_v23000 {
   size_t size;          /* set by the initializer */
   unsigned int magic;   /* set by the initializer */
   unsigned int version; /* set by the initializer */
@@ -99,6 +109,10 @@ typedef struct ncclConfig_v22800 {
   int nvlsCTAs;
   int nChannelsPerNetPeer;
   int nvlinkCentricSched;
+  int graphUsageMode;      /* fields below: NCCL 2.30 (a 2.28 struct ends above: see size) */
+  int numRmaCtx;           /* ctx values of ncclPutSignal/ncclSignal: 0..numRmaCtx-1 (1) */
+  int maxP2pPeers;
+  int graphStreamOrdering;
 } ncclConfig_t;
 
 #define NCCL_CONFIG_INITIALIZER                                                              \
@@ -108,7 +122,8 @@ typedef struct ncclConfig_v22800 {
         NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,                 \
         NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,                 \
         NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,                 \
-        NCCL_CONFIG_UNDEF_INT                                                                \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,                 \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT                                         \
   }
 
 /* What ncclGroupSimulateEnd reports. */
@@ -159,6 +174,27 @@ typedef enum {
   ncclScalarHostImmediate = 1 /* read before ncclRedOpCreatePreMulSum returns */
 } ncclScalarResidence_t;
 
+/* What ncclCommMemStats reports (bytes, except ncclStatGpuMemSuspended: 0 or 1). On
+ * oxccl "GPU memory" is the memory a communicator holds for its own use: shared-memory
+ * connections, staging and device-engine buffers. */
+typedef enum {
+  ncclStatGpuMemSuspend = 0,   /* released by ncclCommSuspend(NCCL_SUSPEND_MEM) */
+  ncclStatGpuMemSuspended = 1, /* 1 while suspended */
+  ncclStatGpuMemPersist = 2,   /* held until the communicator ends */
+  ncclStatGpuMemTotal = 3
+} ncclCommMemStat_t;
+
+/* ncclWaitSignal: wait for opCnt signals from peer on (sigIdx, ctx). */
+typedef struct {
+  int opCnt;
+  int peer;
+  int sigIdx;
+  int ctx;
+} ncclWaitSignalDesc_t;
+
+/* Parameters (NCCL_* and OXCCL_* settings), read by key. */
+typedef struct ncclParamHandle* ncclParamHandle_t;
+
 /* The device API's types (nccl_device.h): opaque here, oxccl does not offer it. */
 typedef struct ncclDevCommRequirements ncclDevCommRequirements_t;
 typedef struct ncclDevComm ncclDevComm_t;
@@ -188,6 +224,17 @@ OXCCL_NCCL_API(ncclResult_t, ncclCommSplit,
 OXCCL_NCCL_API(ncclResult_t, ncclCommShrink,
                (ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
                 ncclConfig_t* config, int shrinkFlags));
+OXCCL_NCCL_API(ncclResult_t, ncclCommRevoke, (ncclComm_t comm, int revokeFlags));
+OXCCL_NCCL_API(ncclResult_t, ncclCommGetUniqueId, (ncclComm_t comm, ncclUniqueId* uniqueId));
+/* Existing non-root ranks: (comm, n, NULL, -1); the existing rank that made the id with
+ * ncclCommGetUniqueId: (comm, n, &id, -1); new ranks: (NULL, n, &id, their rank). */
+OXCCL_NCCL_API(ncclResult_t, ncclCommGrow,
+               (ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank,
+                ncclComm_t* newcomm, ncclConfig_t* config));
+OXCCL_NCCL_API(ncclResult_t, ncclCommSuspend, (ncclComm_t comm, int flags));
+OXCCL_NCCL_API(ncclResult_t, ncclCommResume, (ncclComm_t comm));
+OXCCL_NCCL_API(ncclResult_t, ncclCommMemStats,
+               (ncclComm_t comm, ncclCommMemStat_t stat, uint64_t* value));
 OXCCL_NCCL_API(const char*, ncclGetErrorString, (ncclResult_t result));
 OXCCL_NCCL_API(const char*, ncclGetLastError, (ncclComm_t comm));
 OXCCL_NCCL_API(ncclResult_t, ncclCommGetAsyncError, (ncclComm_t comm, ncclResult_t * asyncError));
@@ -200,6 +247,7 @@ OXCCL_NCCL_API(ncclResult_t, ncclCommDeregister, (const ncclComm_t comm, void* h
 OXCCL_NCCL_API(ncclResult_t, ncclCommWindowRegister,
                (ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags));
 OXCCL_NCCL_API(ncclResult_t, ncclCommWindowDeregister, (ncclComm_t comm, ncclWindow_t win));
+OXCCL_NCCL_API(ncclResult_t, ncclWinGetUserPtr, (ncclComm_t comm, ncclWindow_t win, void** outUserPtr));
 OXCCL_NCCL_API(ncclResult_t, ncclRedOpCreatePreMulSum,
                (ncclRedOp_t * op, void* scalar, ncclDataType_t datatype,
                 ncclScalarResidence_t residence, ncclComm_t comm));
@@ -243,6 +291,19 @@ OXCCL_NCCL_API(ncclResult_t, ncclRecv,
                (void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                 cudaStream_t stream));
 
+/* One-sided calls on windows registered (ncclCommWindowRegister) by every rank in the same
+ * order: peerWin is the caller's own handle of that window, and the data lands at
+ * peerWinOffset in the peer's. ctx is below config->numRmaCtx; flags must be 0. */
+OXCCL_NCCL_API(ncclResult_t, ncclPutSignal,
+               (const void* localbuff, size_t count, ncclDataType_t datatype, int peer,
+                ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx,
+                unsigned int flags, ncclComm_t comm, cudaStream_t stream));
+OXCCL_NCCL_API(ncclResult_t, ncclSignal,
+               (int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
+                cudaStream_t stream));
+OXCCL_NCCL_API(ncclResult_t, ncclWaitSignal,
+               (int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm, cudaStream_t stream));
+
 OXCCL_NCCL_API(ncclResult_t, ncclGroupStart, (void));
 OXCCL_NCCL_API(ncclResult_t, ncclGroupEnd, (void));
 OXCCL_NCCL_API(ncclResult_t, ncclGroupSimulateEnd, (ncclSimInfo_t * simInfo));
@@ -251,6 +312,30 @@ OXCCL_NCCL_API(ncclResult_t, ncclGroupSimulateEnd, (ncclSimInfo_t * simInfo));
 OXCCL_NCCL_API(ncclResult_t, ncclDevCommCreate,
                (ncclComm_t comm, const ncclDevCommRequirements_t* reqs, ncclDevComm_t* outDevComm));
 OXCCL_NCCL_API(ncclResult_t, ncclDevCommDestroy, (ncclComm_t comm, const ncclDevComm_t* devComm));
+/* Device pointers of a window's peers (nccl_device.h): NULL with ncclSuccess where no
+ * device mapping exists, as NCCL answers without the device API. */
+OXCCL_NCCL_API(ncclResult_t, ncclGetPeerDevicePointer,
+               (ncclWindow_t window, size_t offset, int peer, void** outPtr));
+OXCCL_NCCL_API(ncclResult_t, ncclGetLsaDevicePointer,
+               (ncclWindow_t window, size_t offset, int lsaRank, void** outPtr));
+OXCCL_NCCL_API(ncclResult_t, ncclGetLsaMultimemDevicePointer,
+               (ncclWindow_t window, size_t offset, void** outPtr));
+
+/* Parameters: every NCCL_* and OXCCL_* setting oxccl reads, by key ("NCCL_DEBUG" or "DEBUG"). */
+OXCCL_NCCL_API(ncclResult_t, ncclParamBind, (ncclParamHandle_t * out, const char* key));
+OXCCL_NCCL_API(ncclResult_t, ncclParamGetI8, (ncclParamHandle_t h, int8_t* out));
+OXCCL_NCCL_API(ncclResult_t, ncclParamGetI16, (ncclParamHandle_t h, int16_t* out));
+OXCCL_NCCL_API(ncclResult_t, ncclParamGetI32, (ncclParamHandle_t h, int32_t* out));
+OXCCL_NCCL_API(ncclResult_t, ncclParamGetI64, (ncclParamHandle_t h, int64_t* out));
+OXCCL_NCCL_API(ncclResult_t, ncclParamGetU8, (ncclParamHandle_t h, uint8_t* out));
+OXCCL_NCCL_API(ncclResult_t, ncclParamGetU16, (ncclParamHandle_t h, uint16_t* out));
+OXCCL_NCCL_API(ncclResult_t, ncclParamGetU32, (ncclParamHandle_t h, uint32_t* out));
+OXCCL_NCCL_API(ncclResult_t, ncclParamGetU64, (ncclParamHandle_t h, uint64_t* out));
+OXCCL_NCCL_API(ncclResult_t, ncclParamGetStr, (ncclParamHandle_t h, const char** out));
+OXCCL_NCCL_API(ncclResult_t, ncclParamGet, (ncclParamHandle_t h, void* out, int maxLen, int* len));
+OXCCL_NCCL_API(ncclResult_t, ncclParamGetParameter, (const char* key, const char** value, int* valueLen));
+OXCCL_NCCL_API(ncclResult_t, ncclParamGetAllParameterKeys, (const char*** table, int* tableLen));
+OXCCL_NCCL_API(void, ncclParamDumpAll, (void));
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,4 @@
-//! libnccl.so.2 from oxccl: the host API of `nccl.h` (NCCL 2.28.9) over oxccl communicators.
+//! libnccl.so.2 from oxccl: the host API of `nccl.h` (NCCL 2.30.7) over oxccl communicators.
 //!
 //! Every entry point exists as `ncclX` and as its profiling alias `pncclX`. Each one catches
 //! panics (answering `ncclInternalError`), checks every argument before acting (answering
@@ -30,7 +30,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 
 /// The NCCL version whose host API this library implements (`NCCL_VERSION_CODE`).
-pub const NCCL_VERSION_CODE: c_int = 22809;
+pub const NCCL_VERSION_CODE: c_int = 23007;
 
 /// `ncclComm_t`.
 #[allow(non_camel_case_types)]
@@ -43,7 +43,8 @@ pub struct ncclUniqueId {
     pub internal: [u8; 128],
 }
 
-/// `ncclConfig_t` as NCCL 2.28 lays it out.
+/// `ncclConfig_t` as NCCL 2.30 lays it out (a 2.28 struct ends after `nvlink_centric_sched`:
+/// fields are read only within the caller's `size`).
 #[repr(C)]
 pub struct ncclConfig {
     pub size: usize,
@@ -63,6 +64,10 @@ pub struct ncclConfig {
     pub nvls_ctas: c_int,
     pub n_channels_per_net_peer: c_int,
     pub nvlink_centric_sched: c_int,
+    pub graph_usage_mode: c_int,
+    pub num_rma_ctx: c_int,
+    pub max_p2p_peers: c_int,
+    pub graph_stream_ordering: c_int,
 }
 
 /// `ncclSimInfo_t`.
@@ -86,7 +91,7 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// Runs an entry point's body: catches panics, records failures, notes them in an open group.
-fn guard(func: &'static str, f: impl FnOnce() -> R<ncclResult_t>) -> ncclResult_t {
+pub(crate) fn guard(func: &'static str, f: impl FnOnce() -> R<ncclResult_t>) -> ncclResult_t {
     handle::set_current(None);
     let r = catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
         Err(Fail {
@@ -107,13 +112,14 @@ fn guard(func: &'static str, f: impl FnOnce() -> R<ncclResult_t>) -> ncclResult_
     }
 }
 
-/// Defines `ncclX` and its alias `pncclX`, both returning `ncclResult_t`.
+/// Defines `ncclX` and its alias `pncclX`, both returning `ncclResult_t` (modules use it as
+/// `crate::entry!`).
 macro_rules! entry {
     ($( fn $name:ident / $pname:ident ( $($a:ident : $t:ty),* $(,)? ) $body:block )*) => {$(
         #[no_mangle]
         #[allow(unused_unsafe)]
-        pub unsafe extern "C" fn $name($($a: $t),*) -> ncclResult_t {
-            guard(stringify!($name), || {
+        pub unsafe extern "C" fn $name($($a: $t),*) -> $crate::handle::ncclResult_t {
+            $crate::guard(stringify!($name), || {
                 // SAFETY: the caller keeps nccl.h's contract for each pointer argument (valid
                 // for the sizes the call implies, until it completes); the body dereferences
                 // only such arguments, after checking them for NULL.
@@ -122,15 +128,18 @@ macro_rules! entry {
         }
 
         #[no_mangle]
-        pub unsafe extern "C" fn $pname($($a: $t),*) -> ncclResult_t {
+        pub unsafe extern "C" fn $pname($($a: $t),*) -> $crate::handle::ncclResult_t {
             // SAFETY: the same contract, passed on unchanged.
             unsafe { $name($($a),*) }
         }
     )*};
 }
 
+#[allow(unused_imports)] // used by the modules that define entry points
+pub(crate) use entry;
+
 /// Writes `v` through the out-pointer `p` (named `arg`).
-unsafe fn put<T>(p: *mut T, arg: &str, v: T) -> R<()> {
+pub(crate) unsafe fn put<T>(p: *mut T, arg: &str, v: T) -> R<()> {
     if p.is_null() {
         return Err(invalid(arg, "NULL pointer"));
     }
@@ -830,6 +839,7 @@ pub extern "C" fn ncclGetErrorString(result: ncclResult_t) -> *const c_char {
         5 => c"invalid usage (ncclGetLastError says why)",
         6 => c"a remote rank failed, exited or could not be reached (ncclGetLastError names it)",
         7 => c"operation in progress",
+        8 => c"timed out (ncclGetLastError says what it waited for)",
         _ => c"unknown ncclResult_t value",
     };
     s.as_ptr()

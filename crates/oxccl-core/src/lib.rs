@@ -33,7 +33,7 @@ pub mod uniqueid;
 pub mod wire;
 
 /// The NCCL version whose API and behaviour oxccl follows (the C ABI's `NCCL_VERSION_CODE`).
-pub const NCCL_VERSION_STRING: &str = "2.28.9";
+pub const NCCL_VERSION_STRING: &str = "2.30.7";
 
 pub use dtype::{DataType, Element, ReduceOp};
 pub use error::CoreError;

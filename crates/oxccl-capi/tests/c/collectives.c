@@ -309,7 +309,7 @@ int main(int argc, char** argv) {
   R = g_rank = atoi(argv[3]);
   int version = 0;
   NCCLCHECK(ncclGetVersion(&version));
-  EXPECT(version == NCCL_VERSION_CODE && version == NCCL_VERSION(2, 28, 9), "version %d", version);
+  EXPECT(version == NCCL_VERSION_CODE && version == NCCL_VERSION(2, 30, 7), "version %d", version);
 
   char path[4096];
   snprintf(path, sizeof path, "%s/id", dir);
