@@ -336,6 +336,8 @@ OXCCL_NCCL_API(ncclResult_t, ncclParamGet, (ncclParamHandle_t h, void* out, int 
 OXCCL_NCCL_API(ncclResult_t, ncclParamGetParameter, (const char* key, const char** value, int* valueLen));
 OXCCL_NCCL_API(ncclResult_t, ncclParamGetAllParameterKeys, (const char*** table, int* tableLen));
 OXCCL_NCCL_API(void, ncclParamDumpAll, (void));
+/* Kept for NCCL's deprecated call: oxccl reads the logging settings at each init. */
+OXCCL_NCCL_API(void, ncclResetDebugInit, (void));
 
 #ifdef __cplusplus
 }

@@ -87,6 +87,11 @@ pub mod phase {
     pub const FAILED: u8 = 2;
     pub const FINALIZED: u8 = 3;
     pub const DESTROYED: u8 = 4;
+    /// `ncclCommSuspend`: only queries, `ncclCommResume`, revoke, destroy and abort.
+    pub const SUSPENDED: u8 = 5;
+    /// `ncclCommRevoke`: the communicator was aborted; only queries, split, shrink, destroy
+    /// and abort.
+    pub const REVOKED: u8 = 6;
 }
 
 /// A reduction operator made by `ncclRedOpCreatePreMulSum`.
@@ -197,6 +202,17 @@ impl CommState {
         }
     }
 
+    /// The communicator, if it is a member of a group that still stands: ready, suspended or
+    /// revoked (queries, and shrink or split after a revoke).
+    pub fn member(&'static self) -> R<&'static Communicator> {
+        match self.phase.load(Ordering::Acquire) {
+            phase::READY | phase::SUSPENDED | phase::REVOKED => {
+                self.comm.get().ok_or_else(|| self.not_ready(phase::READY))
+            }
+            p => Err(self.not_ready(p)),
+        }
+    }
+
     #[cold]
     fn not_ready(&self, p: u8) -> Fail {
         let h = self.handle;
@@ -209,6 +225,12 @@ impl CommState {
                 "communicator {h:#x} was finalized (only ncclCommDestroy may follow ncclCommFinalize)"
             )),
             phase::DESTROYED => usage(format!("communicator {h:#x} was destroyed")),
+            phase::SUSPENDED => {
+                usage(format!("communicator {h:#x} is suspended (ncclCommResume it before this call)"))
+            }
+            phase::REVOKED => usage(format!(
+                "communicator {h:#x} was revoked (only ncclCommShrink, ncclCommSplit, ncclCommDestroy and queries may follow)"
+            )),
             _ => Fail { code: INTERNAL_ERROR, msg: format!("communicator {h:#x} in unknown state {p}") },
         }
     }
@@ -331,6 +353,14 @@ pub fn state(comm: *const std::ffi::c_void, arg: &str) -> R<St> {
     lookup(comm as usize).ok_or_else(|| {
         invalid(arg, format!("{comm:p} is not a communicator created by this library (oxccl's libnccl)"))
     })
+}
+
+/// The communicator behind `comm` if it is ready, suspended or revoked (for queries).
+pub fn member_of(comm: *const std::ffi::c_void) -> R<(St, &'static Communicator)> {
+    let st = state(comm, "comm")?;
+    set_current(Some(st));
+    let c = st.member()?;
+    Ok((st, c))
 }
 
 /// The ready communicator behind `comm`.

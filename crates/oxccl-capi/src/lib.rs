@@ -12,9 +12,11 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![allow(clippy::missing_safety_doc)]
 
+pub mod elastic;
 pub mod handle;
 pub mod mem;
 pub mod ops;
+pub mod param;
 pub mod premul;
 pub mod proxy;
 
@@ -167,18 +169,18 @@ pub fn decode_id(u: &ncclUniqueId, arg: &str) -> R<UniqueId> {
     })
 }
 
-fn env_config() -> R<Config> {
+pub(crate) fn env_config() -> R<Config> {
     oxccl::env::config().map_err(Fail::from)
 }
 
 /// The calling thread's current CUDA device, if the process uses CUDA.
 #[cfg(feature = "cuda")]
-fn current_device() -> Option<i32> {
+pub(crate) fn current_device() -> Option<i32> {
     oxccl::cuda::current_device()
 }
 
 #[cfg(not(feature = "cuda"))]
-fn current_device() -> Option<i32> {
+pub(crate) fn current_device() -> Option<i32> {
     None
 }
 
@@ -186,9 +188,9 @@ fn current_device() -> Option<i32> {
 
 /// What an `ncclConfig_t` asks for.
 #[derive(Clone)]
-struct Settings {
-    blocking: bool,
-    name: Option<String>,
+pub(crate) struct Settings {
+    pub(crate) blocking: bool,
+    pub(crate) name: Option<String>,
 }
 
 unsafe fn cstr(p: *const c_char, arg: &str) -> R<Option<String>> {
@@ -201,7 +203,7 @@ unsafe fn cstr(p: *const c_char, arg: &str) -> R<Option<String>> {
 }
 
 /// Reads `config` (NULL: `inherit`, or the defaults).
-unsafe fn settings(config: *const ncclConfig, inherit: Option<Settings>) -> R<Settings> {
+pub(crate) unsafe fn settings(config: *const ncclConfig, inherit: Option<Settings>) -> R<Settings> {
     let base = inherit.unwrap_or(Settings { blocking: true, name: None });
     if config.is_null() {
         return Ok(base);
@@ -249,7 +251,7 @@ unsafe fn settings(config: *const ncclConfig, inherit: Option<Settings>) -> R<Se
 
 /// Starts `job` for a new communicator: now (blocking), queued (in a group) or on a thread
 /// (nonblocking). Returns what the init call answers.
-fn launch_init(
+pub(crate) fn launch_init(
     st: St,
     blocking: bool,
     job: impl FnOnce() -> R<Communicator> + Send + 'static,
@@ -276,7 +278,7 @@ fn launch_init(
     Ok(IN_PROGRESS)
 }
 
-unsafe fn init_rank(
+pub(crate) unsafe fn init_rank(
     out: *mut ncclComm_t,
     nranks: c_int,
     id: &ncclUniqueId,
@@ -434,7 +436,12 @@ entry! {
         if color < -1 {
             return Err(invalid("color", format!("{color} (a color is >= 0, or NCCL_SPLIT_NOCOLOR)")));
         }
-        let (st, c) = ready(comm)?;
+        let st = state(comm, "comm")?;
+        handle::set_current(Some(st));
+        if st.phase.load(Ordering::Acquire) == phase::REVOKED {
+            return elastic::split_revoked(st, color, key, newcomm, config);
+        }
+        let c = st.ready()?;
         let s = settings(config, Some(Settings { blocking: st.blocking, name: st.name.clone() }))?;
         let color = (color >= 0).then_some(color as u32);
         match color {
@@ -477,7 +484,8 @@ entry! {
         }
         let st = state(comm, "comm")?;
         handle::set_current(Some(st));
-        let c = st.ready()?;
+        // A revoked communicator may shrink (that is what revoking is for).
+        let c = st.member()?;
         let list: &[c_int] = if exclude_ranks_count == 0 { &[] } else { std::slice::from_raw_parts(exclude_ranks_list, exclude_ranks_count as usize) };
         let mut exclude = Vec::with_capacity(list.len());
         for (i, r) in list.iter().enumerate() {
@@ -507,6 +515,8 @@ entry! {
             phase::INIT => IN_PROGRESS,
             phase::FAILED => st.failure.get().map_or(INTERNAL_ERROR, |f| f.code),
             phase::DESTROYED => return Err(usage(format!("communicator {comm:p} was destroyed"))),
+            // Revoking ends when the communicator is quiet, before ncclCommRevoke returns.
+            phase::REVOKED => SUCCESS,
             _ if st.proxy.error().is_some() => st.proxy.error().map_or(INTERNAL_ERROR, |f| f.code),
             _ => match st.comm.get().map(|c| c.check()) {
                 Some(Ok(())) => SUCCESS,
@@ -525,7 +535,7 @@ entry! {
         if count.is_null() {
             return Err(invalid("count", "NULL pointer"));
         }
-        let (_, c) = ready(comm)?;
+        let (_, c) = handle::member_of(comm)?;
         count.write(c.size() as c_int);
         Ok(SUCCESS)
     }
@@ -534,7 +544,7 @@ entry! {
         if rank.is_null() {
             return Err(invalid("rank", "NULL pointer"));
         }
-        let (_, c) = ready(comm)?;
+        let (_, c) = handle::member_of(comm)?;
         rank.write(c.rank().idx() as c_int);
         Ok(SUCCESS)
     }
@@ -543,7 +553,7 @@ entry! {
         if device.is_null() {
             return Err(invalid("device", "NULL pointer"));
         }
-        let (st, _) = ready(comm)?;
+        let (st, _) = handle::member_of(comm)?;
         device.write(st.device);
         Ok(SUCCESS)
     }

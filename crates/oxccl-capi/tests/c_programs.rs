@@ -227,3 +227,19 @@ fn a_program_linked_against_another_libnccl_runs_on_ours() {
         }
     }
 }
+
+/// NCCL 2.30's elasticity calls (see tests/c/elastic.c): 2 processes grow to 4 and run every
+/// collective; suspend, resume and MemStats; revoke during a blocked receive, then shrink;
+/// a split of a revoked communicator; the parameter calls; a config of NCCL 2.28's size.
+#[test]
+fn grow_suspend_revoke_shrink_and_parameters() {
+    let work = scratch("elastic");
+    let lib = lib_dir(&work);
+    let exe = compile("elastic.c", &work, &lib);
+    let env = [("LD_LIBRARY_PATH", lib.to_str().unwrap()), ("OXCCL_TIMEOUT", "60")];
+    let outs = run_ranks(&exe, 4, &work, &env, Duration::from_secs(150));
+    for (r, o) in outs.iter().enumerate() {
+        assert!(stdout(o).contains(&format!("ELASTIC OK rank {r}")), "rank {r}: {}", stdout(o));
+    }
+    let _ = std::fs::remove_dir_all(&work);
+}

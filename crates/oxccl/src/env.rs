@@ -66,3 +66,24 @@ pub fn kernel_cache_dir() -> Option<PathBuf> {
         None => cache_dir(),
     }
 }
+
+/// The settings oxccl reads (the `NCCL_*` and `OXCCL_*` variables behind [`config`], then
+/// the cache directories), sorted: found by asking the configuration reader with an empty
+/// environment and noting each variable it looks up, so the list cannot drift from it.
+pub fn param_keys() -> Vec<String> {
+    let asked = std::cell::RefCell::new(Vec::<String>::new());
+    let _ = Config::from_lookup(|k| {
+        asked.borrow_mut().push(k.to_string());
+        None
+    });
+    let mut keys = asked.into_inner();
+    keys.extend(["OXCCL_CACHE_DIR", "OXCCL_KERNEL_CACHE"].map(String::from));
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+/// The value of setting `key` (one of [`param_keys`]) in this process's environment.
+pub fn param(key: &str) -> Option<String> {
+    get(key)
+}

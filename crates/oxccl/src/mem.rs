@@ -162,6 +162,11 @@ pub(crate) struct PeerAlloc {
 }
 
 impl PeerAlloc {
+    /// The bytes of the peer's allocation this mapping shows.
+    pub fn data_len(&self) -> usize {
+        self.data_len
+    }
+
     /// Maps a peer's allocation file, checking its header.
     pub fn map(fd: OwnedFd, id: u64) -> std::io::Result<PeerAlloc> {
         let region = ShmRegion::open(fd, HEADER_BYTES)?;

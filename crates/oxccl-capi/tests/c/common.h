@@ -33,20 +33,19 @@ static int g_rank = -1;
     }                                                                           \
   } while (0)
 
-/* Rank 0 makes a unique id and publishes it at `path` (write, then rename); the others wait
- * for the file (up to 60 s). */
-static inline void share_id(const char* path, int rank, ncclUniqueId* id) {
-  if (rank == 0) {
-    char tmp[4096];
-    NCCLCHECK(ncclGetUniqueId(id));
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE* f = fopen(tmp, "wb");
-    EXPECT(f != NULL, "open %s: %s", tmp, strerror(errno));
-    EXPECT(fwrite(id, sizeof *id, 1, f) == 1, "write %s", tmp);
-    fclose(f);
-    EXPECT(rename(tmp, path) == 0, "rename to %s: %s", path, strerror(errno));
-    return;
-  }
+/* Publishes `id` at `path` (write, then rename, so readers never see half of it). */
+static inline void publish_id(const char* path, const ncclUniqueId* id) {
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE* f = fopen(tmp, "wb");
+  EXPECT(f != NULL, "open %s: %s", tmp, strerror(errno));
+  EXPECT(fwrite(id, sizeof *id, 1, f) == 1, "write %s", tmp);
+  fclose(f);
+  EXPECT(rename(tmp, path) == 0, "rename to %s: %s", path, strerror(errno));
+}
+
+/* Waits (up to 60 s) for the id published at `path`. */
+static inline void wait_id(const char* path, ncclUniqueId* id) {
   for (int i = 0; i < 6000; i++) {
     FILE* f = fopen(path, "rb");
     if (f != NULL) {
@@ -56,8 +55,18 @@ static inline void share_id(const char* path, int rank, ncclUniqueId* id) {
     }
     usleep(10000);
   }
-  fprintf(stderr, "rank %d: no unique id at %s after 60 s\n", rank, path);
+  fprintf(stderr, "rank %d: no unique id at %s after 60 s\n", g_rank, path);
   exit(1);
+}
+
+/* Rank 0 makes a unique id and publishes it at `path`; the others wait for it. */
+static inline void share_id(const char* path, int rank, ncclUniqueId* id) {
+  if (rank == 0) {
+    NCCLCHECK(ncclGetUniqueId(id));
+    publish_id(path, id);
+    return;
+  }
+  wait_id(path, id);
 }
 
 #endif

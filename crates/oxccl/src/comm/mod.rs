@@ -9,6 +9,7 @@
 //! mismatch, an abort) every later call fails with [`Error::Broken`] naming the first failure.
 
 mod api;
+mod elastic;
 pub mod group;
 pub mod scope;
 

@@ -137,6 +137,19 @@ pub(crate) struct Direct {
 }
 
 impl Direct {
+    /// Bytes mapped for this communicator: `(peers' allocations mapped on demand, control
+    /// blocks)`. The first can be dropped at any time between jobs ([`Direct::unmap_allocs`]).
+    pub fn mapped_bytes(&self) -> (usize, usize) {
+        let allocs = self.allocs.values().map(|a| a.data_len()).sum();
+        let ctls = (1 + self.peers.iter().flatten().count()) * crate::transport::hostmem::CTL_BYTES;
+        (allocs, ctls)
+    }
+
+    /// Unmaps the peers' allocations mapped so far (the next job that meets one maps it again).
+    pub fn unmap_allocs(&mut self) {
+        self.allocs = HashMap::new();
+    }
+
     /// Exchanges control blocks with every peer (the lower rank of each pair asks, the higher
     /// one waits for the offer) and maps theirs.
     pub fn setup(

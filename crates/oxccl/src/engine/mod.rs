@@ -151,6 +151,17 @@ pub(crate) struct Engine {
     completed: u64,
 }
 
+/// The memory an engine holds for its communicator, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Memory {
+    /// Rebuilt on demand, so it can be given back between calls: scratch space, a job's
+    /// working vectors, peers' allocations mapped for the zero-copy path.
+    pub releasable: usize,
+    /// Held until the communicator ends: connection rings and staging slots (each
+    /// direction's), control blocks.
+    pub connections: usize,
+}
+
 /// The vectors a job works in; empty between jobs (connections are back in the maps), with
 /// their capacity kept.
 #[derive(Default)]
@@ -803,6 +814,29 @@ impl Engine {
     }
 
     /// Closes every connection.
+    /// What this engine holds, in bytes (see [`Memory`]).
+    pub fn memory(&self) -> Memory {
+        let (allocs, ctls) = self.direct.as_ref().map_or((0, 0), |d| d.mapped_bytes());
+        let conns = (self.sends.len() + self.recvs.len()) * self.ctx.slots * self.ctx.slot_bytes;
+        let w = &self.work;
+        let work = w.sv.capacity() * std::mem::size_of::<(ConnKey, SendConn)>()
+            + w.rv.capacity() * std::mem::size_of::<(ConnKey, RecvConn)>()
+            + (w.pfds.capacity() + w.io_fds.capacity()) * std::mem::size_of::<libc::pollfd>()
+            + w.io_idx.capacity() * std::mem::size_of::<(bool, usize)>()
+            + w.posts.capacity() * std::mem::size_of::<Option<Post>>()
+            + w.users.capacity() * 4;
+        Memory { releasable: self.scratch.capacity() * 8 + work + allocs, connections: conns + ctls }
+    }
+
+    /// Gives back the memory [`Memory::releasable`] counts; jobs rebuild it as they need it.
+    pub fn release(&mut self) {
+        self.scratch = Vec::new();
+        self.work = Work::default();
+        if let Some(d) = self.direct.as_mut() {
+            d.unmap_allocs();
+        }
+    }
+
     pub fn close(&mut self) {
         self.direct = None;
         self.sends.clear();

@@ -1,0 +1,204 @@
+//! NCCL 2.30's fault-tolerance and elasticity calls: `ncclCommRevoke`, `ncclCommGetUniqueId`
+//! with `ncclCommGrow`, `ncclCommSuspend` / `ncclCommResume` and `ncclCommMemStats`.
+//!
+//! Rules:
+//! - Revoke aborts the communicator (every call in flight fails at once, on any thread), lets
+//!   the proxy finish, and moves the handle to `phase::REVOKED`; the communicator is quiet
+//!   when the call returns, so `ncclCommGetAsyncError` answers `ncclSuccess`. Afterwards only
+//!   queries, `ncclCommShrink`, `ncclCommSplit`, `ncclCommDestroy` and `ncclCommAbort` are
+//!   accepted. A split of a revoked communicator first re-forms it (a shrink that excludes
+//!   nobody, which needs no working connection) and splits that.
+//! - A grow id is made by one existing rank (`ncclCommGetUniqueId`), is the only one pending
+//!   on its communicator until a grow consumes it, and is accepted only from that
+//!   communicator. New ranks join with it as ranks `size..nRanks`.
+//! - Suspend is local: it waits for the communicator's stream-ordered calls, gives back the
+//!   memory the communicator rebuilds on demand (with `NCCL_SUSPEND_MEM`) and refuses calls
+//!   until `ncclCommResume`. Connection memory (shared with the peers) stays: MemStats
+//!   reports it as persistent.
+
+use crate::handle::{invalid, lock, phase, state, usage, Fail, St, R, SUCCESS};
+use crate::{
+    decode_id, encode_id, launch_init, ncclComm_t, ncclConfig, ncclUniqueId, put, settings, Settings,
+};
+use oxccl::{Communicator, UniqueId};
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::sync::atomic::Ordering;
+use std::sync::{Mutex, OnceLock};
+
+/// `NCCL_SUSPEND_MEM`.
+const SUSPEND_MEM: c_int = 0x01;
+
+/// Grow ids made by `ncclCommGetUniqueId` and not consumed yet, by communicator handle.
+fn pending() -> std::sync::MutexGuard<'static, HashMap<usize, [u8; 128]>> {
+    static P: OnceLock<Mutex<HashMap<usize, [u8; 128]>>> = OnceLock::new();
+    lock(P.get_or_init(Default::default))
+}
+
+/// `ncclCommSplit` on a revoked communicator: re-form it without excluding anyone (a shrink
+/// works on an aborted communicator), split that, and let the re-formed one go.
+pub(crate) unsafe fn split_revoked(
+    st: St,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig,
+) -> R<crate::handle::ncclResult_t> {
+    let c = st.member()?;
+    // SAFETY: passed on from the caller.
+    let s = unsafe { settings(config, Some(Settings { blocking: st.blocking, name: st.name.clone() })) }?;
+    let color = (color >= 0).then_some(color as u32);
+    let split = move || -> R<Option<Communicator>> {
+        let whole = c.shrink(&[])?;
+        let part = whole.split(color, key as i64);
+        drop(whole);
+        Ok(part?)
+    };
+    match color {
+        None => {
+            // SAFETY: the caller checked newcomm for NULL.
+            unsafe { newcomm.write(std::ptr::null_mut()) };
+            split().map(|_| SUCCESS)
+        }
+        Some(_) => {
+            let child = crate::handle::new_comm(st.device, s.name.clone(), s.blocking);
+            // SAFETY: as above.
+            unsafe { newcomm.write(child.handle as ncclComm_t) };
+            launch_init(child, s.blocking, move || {
+                split()?.ok_or_else(|| Fail {
+                    code: crate::handle::INTERNAL_ERROR,
+                    msg: "split returned no communicator for a color".into(),
+                })
+            })
+        }
+    }
+}
+
+crate::entry! {
+    fn ncclCommRevoke / pncclCommRevoke(comm: ncclComm_t, revoke_flags: c_int) {
+        if revoke_flags != 0 {
+            return Err(invalid("revokeFlags", format!("{revoke_flags:#x} (NCCL_REVOKE_DEFAULT, 0, is the only flag)")));
+        }
+        let st = state(comm, "comm")?;
+        crate::handle::set_current(Some(st));
+        let c = st.member()?;
+        let from = st.phase.load(Ordering::Acquire);
+        if from == phase::REVOKED {
+            return Err(usage(format!("communicator {comm:p} was already revoked")));
+        }
+        if st.phase.compare_exchange(from, phase::REVOKED, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return Err(st.ready().err().unwrap_or_else(|| usage("the communicator changed state during ncclCommRevoke")));
+        }
+        c.abort();
+        // Queued stream-ordered calls fail at once now, releasing their streams.
+        st.proxy.drain();
+        Ok(SUCCESS)
+    }
+
+    fn ncclCommGetUniqueId / pncclCommGetUniqueId(comm: ncclComm_t, unique_id: *mut ncclUniqueId) {
+        if unique_id.is_null() {
+            return Err(invalid("uniqueId", "NULL pointer"));
+        }
+        let (st, c) = crate::handle::ready(comm)?;
+        let mut p = pending();
+        if p.contains_key(&st.handle) {
+            return Err(usage("a grow id made earlier on this communicator was not consumed by ncclCommGrow yet"));
+        }
+        let id = oxccl::new_unique_id(c.config())?;
+        let u = encode_id(&id);
+        p.insert(st.handle, u.internal);
+        put(unique_id, "uniqueId", u)?;
+        Ok(SUCCESS)
+    }
+
+    fn ncclCommGrow / pncclCommGrow(
+        comm: ncclComm_t, n_ranks: c_int, unique_id: *const ncclUniqueId, rank: c_int, newcomm: *mut ncclComm_t,
+        config: *mut ncclConfig
+    ) {
+        if newcomm.is_null() {
+            return Err(invalid("newcomm", "NULL pointer for the new communicator"));
+        }
+        if comm.is_null() {
+            // A new rank: it joins the id as `rank`.
+            if unique_id.is_null() {
+                return Err(invalid("uniqueId", "NULL for a new rank (comm NULL): it joins with the id the existing root made"));
+            }
+            if rank < 0 {
+                return Err(invalid("rank", format!("{rank}: a new rank (comm NULL) passes the rank it is given")));
+            }
+            return crate::init_rank(newcomm, n_ranks, &*unique_id, rank, config);
+        }
+        if rank != -1 {
+            return Err(invalid("rank", format!("{rank}: existing ranks pass -1 (they keep their rank)")));
+        }
+        let (st, c) = crate::handle::ready(comm)?;
+        if n_ranks < 0 || n_ranks as usize <= c.size() {
+            return Err(invalid("nRanks", format!("{n_ranks}: the communicator has {} ranks, a grown one has more", c.size())));
+        }
+        let id: Option<UniqueId> = if unique_id.is_null() {
+            None
+        } else {
+            let u = &*unique_id;
+            if pending().get(&st.handle) != Some(&u.internal) {
+                return Err(invalid(
+                    "uniqueId",
+                    "not the pending id ncclCommGetUniqueId made on this communicator (each id serves one grow)",
+                ));
+            }
+            Some(decode_id(u, "uniqueId")?)
+        };
+        let s = settings(config, Some(Settings { blocking: st.blocking, name: st.name.clone() }))?;
+        let child = crate::handle::new_comm(st.device, s.name.clone(), s.blocking);
+        newcomm.write(child.handle as ncclComm_t);
+        let (n, handle, had_id) = (n_ranks as usize, st.handle, id.is_some());
+        launch_init(child, s.blocking, move || {
+            let grown = c.grow(n, id.as_ref())?;
+            if had_id {
+                pending().remove(&handle);
+            }
+            Ok(grown)
+        })
+    }
+
+    fn ncclCommSuspend / pncclCommSuspend(comm: ncclComm_t, flags: c_int) {
+        if flags & !SUSPEND_MEM != 0 {
+            return Err(invalid("flags", format!("{flags:#x} (NCCL_SUSPEND_MEM is the only flag)")));
+        }
+        let (st, c) = crate::handle::ready(comm)?;
+        st.proxy.drain();
+        if flags & SUSPEND_MEM != 0 {
+            c.release_memory()?;
+        }
+        if st.phase.compare_exchange(phase::READY, phase::SUSPENDED, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            st.ready()?;
+        }
+        Ok(SUCCESS)
+    }
+
+    fn ncclCommResume / pncclCommResume(comm: ncclComm_t) {
+        let st = state(comm, "comm")?;
+        crate::handle::set_current(Some(st));
+        if st.phase.compare_exchange(phase::SUSPENDED, phase::READY, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            st.ready()?;
+            return Err(usage(format!("communicator {comm:p} is not suspended")));
+        }
+        Ok(SUCCESS)
+    }
+
+    fn ncclCommMemStats / pncclCommMemStats(comm: ncclComm_t, stat: c_int, value: *mut u64) {
+        if value.is_null() {
+            return Err(invalid("value", "NULL pointer"));
+        }
+        let (st, c) = crate::handle::member_of(comm)?;
+        let m = c.memory();
+        let v = match stat {
+            0 => m.releasable as u64,
+            1 => (st.phase.load(Ordering::Acquire) == phase::SUSPENDED) as u64,
+            2 => m.connections as u64,
+            3 => (m.releasable + m.connections) as u64,
+            s => return Err(invalid("stat", format!("{s} is not an ncclCommMemStat_t (0..=3)"))),
+        };
+        value.write(v);
+        Ok(SUCCESS)
+    }
+}
