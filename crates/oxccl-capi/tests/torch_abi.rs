@@ -73,7 +73,9 @@ fn every_nccl_symbol_pytorch_imports_is_ours() {
     for lib in ["libtorch_cuda.so", "libtorch_python.so", "libtorch_cpu.so"] {
         let p = dir.join(lib);
         if p.exists() {
-            wanted.extend(symbols(&p, true).into_iter().filter(|s| s.starts_with("nccl") || s.starts_with("pnccl")));
+            wanted.extend(
+                symbols(&p, true).into_iter().filter(|s| s.starts_with("nccl") || s.starts_with("pnccl")),
+            );
         }
     }
     wanted.sort();
