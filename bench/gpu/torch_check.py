@@ -15,6 +15,7 @@ import os
 import sys
 
 import torch
+import torch.cuda.nccl
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -221,7 +222,9 @@ def main():
     hosts = " as two hosts" if TWO_HOSTS else ""
     ngpu = min(world, torch.cuda.device_count())
     where = "one GPU" if ngpu == 1 else f"{ngpu} GPUs"
-    print(f"torch {torch.__version__}: {world} processes on {where}{hosts}, {n_bad} with failures")
+    nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    print(f"torch {torch.__version__} (NCCL {nccl} as loaded: {', '.join(mapped_nccl()) or 'none mapped'}): "
+          f"{world} processes on {where}{hosts}, {n_bad} with failures")
     sys.exit(1 if n_bad else 0)
 
 
