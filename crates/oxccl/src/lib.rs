@@ -32,6 +32,7 @@ pub mod flight;
 mod log;
 pub mod mem;
 pub mod rendezvous;
+pub mod rma;
 pub mod sys;
 pub mod topo;
 pub mod transport;
