@@ -96,6 +96,13 @@ impl Communicator {
         r.deregister(&self.inner, &win)
     }
 
+    /// The size of `peer`'s instance of `win` (learned at registration), for checks before a
+    /// put.
+    pub fn window_size(&self, win: &Window, peer: Rank) -> Result<usize> {
+        let peer = coll::check_rank("peer", peer.0 as i64, self.size())?;
+        self.rma()?.peer_len(win, peer)
+    }
+
     /// Writes `src` into `peer`'s instance of `win` at byte `offset`, then delivers one signal
     /// on (`ctx`, `sig`) to `peer`, after the data and after every earlier put and signal to
     /// it (`ncclPutSignal`). `src` may be reused once this returns.

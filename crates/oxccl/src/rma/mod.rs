@@ -116,6 +116,11 @@ pub(crate) struct Rma {
     stop: Arc<EventFd>,
     stopped: AtomicBool,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Puts and signals this rank made in place to other ranks, and frames it sent on streams
+    /// (logged at the end, so tests and users can see which path served them).
+    in_place: AtomicU64,
+    streamed: AtomicU64,
+    log: crate::log::Logger,
 }
 
 /// A number unique to this process (ranks that are threads of one process share it).
@@ -195,6 +200,9 @@ impl Rma {
             stop: Arc::new(EventFd::new().map_err(|e| Error::io(me, "eventfd", None, e))?),
             stopped: AtomicBool::new(false),
             thread: Mutex::new(None),
+            in_place: AtomicU64::new(0),
+            streamed: AtomicU64::new(0),
+            log: inner.log,
         })
     }
 
@@ -219,7 +227,13 @@ impl Rma {
 
     /// Stops the thread and closes this rank's streams (the communicator is being closed).
     pub(crate) fn stop(&self) {
-        self.stopped.store(true, Ordering::SeqCst);
+        if !self.stopped.swap(true, Ordering::SeqCst) {
+            self.log.info(format_args!(
+                "one-sided: this rank made {} puts and signals to other ranks in place and sent {} by stream",
+                self.in_place.load(Ordering::Relaxed),
+                self.streamed.load(Ordering::Relaxed)
+            ));
+        }
         self.stop.notify();
         if let Some(t) = lock(&self.thread).take() {
             let _ = t.join();
@@ -391,6 +405,15 @@ impl Rma {
         Ok(())
     }
 
+    /// The size of `peer`'s instance of `win`.
+    pub(crate) fn peer_len(&self, win: &Window, peer: Rank) -> Result<usize> {
+        self.check_window(win, "peerWin")?;
+        let views = self.views.read().unwrap_or_else(|e| e.into_inner());
+        views.get(&win.seq).map(|v| v[peer.idx()].len).ok_or_else(|| {
+            invalid("peerWin", format!("window #{} is not registered (deregistered?)", win.seq))
+        })
+    }
+
     /// Whether `link`'s stream has drained (rule 2): `Some(block)` to count in place.
     fn drained<'a>(&self, link: &'a Link) -> Option<&'a Arc<Block>> {
         link.block.as_ref().filter(|b| b.applied(self.me).load(Ordering::Acquire) == link.sent)
@@ -415,6 +438,7 @@ impl Rma {
         match r {
             Ok(()) => {
                 link.sent += 1;
+                self.streamed.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
             Err(e) => {
@@ -474,6 +498,7 @@ impl Rma {
                 unsafe { std::ptr::copy(data.as_ptr(), dst, data.len()) };
             }
             b.count(self.me, ctx, sig);
+            self.in_place.fetch_add((peer != self.me) as u64, Ordering::Relaxed);
             return Ok(());
         }
         let h = stream::Header {
@@ -493,6 +518,7 @@ impl Rma {
         let mut link = lock(&self.links[peer.idx()]);
         if let Some(b) = self.drained(&link) {
             b.count(self.me, ctx, sig);
+            self.in_place.fetch_add((peer != self.me) as u64, Ordering::Relaxed);
             return Ok(());
         }
         let h =
