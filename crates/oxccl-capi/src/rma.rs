@@ -145,9 +145,19 @@ fn run(st: St, ops: Vec<Op>) -> R<()> {
         st.proxy.drain();
     }
     st.proxy.check()?;
-    for op in ops {
+    let mut ops = ops.into_iter();
+    while let Some(op) = ops.next() {
         let func = op.func();
-        op.run(st, c).map_err(|f| Fail { msg: format!("{func}: {}", f.msg), ..f })?;
+        if let Err(f) = op.run(st, c) {
+            // Registrations queued after the failure never run: their handles go.
+            for later in ops {
+                if let Op::Register { h, state, .. } = later {
+                    *lock(&state) = WinState::Failed(format!("an earlier call of its group failed ({func})"));
+                    win::forget(st, h);
+                }
+            }
+            return Err(Fail { msg: format!("{func}: {}", f.msg), ..f });
+        }
     }
     Ok(())
 }

@@ -294,10 +294,19 @@ fn one_sided_puts_with_signals_between_2_and_4_processes() {
             ("NCCL_SHM_DISABLE", shm_off),
             ("OXCCL_TIMEOUT", "60"),
             ("NCCL_DEBUG", "INFO"),
+            ("OXCCL_WAIT_NOTICE", "0.1"),
         ];
         let dir = work.join(format!("n{n}-shm-off-{shm_off}"));
         let what = format!("{n} processes, NCCL_SHM_DISABLE={shm_off}");
-        let how = rma_verdicts(&run_ranks(&exe, n, &dir, &env, Duration::from_secs(120)), n, &what);
+        let outs = run_ranks(&exe, n, &dir, &env, Duration::from_secs(120));
+        let how = rma_verdicts(&outs, n, &what);
+        // Rank 0's wait that an abort ends (300 ms) said what it waited for meanwhile.
+        let notice = format!(
+            "still waiting after 0 s: one-sided wait (ncclWaitSignal) for 1 signal(s) from rank {} on sigIdx 0 ctx 0 (0 arrived)",
+            n - 1
+        );
+        let err0 = String::from_utf8_lossy(&outs[0].stderr);
+        assert!(err0.contains(&notice), "{what}: rank 0 never said {notice:?}:\n{err0}");
         for (r, lines) in how.iter().enumerate() {
             let want = |w: usize| -> String {
                 (0..n)

@@ -249,10 +249,12 @@ impl Rma {
         self.block.wake();
     }
 
+    /// A waiter for one-sided calls: the communicator's timeout and abort, gone peers, and a
+    /// line on stderr every `OXCCL_WAIT_NOTICE` while it waits (no probes: a peer's place in
+    /// its collectives says nothing of the signals it owes).
     fn waiter(&self, inner: &Inner) -> Waiter {
         Waiter::new(self.me, inner.config.timeout, inner.abort.clone())
             .watching(&inner.mailbox)
-            .probing(&inner.boot, oxccl_core::contract::Sig::NONE, false)
             .announcing(inner.config.wait_notice)
     }
 
@@ -297,6 +299,36 @@ impl Rma {
                 return Err(Self::fatal(inner, e));
             }
         };
+        let view = self.views_of(inner, seq, &all).inspect_err(|_| {
+            lock(&self.local).remove(&seq);
+        })?;
+        if inner.log.on(oxccl_core::config::subsys::INIT) {
+            let how: Vec<String> = view
+                .iter()
+                .enumerate()
+                .map(|(q, r)| {
+                    let how = match r.reach {
+                        Reach::Direct(_) => "direct",
+                        Reach::Mapped(..) => "mapped",
+                        Reach::Stream => "stream",
+                        Reach::Device => "device",
+                    };
+                    format!("{q}:{how}")
+                })
+                .collect();
+            inner.log.info(format_args!(
+                "one-sided: window #{seq} registered ({len} bytes at {base:#x}{}); puts to ranks {}",
+                if device { ", device memory: one-sided calls refused" } else { "" },
+                how.join(" ")
+            ));
+        }
+        self.views.write().unwrap_or_else(|e| e.into_inner()).insert(seq, view);
+        Ok(Window { rma: self.id, seq, base, len })
+    }
+
+    /// How this rank reaches every rank's instance of window `seq`, from their offers
+    /// (mapping what it can: peers' shared allocations and signal blocks on this host).
+    fn views_of(&self, inner: &Inner, seq: u64, all: &[Vec<u8>]) -> Result<Vec<Remote>> {
         let me = self.me;
         let shm = !inner.config.shm_disable;
         let mut view = Vec::with_capacity(all.len());
@@ -345,28 +377,7 @@ impl Rma {
             };
             view.push(Remote { len: o.len as usize, reach });
         }
-        if inner.log.on(oxccl_core::config::subsys::INIT) {
-            let how: Vec<String> = view
-                .iter()
-                .enumerate()
-                .map(|(q, r)| {
-                    let how = match r.reach {
-                        Reach::Direct(_) => "direct",
-                        Reach::Mapped(..) => "mapped",
-                        Reach::Stream => "stream",
-                        Reach::Device => "device",
-                    };
-                    format!("{q}:{how}")
-                })
-                .collect();
-            inner.log.info(format_args!(
-                "one-sided: window #{seq} registered ({len} bytes at {base:#x}{}); puts to ranks {}",
-                if device { ", device memory: one-sided calls refused" } else { "" },
-                how.join(" ")
-            ));
-        }
-        self.views.write().unwrap_or_else(|e| e.into_inner()).insert(seq, view);
-        Ok(Window { rma: self.id, seq, base, len })
+        Ok(view)
     }
 
     fn check_window(&self, win: &Window, arg: &'static str) -> Result<()> {
@@ -560,16 +571,13 @@ impl Rma {
                 .take(4)
                 .map(|((p, c, s), n)| {
                     let before = consumed.get(&(*p, *c, *s)).copied().unwrap_or(0);
-                    format!(
-                        "{} of {} signal(s) from rank {p} on sigIdx {s} ctx {c}",
-                        arrived(&(*p, *c, *s)).saturating_sub(before).min(n - before),
-                        n - before
-                    )
+                    let got = arrived(&(*p, *c, *s)).saturating_sub(before);
+                    format!("{} signal(s) from rank {p} on sigIdx {s} ctx {c} ({got} arrived)", n - before)
                 })
                 .collect::<Vec<_>>()
-                .join("; ");
+                .join(", ");
             let peers: Vec<Rank> = pending.iter().map(|((p, _, _), _)| Rank(*p)).collect();
-            if let Err(e) = w.check(&format!("one-sided wait (ncclWaitSignal): arrived {what}"), &peers) {
+            if let Err(e) = w.check(&format!("one-sided wait (ncclWaitSignal) for {what}"), &peers) {
                 return Err(Self::fatal(inner, e));
             }
             if self.stopped.load(Ordering::Relaxed) {

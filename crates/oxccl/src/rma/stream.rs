@@ -323,6 +323,78 @@ fn note(sv: &Served, why: String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
+    use std::sync::atomic::Ordering;
+
+    /// The target's side of one stream, fed frame by frame: a put lands in its window and
+    /// counts, a put into a window this rank does not have (or past its end) is read, dropped
+    /// and kept as the reason, and either way the stream's progress counts it (rule 1).
+    #[test]
+    fn frames_land_in_registered_windows_and_bad_ones_are_dropped_with_the_reason() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut origin = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let s = l.accept().unwrap().0;
+        s.set_nonblocking(true).unwrap();
+        let mut win = vec![0u8; 1000];
+        let local = Arc::new(Mutex::new(HashMap::new()));
+        local
+            .lock()
+            .unwrap()
+            .insert(3, LocalWin { base: win.as_mut_ptr() as usize, len: win.len(), device: false });
+        let sv = Served {
+            me: Rank(0),
+            block: Arc::new(Block::create(2).unwrap()),
+            local,
+            dropped: Arc::new(Mutex::new(None)),
+            mailbox: Arc::new(Mailbox::default()),
+            log: Logger::new(&oxccl_core::config::Config::default(), Some(0)),
+            stop: Arc::new(EventFd::new().unwrap()),
+            bell: Arc::new(EventFd::new().unwrap()),
+        };
+        let mut c = InConn { from: Rank(1), s, hdr: [0; HDR], got: 0, cur: None };
+        let mut scratch = vec![0u8; 64];
+        let mut feed = |h: Header, data: &[u8]| {
+            origin.write_all(&h.encode()).unwrap();
+            origin.write_all(data).unwrap();
+            let before = sv.block.applied(Rank(1)).load(Ordering::Acquire);
+            for _ in 0..1000 {
+                assert!(step(&sv, &mut c, &mut scratch));
+                if sv.block.applied(Rank(1)).load(Ordering::Acquire) > before {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            panic!("frame {h:?} never applied");
+        };
+        let data: Vec<u8> = (0..300).map(|i| i as u8).collect();
+        feed(Header { kind: PUT, ctx: 1, sig: 2, win: 3, off: 700, len: 300 }, &data);
+        assert_eq!(&win[700..], &data[..]);
+        assert_eq!(sv.block.arrived(Rank(1), 1, 2).load(Ordering::Acquire), 1);
+        assert!(sv.dropped.lock().unwrap().is_none());
+        // Past the end, and into a window this rank does not have: read, dropped, not counted.
+        feed(Header { kind: PUT, ctx: 1, sig: 2, win: 3, off: 800, len: 300 }, &data);
+        let why = sv.dropped.lock().unwrap().take().expect("a reason");
+        assert!(why.contains("holds 1000 bytes"), "{why}");
+        feed(Header { kind: PUT, ctx: 0, sig: 0, win: 9, off: 0, len: 300 }, &data);
+        let why = sv.dropped.lock().unwrap().take().expect("a reason");
+        assert!(why.contains("no such window"), "{why}");
+        assert_eq!(&win[700..], &data[..], "a dropped put wrote the window");
+        assert_eq!(sv.block.arrived(Rank(1), 1, 2).load(Ordering::Acquire), 1);
+        // A signal without data, then the stream ends at a frame boundary: over, quietly.
+        feed(Header { kind: SIGNAL, ctx: 3, sig: 7, win: 0, off: 0, len: 0 }, &[]);
+        assert_eq!(sv.block.arrived(Rank(1), 3, 7).load(Ordering::Acquire), 1);
+        assert_eq!(sv.block.applied(Rank(1)).load(Ordering::Acquire), 4);
+        drop(origin);
+        let mut over = false;
+        for _ in 0..1000 {
+            if !step(&sv, &mut c, &mut scratch) {
+                over = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(over && sv.dropped.lock().unwrap().is_none());
+    }
 
     #[test]
     fn headers_round_trip_and_garbage_is_refused() {
