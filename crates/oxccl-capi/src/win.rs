@@ -102,6 +102,8 @@ crate::entry! {
         if win.is_null() {
             return Err(invalid("win", "NULL pointer"));
         }
+        // NCCL's answer until a window exists.
+        win.write(std::ptr::null_mut());
         if win_flags & !3 != 0 {
             return Err(invalid(
                 "winFlags",

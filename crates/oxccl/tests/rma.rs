@@ -1,7 +1,8 @@
 //! One-sided calls through the Rust API, ranks as threads of this process: every transport
 //! (direct writes between threads, the stream with shared memory off or hosts told apart),
 //! windows on heap and shared memory, exact bytes and signal counts over several rounds, bad
-//! arguments, a wait that times out naming what it waits for, and one ended by an abort.
+//! arguments, a wait that times out naming what it waits for, one whose peer left, and one
+//! ended by an abort.
 
 use oxccl::mem::SharedBuf;
 use oxccl::rma::{WaitDesc, Window};
@@ -172,7 +173,7 @@ fn windows_of_another_communicator_are_refused() {
 }
 
 #[test]
-fn a_wait_that_never_completes_times_out_naming_what_it_waits_for_and_abort_ends_one() {
+fn a_wait_that_never_completes_times_out_fails_on_a_departed_peer_and_abort_ends_one() {
     let cfg = Config::default().with_timeout(Some(Duration::from_secs(2)));
     with_ranks(2, cfg, |c| {
         if c.rank() == Rank(0) {
@@ -185,6 +186,20 @@ fn a_wait_that_never_completes_times_out_naming_what_it_waits_for_and_abort_ends
         } else {
             // Outlives rank 0's wait without a word.
             std::thread::sleep(Duration::from_secs(4));
+        }
+    });
+    // A peer that destroyed its communicator in order owes nothing more: after a grace for
+    // frames still on their way, the wait fails naming it.
+    let cfg = Config::default().with_timeout(None);
+    with_ranks(2, cfg, |c| {
+        if c.rank() == Rank(0) {
+            let t = Instant::now();
+            let e = c.wait_signal(&[WaitDesc { peer: Rank(1), count: 1, ctx: 0, sig: 0 }]).unwrap_err();
+            let m = e.to_string();
+            assert!(matches!(e, Error::PeerClosed { .. }) && m.contains("in order"), "{m}");
+            assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
+        } else {
+            c.destroy().unwrap();
         }
     });
     let cfg = Config::default().with_timeout(None);

@@ -430,6 +430,16 @@ impl Rma {
         link.block.as_ref().filter(|b| b.applied(self.me).load(Ordering::Acquire) == link.sent)
     }
 
+    /// The error for a call that needs `peer`, which destroyed its communicator in order.
+    fn left(inner: &Inner, peer: Rank, what: &str) -> Error {
+        Error::PeerClosed {
+            rank: inner.rank,
+            op: format!("{what}: rank {peer} destroyed its communicator in order (did every rank make the same calls?)"),
+            peer,
+            host: inner.mailbox.host_of(peer),
+        }
+    }
+
     /// Sends a frame on `link`'s stream (opened at its first use).
     fn send(
         &self,
@@ -439,6 +449,9 @@ impl Rma {
         h: &stream::Header,
         data: &[u8],
     ) -> Result<()> {
+        if inner.mailbox.has_left(peer) {
+            return Err(Self::fatal(inner, Self::left(inner, peer, "one-sided call")));
+        }
         let w = self.waiter(inner);
         let r = (|| {
             if link.stream.is_none() {
@@ -560,6 +573,7 @@ impl Rma {
             std::thread::yield_now();
         }
         let w = self.waiter(inner);
+        let mut left_seen: Option<Instant> = None;
         while !ready() {
             if let Some(why) = lock(&self.dropped).take() {
                 return Err(Error::InvalidUsage(format!("rank {}: one-sided wait: {why}", self.me)));
@@ -577,6 +591,15 @@ impl Rma {
                 .collect::<Vec<_>>()
                 .join(", ");
             let peers: Vec<Rank> = pending.iter().map(|((p, _, _), _)| Rank(*p)).collect();
+            // A peer that destroyed its communicator in order may still have frames on their
+            // way (its stream is not its control connection): a grace, then the wait fails.
+            if let Some(&p) = peers.iter().find(|p| inner.mailbox.has_left(**p)) {
+                let seen = *left_seen.get_or_insert_with(Instant::now);
+                if seen.elapsed() >= Duration::from_millis(crate::bootstrap::LEFT_GRACE_MS) {
+                    let what = format!("one-sided wait (ncclWaitSignal) for {what}");
+                    return Err(Self::fatal(inner, Self::left(inner, p, &what)));
+                }
+            }
             if let Err(e) = w.check(&format!("one-sided wait (ncclWaitSignal) for {what}"), &peers) {
                 return Err(Self::fatal(inner, e));
             }
