@@ -10,9 +10,9 @@
 //!   (`SharedBuf`, which `ncclMemAlloc` returns): the origin maps the allocation once and
 //!   writes into it: zero copy;
 //! - anything else (another host, `NCCL_SHM_DISABLE=1`, heap memory of another process): a
-//!   TCP stream to the target, whose RMA thread writes the data ([`stream`]).
+//!   TCP stream to the target, whose RMA thread writes the data (`stream`).
 //!
-//! A signal is counted in the target's signal block ([`block`]): in place by the origin when
+//! A signal is counted in the target's signal block (`block`): in place by the origin when
 //! it mapped the block (same host) and its stream to the target has drained, else as a frame
 //! on the stream, behind the data. Device memory is never written: a put into a window some
 //! rank registered on device memory is refused (`InvalidUsage`), as are puts when no path
