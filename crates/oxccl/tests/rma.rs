@@ -221,3 +221,22 @@ fn a_wait_that_never_completes_times_out_fails_on_a_departed_peer_and_abort_ends
         }
     });
 }
+
+/// NCCL's barrier: every rank signals every rank and waits for one signal from each, with no
+/// window registered anywhere (signals then go by stream, behind nothing), several rounds.
+#[test]
+fn signals_alone_make_a_barrier_without_any_window() {
+    for shm_off in [false, true] {
+        let cfg = Config::default().with_shm_disabled(shm_off).with_timeout(Some(Duration::from_secs(30)));
+        with_ranks(3, cfg, |c| {
+            let all: Vec<WaitDesc> =
+                (0..c.size()).map(|q| WaitDesc { peer: Rank::new(q), count: 1, ctx: 0, sig: 0 }).collect();
+            for _ in 0..5 {
+                for q in 0..c.size() {
+                    c.signal(Rank::new(q), 0, 0).unwrap();
+                }
+                c.wait_signal(&all).unwrap();
+            }
+        });
+    }
+}
