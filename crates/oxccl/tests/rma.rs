@@ -185,7 +185,7 @@ fn a_wait_that_never_completes_times_out_fails_on_a_departed_peer_and_abort_ends
             assert!(t.elapsed() < Duration::from_secs(10));
         } else {
             // Outlives rank 0's wait without a word.
-            std::thread::sleep(Duration::from_secs(4));
+            std::thread::sleep(Duration::from_secs(3));
         }
     });
     // A peer that destroyed its communicator in order owes nothing more: after a grace for
