@@ -46,7 +46,7 @@ pub(crate) unsafe fn split_revoked(
 ) -> R<crate::handle::ncclResult_t> {
     let c = st.member()?;
     // SAFETY: passed on from the caller.
-    let s = unsafe { settings(config, Some(Settings { blocking: st.blocking, name: st.name.clone() })) }?;
+    let s = unsafe { settings(config, Some(Settings::of(st))) }?;
     let color = (color >= 0).then_some(color as u32);
     let split = move || -> R<Option<Communicator>> {
         let whole = c.shrink(&[])?;
@@ -62,6 +62,7 @@ pub(crate) unsafe fn split_revoked(
         }
         Some(_) => {
             let child = crate::handle::new_comm(st.device, s.name.clone(), s.blocking);
+            s.apply(child);
             // SAFETY: as above.
             unsafe { newcomm.write(child.handle as ncclComm_t) };
             launch_init(child, s.blocking, move || {
@@ -147,8 +148,9 @@ crate::entry! {
             }
             Some(decode_id(u, "uniqueId")?)
         };
-        let s = settings(config, Some(Settings { blocking: st.blocking, name: st.name.clone() }))?;
+        let s = settings(config, Some(Settings::of(st)))?;
         let child = crate::handle::new_comm(st.device, s.name.clone(), s.blocking);
+        s.apply(child);
         newcomm.write(child.handle as ncclComm_t);
         let (n, handle, had_id) = (n_ranks as usize, st.handle, id.is_some());
         launch_init(child, s.blocking, move || {

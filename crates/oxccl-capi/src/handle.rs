@@ -129,6 +129,8 @@ pub struct CommState {
     pub last_error: Mutex<Option<String>>,
     pub premul: Mutex<HashMap<i32, PreMul>>,
     pub next_op: AtomicI32,
+    /// `config->numRmaCtx`: one-sided calls name contexts `0..num_rma_ctx` (NCCL's default 1).
+    pub num_rma_ctx: AtomicI32,
     /// Registered buffers (`ncclCommRegister`) and windows, by handle: `(address, bytes, kind)`.
     pub regs: Mutex<HashMap<usize, (usize, usize, crate::mem::RegKind)>>,
     /// Runs the communicator's stream-ordered calls (device buffers) after they returned.
@@ -335,6 +337,7 @@ pub fn new_comm(device: i32, name: Option<String>, blocking: bool) -> St {
         last_error: Mutex::new(None),
         premul: Mutex::new(HashMap::new()),
         next_op: AtomicI32::new(5),
+        num_rma_ctx: AtomicI32::new(1),
         regs: Mutex::new(HashMap::new()),
         proxy: Default::default(),
         #[cfg(feature = "cuda")]

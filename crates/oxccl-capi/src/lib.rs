@@ -7,7 +7,8 @@
 //!
 //! Layout: [`handle`] (communicator handles, result codes, last error), [`ops`] (call
 //! checks, group queues, execution), [`premul`] (PreMulSum scaling), [`mem`] (ncclMemAlloc,
-//! registrations, windows). See `docs/capi.md` for the semantics on host memory.
+//! registrations), [`win`] (windows), [`rma`] (one-sided calls). See `docs/capi.md` for the
+//! semantics on host memory.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![allow(clippy::missing_safety_doc)]
@@ -19,6 +20,8 @@ pub mod ops;
 pub mod param;
 pub mod premul;
 pub mod proxy;
+pub mod rma;
+pub mod win;
 
 use handle::{
     invalid, lock, ncclResult_t, phase, ready, state, usage, Fail, PreMul, Scalar, St, INTERNAL_ERROR,
@@ -191,6 +194,24 @@ pub(crate) fn current_device() -> Option<i32> {
 pub(crate) struct Settings {
     pub(crate) blocking: bool,
     pub(crate) name: Option<String>,
+    /// `config->numRmaCtx` (NCCL's default: 1).
+    pub(crate) num_rma_ctx: i32,
+}
+
+impl Settings {
+    /// What a child of `st` inherits when its config leaves a field undefined.
+    pub(crate) fn of(st: &handle::CommState) -> Settings {
+        Settings {
+            blocking: st.blocking,
+            name: st.name.clone(),
+            num_rma_ctx: st.num_rma_ctx.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Gives the new communicator `st` what it was asked for beyond its handle.
+    pub(crate) fn apply(&self, st: &handle::CommState) {
+        st.num_rma_ctx.store(self.num_rma_ctx, Ordering::Relaxed);
+    }
 }
 
 unsafe fn cstr(p: *const c_char, arg: &str) -> R<Option<String>> {
@@ -204,7 +225,7 @@ unsafe fn cstr(p: *const c_char, arg: &str) -> R<Option<String>> {
 
 /// Reads `config` (NULL: `inherit`, or the defaults).
 pub(crate) unsafe fn settings(config: *const ncclConfig, inherit: Option<Settings>) -> R<Settings> {
-    let base = inherit.unwrap_or(Settings { blocking: true, name: None });
+    let base = inherit.unwrap_or(Settings { blocking: true, name: None, num_rma_ctx: 1 });
     if config.is_null() {
         return Ok(base);
     }
@@ -244,7 +265,14 @@ pub(crate) unsafe fn settings(config: *const ncclConfig, inherit: Option<Setting
             }
         }
     }
-    Ok(Settings { blocking, name })
+    let num_rma_ctx =
+        if within(std::mem::offset_of!(ncclConfig, num_rma_ctx) + 4) { c.num_rma_ctx } else { UNDEF_INT };
+    let num_rma_ctx = match num_rma_ctx {
+        UNDEF_INT => base.num_rma_ctx,
+        v if v < 0 => return Err(invalid("config->numRmaCtx", format!("{v} (0 turns one-sided calls off)"))),
+        v => v,
+    };
+    Ok(Settings { blocking, name, num_rma_ctx })
 }
 
 // ------------------------------------------------------------------------- init
@@ -301,6 +329,7 @@ pub(crate) unsafe fn init_rank(
     // NCCL's rank lives on the device current at init: every rank learns every rank's.
     cfg.cuda_device = current_device();
     let st = handle::new_comm(-1, s.name.clone(), s.blocking);
+    s.apply(st);
     // SAFETY: checked non-NULL above; the caller's out-pointer.
     unsafe { out.write(st.handle as ncclComm_t) };
     let (n, r) = (nranks as usize, Rank::new(rank as usize));
@@ -442,7 +471,7 @@ entry! {
             return elastic::split_revoked(st, color, key, newcomm, config);
         }
         let c = st.ready()?;
-        let s = settings(config, Some(Settings { blocking: st.blocking, name: st.name.clone() }))?;
+        let s = settings(config, Some(Settings::of(st)))?;
         let color = (color >= 0).then_some(color as u32);
         match color {
             None => {
@@ -458,6 +487,7 @@ entry! {
             }
             Some(_) => {
                 let child = handle::new_comm(st.device, s.name.clone(), s.blocking);
+                s.apply(child);
                 newcomm.write(child.handle as ncclComm_t);
                 launch_init(child, s.blocking, move || {
                     c.split(color, key as i64)?.ok_or_else(|| Fail { code: INTERNAL_ERROR, msg: "split returned no communicator for a color".into() })
@@ -497,11 +527,12 @@ entry! {
         if exclude.contains(&c.rank()) {
             return Err(usage(format!("rank {} is in excludeRanksList: excluded ranks must not call ncclCommShrink", c.rank())));
         }
-        let s = settings(config, Some(Settings { blocking: st.blocking, name: st.name.clone() }))?;
+        let s = settings(config, Some(Settings::of(st)))?;
         if shrink_flags & 1 != 0 {
             c.abort();
         }
         let child = handle::new_comm(st.device, s.name.clone(), s.blocking);
+        s.apply(child);
         newcomm.write(child.handle as ncclComm_t);
         launch_init(child, s.blocking, move || c.shrink(&exclude).map_err(Fail::from))
     }
@@ -666,27 +697,6 @@ entry! {
     fn ncclCommDeregister / pncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) {
         let (st, _) = ready(comm)?;
         mem::deregister(st, RegKind::Buffer, handle as usize, "handle")?;
-        Ok(SUCCESS)
-    }
-
-    fn ncclCommWindowRegister / pncclCommWindowRegister(
-        comm: ncclComm_t, buff: *mut c_void, size: usize, win: *mut *mut c_void, win_flags: c_int
-    ) {
-        if win.is_null() {
-            return Err(invalid("win", "NULL pointer"));
-        }
-        if win_flags & !1 != 0 {
-            return Err(invalid("winFlags", format!("{win_flags:#x} (NCCL_WIN_DEFAULT or NCCL_WIN_COLL_SYMMETRIC)")));
-        }
-        let (st, _) = ready(comm)?;
-        let h = mem::register(st, RegKind::Window, buff as usize, size)?;
-        win.write(h as *mut c_void);
-        Ok(SUCCESS)
-    }
-
-    fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: ncclComm_t, win: *mut c_void) {
-        let (st, _) = ready(comm)?;
-        mem::deregister(st, RegKind::Window, win as usize, "win")?;
         Ok(SUCCESS)
     }
 

@@ -5,8 +5,9 @@
 //! export it by CUDA IPC; nccl-tests allocates its buffers this way). Otherwise it returns
 //! oxccl shared host memory ([`oxccl::mem::SharedBuf`]): same-host peers map it, so
 //! collectives on it take the zero-copy direct path with no registration step.
-//! Registration and windows are recorded per communicator (so deregistering checks the
-//! handle) and change nothing else.
+//! Registrations are recorded per communicator (so deregistering checks the handle) and
+//! change nothing else; windows are recorded here too, and registered with the peers by
+//! [`crate::win`].
 
 use crate::handle::{invalid, lock, CommState, R};
 use oxccl::mem::SharedBuf;

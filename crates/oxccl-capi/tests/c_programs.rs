@@ -74,11 +74,30 @@ fn compile(src: &str, work: &Path, lib: &Path) -> PathBuf {
 
 /// Runs `n` processes of `exe DIR N RANK` with `env`; kills them all after `limit`.
 fn run_ranks(exe: &Path, n: usize, work: &Path, env: &[(&str, &str)], limit: Duration) -> Vec<Output> {
+    run_ranks_in(exe, &vec![Vec::new(); n], work, env, limit)
+}
+
+/// [`run_ranks`] with rank r's command prefixed by `wrap[r]` (`ip netns exec NS`, say).
+fn run_ranks_in(
+    exe: &Path,
+    wrap: &[Vec<String>],
+    work: &Path,
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> Vec<Output> {
+    let n = wrap.len();
     let ids = work.join(format!("ids-{n}"));
     std::fs::create_dir_all(&ids).unwrap();
     let mut children: Vec<Child> = (0..n)
         .map(|r| {
-            let mut c = Command::new(exe);
+            let mut c = match wrap[r].split_first() {
+                Some((prog, args)) => {
+                    let mut c = Command::new(prog);
+                    c.args(args).arg(exe);
+                    c
+                }
+                None => Command::new(exe),
+            };
             c.arg(&ids).arg(n.to_string()).arg(r.to_string());
             c.envs(env.iter().copied()).stdout(Stdio::piped()).stderr(Stdio::piped());
             c.spawn().unwrap()
@@ -241,5 +260,134 @@ fn grow_suspend_revoke_shrink_and_parameters() {
     for (r, o) in outs.iter().enumerate() {
         assert!(stdout(o).contains(&format!("ELASTIC OK rank {r}")), "rank {r}: {}", stdout(o));
     }
+    let _ = std::fs::remove_dir_all(&work);
+}
+
+/// `rma.c`'s verdict on every rank, and each rank's log line for window `win` (the ranks'
+/// INFO logs say how each rank reaches every rank's instance).
+fn rma_verdicts(outs: &[Output], n: usize, what: &str) -> Vec<Vec<String>> {
+    let mut how = Vec::new();
+    for (r, o) in outs.iter().enumerate() {
+        let s = stdout(o);
+        assert!(s.contains(&format!("RMA OK rank {r} of {n}")), "{what}: rank {r}: {s}");
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        let lines = (0..2)
+            .map(|w| {
+                let tag = format!("one-sided: window #{w} registered");
+                let l = err
+                    .lines()
+                    .find(|l| l.contains(&tag))
+                    .unwrap_or_else(|| panic!("{what}: rank {r} never logged {tag:?}:\n{err}"));
+                l.split("puts to ranks ").nth(1).unwrap_or("").trim().to_string()
+            })
+            .collect();
+        println!("{what}: rank {r}: {}", s.trim());
+        let counts = err
+            .lines()
+            .rfind(|l| l.contains("one-sided: this rank made"))
+            .unwrap_or_else(|| panic!("{what}: rank {r} never logged its counts:\n{err}"));
+        println!("  {}", counts.split("NCCL INFO ").nth(1).unwrap_or(counts));
+        let mut lines: Vec<String> = lines;
+        lines.push(counts.to_string());
+        how.push(lines);
+    }
+    how
+}
+
+/// Puts with signals between processes of one host: windows on ncclMemAlloc memory (mapped by
+/// the peers: zero copy) and on malloc memory (the target's RMA thread applies the stream),
+/// 2 and 4 processes, and with shared memory off (streams only); exact bytes, signal counts.
+#[test]
+fn one_sided_puts_with_signals_between_2_and_4_processes() {
+    let work = scratch("rma");
+    let lib = lib_dir(&work);
+    let exe = compile("rma.c", &work, &lib);
+    let ld = lib.to_str().unwrap();
+    for (n, shm_off) in [(2, "0"), (4, "0"), (2, "1")] {
+        let t = Instant::now();
+        let env = [
+            ("LD_LIBRARY_PATH", ld),
+            ("NCCL_SHM_DISABLE", shm_off),
+            ("OXCCL_TIMEOUT", "60"),
+            ("NCCL_DEBUG", "INFO"),
+            ("OXCCL_WAIT_NOTICE", "0.1"),
+        ];
+        let dir = work.join(format!("n{n}-shm-off-{shm_off}"));
+        let what = format!("{n} processes, NCCL_SHM_DISABLE={shm_off}");
+        let outs = run_ranks(&exe, n, &dir, &env, Duration::from_secs(120));
+        let how = rma_verdicts(&outs, n, &what);
+        // Rank 0's wait that an abort ends (300 ms) said what it waited for meanwhile.
+        let notice = format!(
+            "still waiting after 0 s: one-sided wait (ncclWaitSignal) for 1 signal(s) from rank {} on sigIdx 0 ctx 0 (0 arrived)",
+            n - 1
+        );
+        let err0 = String::from_utf8_lossy(&outs[0].stderr);
+        assert!(err0.contains(&notice), "{what}: rank 0 never said {notice:?}:\n{err0}");
+        for (r, lines) in how.iter().enumerate() {
+            let want = |w: usize| -> String {
+                (0..n)
+                    .map(|q| {
+                        let h = match (q == r, shm_off, w) {
+                            (true, _, _) => "direct",
+                            (false, "0", 0) => "mapped",
+                            _ => "stream",
+                        };
+                        format!("{q}:{h}")
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            assert_eq!(&lines[..2], &[want(0), want(1)], "{what}: rank {r}'s transports");
+            // Zero copy served some puts to other processes exactly when shared memory is on.
+            let in_place = lines[2].contains("made 0 puts");
+            assert_eq!(in_place, shm_off == "1", "{what}: rank {r}: {}", lines[2]);
+        }
+        println!("{what}: {:.1} s", t.elapsed().as_secs_f64());
+    }
+    let _ = std::fs::remove_dir_all(&work);
+}
+
+/// Puts with signals between two hosts (network namespaces, 2 + 2 processes): the stream over
+/// TCP between the hosts, zero copy and the stream inside each.
+#[test]
+fn one_sided_puts_with_signals_between_two_hosts() {
+    let hosts = match oxccl_testkit::netns::TwoHosts::create() {
+        Ok(h) => h,
+        Err(why) => {
+            return oxccl_testkit::skip(
+                "one_sided_puts_with_signals_between_two_hosts",
+                "network namespaces",
+                &why,
+            )
+        }
+    };
+    let work = scratch("rma-hosts");
+    let lib = lib_dir(&work);
+    let exe = compile("rma.c", &work, &lib);
+    let env = [("LD_LIBRARY_PATH", lib.to_str().unwrap()), ("OXCCL_TIMEOUT", "60"), ("NCCL_DEBUG", "INFO")];
+    let (a, b) = (
+        oxccl_testkit::netns::TwoHosts::exec_in(&hosts.a),
+        oxccl_testkit::netns::TwoHosts::exec_in(&hosts.b),
+    );
+    let t = Instant::now();
+    let outs = run_ranks_in(&exe, &[a.clone(), a, b.clone(), b], &work, &env, Duration::from_secs(180));
+    let how = rma_verdicts(&outs, 4, "two hosts");
+    for (r, lines) in how.iter().enumerate() {
+        assert!(!lines[2].contains("made 0 puts"), "two hosts: rank {r}: {}", lines[2]);
+        for (w, line) in lines[..2].iter().enumerate() {
+            for q in 0..4 {
+                let h = match (q == r, q / 2 == r / 2, w) {
+                    (true, _, _) => "direct",
+                    (false, true, 0) => "mapped",
+                    _ => "stream",
+                };
+                assert!(
+                    line.split(' ').any(|x| x == format!("{q}:{h}")),
+                    "two hosts: rank {r} window #{w}: {line}"
+                );
+            }
+        }
+    }
+    println!("two hosts ({} | {}): {:.1} s", hosts.addr_a, hosts.addr_b, t.elapsed().as_secs_f64());
     let _ = std::fs::remove_dir_all(&work);
 }

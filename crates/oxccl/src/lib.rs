@@ -16,7 +16,7 @@
 //! Layers (see `docs/architecture.md`): [`comm`] (communicators, groups, scopes) plans calls
 //! with `oxccl_core::plan` and runs them on the [`engine`], which moves chunks over
 //! [`transport`] connections set up through the [`bootstrap`] services; [`sys`] holds every OS
-//! call.
+//! call. [`rma`] serves one-sided calls (windows, puts with signals, waits) beside them.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -32,6 +32,7 @@ pub mod flight;
 mod log;
 pub mod mem;
 pub mod rendezvous;
+pub mod rma;
 pub mod sys;
 pub mod topo;
 pub mod transport;

@@ -23,6 +23,99 @@ static int cases = 0;
 #define BAD_ARG(call, what) EXPECT_ERR(call, ncclInvalidArgument, what)
 #define BAD_USE(call, what) EXPECT_ERR(call, ncclInvalidUsage, what)
 
+/* One-sided calls, windows and their queries: every bad argument, then a good put. */
+static void check_one_sided(ncclComm_t comm, int P, int R, float* f) {
+  float wbuf[64] = {0};
+  ncclWindow_t w, w2;
+  void* p = NULL;
+  int peer = (R + 1) % P, prev = (R + P - 1) % P;
+  NCCLCHECK(ncclCommWindowRegister(comm, wbuf, sizeof wbuf, &w, NCCL_WIN_DEFAULT));
+  BAD_ARG(ncclPutSignal(NULL, 4, ncclFloat, peer, w, 0, 0, 0, 0, comm, NULL), "localbuff");
+  BAD_ARG(ncclPutSignal(f, 4, (ncclDataType_t)12, peer, w, 0, 0, 0, 0, comm, NULL), "datatype");
+  BAD_ARG(ncclPutSignal(f, SIZE_MAX, ncclFloat, peer, w, 0, 0, 0, 0, comm, NULL), "count");
+  BAD_ARG(ncclPutSignal(f, 4, ncclFloat, P, w, 0, 0, 0, 0, comm, NULL), "peer");
+  BAD_ARG(ncclPutSignal(f, 4, ncclFloat, -1, w, 0, 0, 0, 0, comm, NULL), "peer");
+  BAD_ARG(ncclPutSignal(f, 4, ncclFloat, peer, NULL, 0, 0, 0, 0, comm, NULL), "peerWin");
+  BAD_ARG(ncclPutSignal(f, 4, ncclFloat, peer, (ncclWindow_t)(void*)f, 0, 0, 0, 0, comm, NULL), "peerWin");
+  BAD_ARG(ncclPutSignal(f, 4, ncclFloat, peer, w, 250, 0, 0, 0, comm, NULL), "peerWinOffset");
+  BAD_ARG(ncclPutSignal(f, 4, ncclFloat, peer, w, SIZE_MAX - 4, 0, 0, 0, comm, NULL), "peerWinOffset");
+  BAD_ARG(ncclPutSignal(f, 4, ncclFloat, peer, w, 0, -1, 0, 0, comm, NULL), "sigIdx");
+  BAD_ARG(ncclPutSignal(f, 4, ncclFloat, peer, w, 0, 1000, 0, 0, comm, NULL), "sigIdx");
+  BAD_ARG(ncclPutSignal(f, 4, ncclFloat, peer, w, 0, 0, 1, 0, comm, NULL), "numRmaCtx = 1");
+  BAD_ARG(ncclPutSignal(f, 4, ncclFloat, peer, w, 0, 0, -1, 0, comm, NULL), "ctx");
+  BAD_ARG(ncclPutSignal(f, 4, ncclFloat, peer, w, 0, 0, 0, 2, comm, NULL), "flags");
+  BAD_ARG(ncclPutSignal(f, 4, ncclFloat, peer, w, 0, 0, 0, 0, NULL, NULL), "comm");
+  BAD_ARG(ncclSignal(P, 0, 0, 0, comm, NULL), "peer");
+  BAD_ARG(ncclSignal(peer, -3, 0, 0, comm, NULL), "sigIdx");
+  BAD_ARG(ncclSignal(peer, 0, 7, 0, comm, NULL), "ctx");
+  BAD_ARG(ncclSignal(peer, 0, 0, 1, comm, NULL), "flags");
+  BAD_ARG(ncclSignal(peer, 0, 0, 0, NULL, NULL), "comm");
+  ncclWaitSignalDesc_t d[2] = {{1, prev, 0, 0}, {1, prev, 0, 0}};
+  BAD_ARG(ncclWaitSignal(0, d, comm, NULL), "nDesc");
+  BAD_ARG(ncclWaitSignal(-1, d, comm, NULL), "nDesc");
+  BAD_ARG(ncclWaitSignal(1, NULL, comm, NULL), "signalDescs");
+  d[1].opCnt = 0;
+  BAD_ARG(ncclWaitSignal(2, d, comm, NULL), "signalDescs[1].opCnt");
+  d[1].opCnt = -4;
+  BAD_ARG(ncclWaitSignal(2, d, comm, NULL), "signalDescs[1].opCnt");
+  d[1].opCnt = 1;
+  d[1].peer = P;
+  BAD_ARG(ncclWaitSignal(2, d, comm, NULL), "signalDescs[1].peer");
+  d[1].peer = prev;
+  d[1].sigIdx = -1;
+  BAD_ARG(ncclWaitSignal(2, d, comm, NULL), "signalDescs[1].sigIdx");
+  d[1].sigIdx = 0;
+  d[1].ctx = 3;
+  BAD_ARG(ncclWaitSignal(2, d, comm, NULL), "signalDescs[1].ctx");
+  d[1].ctx = 0;
+  BAD_ARG(ncclWaitSignal(1, d, NULL, NULL), "comm");
+  BAD_ARG(ncclWinGetUserPtr(comm, w, NULL), "outUserPtr");
+  BAD_ARG(ncclWinGetUserPtr(comm, NULL, &p), "win");
+  BAD_ARG(ncclWinGetUserPtr(comm, (ncclWindow_t)(void*)f, &p), "win");
+  BAD_ARG(ncclGetPeerDevicePointer(NULL, 0, 0, &p), "window");
+  BAD_ARG(ncclGetPeerDevicePointer(w, 0, 0, NULL), "outPtr");
+  BAD_ARG(ncclGetPeerDevicePointer(w, 0, P, &p), "peer");
+  BAD_ARG(ncclGetPeerDevicePointer(w, 0, -1, &p), "peer");
+  BAD_ARG(ncclGetPeerDevicePointer((ncclWindow_t)(void*)f, 0, 0, &p), "window");
+  BAD_ARG(ncclGetLsaDevicePointer(w, 0, -1, &p), "lsaRank");
+  BAD_ARG(ncclGetLsaDevicePointer(w, 0, P, &p), "lsaRank");
+  BAD_ARG(ncclGetLsaDevicePointer(NULL, 0, 0, &p), "window");
+  BAD_ARG(ncclGetLsaDevicePointer(w, 0, 0, NULL), "outPtr");
+  BAD_ARG(ncclGetLsaMultimemDevicePointer(NULL, 0, &p), "window");
+  BAD_ARG(ncclGetLsaMultimemDevicePointer(w, 0, NULL), "outPtr");
+  /* A window of another communicator, and one whose config turned one-sided calls off. */
+  ncclConfig_t off = NCCL_CONFIG_INITIALIZER;
+  off.numRmaCtx = 0;
+  ncclComm_t other;
+  NCCLCHECK(ncclCommSplit(comm, 0, R, &other, &off));
+  NCCLCHECK(ncclCommWindowRegister(other, wbuf, sizeof wbuf, &w2, NCCL_WIN_DEFAULT));
+  BAD_ARG(ncclPutSignal(f, 4, ncclFloat, peer, w2, 0, 0, 0, 0, comm, NULL), "not of this one");
+  BAD_ARG(ncclWinGetUserPtr(comm, w2, &p), "not of this one");
+  BAD_ARG(ncclCommWindowDeregister(comm, w2), "win");
+  BAD_ARG(ncclSignal(peer, 0, 0, 0, other, NULL), "turns one-sided calls off");
+  NCCLCHECK(ncclCommWindowDeregister(other, w2));
+  NCCLCHECK(ncclCommDestroy(other));
+  /* In a group, a bad one-sided call fails the group, which runs nothing. */
+  NCCLCHECK(ncclGroupStart());
+  NCCLCHECK(ncclSignal(peer, 0, 0, 0, comm, NULL));
+  BAD_ARG(ncclSignal(peer, 0, 0, 9, comm, NULL), "flags");
+  BAD_ARG(ncclGroupEnd(), "flags");
+  /* Good calls still work: a put of the whole window from the previous rank. */
+  float src[64];
+  for (int i = 0; i < 64; i++) src[i] = (float)(R * 100 + i);
+  NCCLCHECK(ncclPutSignal(src, 64, ncclFloat, peer, w, 0, 0, 0, 0, comm, NULL));
+  NCCLCHECK(ncclWaitSignal(1, d, comm, NULL));
+  for (int i = 0; i < 64; i++) EXPECT(wbuf[i] == (float)(prev * 100 + i), "put [%d] = %g", i, wbuf[i]);
+  NCCLCHECK(ncclWinGetUserPtr(comm, w, &p));
+  EXPECT(p == (void*)wbuf, "user pointer %p", p);
+  /* Deregistered: refused by every call. */
+  NCCLCHECK(ncclCommWindowDeregister(comm, w));
+  BAD_ARG(ncclCommWindowDeregister(comm, w), "win");
+  BAD_ARG(ncclPutSignal(f, 4, ncclFloat, peer, w, 0, 0, 0, 0, comm, NULL), "deregistered");
+  BAD_ARG(ncclWinGetUserPtr(comm, w, &p), "win");
+  BAD_ARG(ncclGetPeerDevicePointer(w, 0, 0, &p), "window");
+}
+
 int main(int argc, char** argv) {
   if (argc != 4) return 2;
   const char* dir = argv[1];
@@ -53,6 +146,9 @@ int main(int argc, char** argv) {
   ncclConfig_t cfg3 = NCCL_CONFIG_INITIALIZER;
   cfg3.netName = "IB";
   BAD_ARG(ncclCommInitRankConfig(&other, P, junk, R, &cfg3), "config->netName");
+  ncclConfig_t cfg4 = NCCL_CONFIG_INITIALIZER;
+  cfg4.numRmaCtx = -1;
+  BAD_ARG(ncclCommInitRankConfig(&other, P, junk, R, &cfg4), "config->numRmaCtx");
   BAD_ARG(ncclCommInitAll(NULL, 2, NULL), "comm");
   ncclComm_t two[2];
   BAD_ARG(ncclCommInitAll(two, 0, NULL), "ndev");
@@ -142,6 +238,7 @@ int main(int argc, char** argv) {
   BAD_ARG(ncclCommWindowDeregister(comm, (ncclWindow_t)h), "win");
   NCCLCHECK(ncclCommDeregister(comm, h));
   BAD_ARG(ncclCommDeregister(comm, h), "handle");
+  check_one_sided(comm, P, R, f);
 
   /* Split and shrink. */
   ncclComm_t child;

@@ -78,6 +78,9 @@ pub enum ConnClass {
     P2p,
     /// One of the two trees of a tree all-reduce (child → parent: up, parent → child: down).
     Tree(u8),
+    /// One-sided calls (`oxccl::rma`): puts and signals from the connecting rank, applied by a
+    /// thread of the accepting rank. Never part of a plan.
+    Rma,
 }
 
 /// One end of a unidirectional connection, as seen from this rank.

@@ -36,7 +36,7 @@ pub(crate) use greet::{greeting, join_root, show_bytes};
 pub use service::{Incoming, Mailbox, PeerState, Service, Word};
 
 /// Protocol version of every bootstrap message.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// Frame kinds.
 pub(crate) mod kind {
@@ -224,6 +224,7 @@ pub(crate) fn encode_class(w: &mut Writer, c: ConnClass) {
         ConnClass::Direct => w.u8(1).u16(0),
         ConnClass::P2p => w.u8(2).u16(0),
         ConnClass::Tree(t) => w.u8(3).u16(t as u16),
+        ConnClass::Rma => w.u8(4).u16(0),
     };
 }
 
@@ -235,6 +236,7 @@ pub(crate) fn decode_class(r: &mut Reader<'_>) -> Result<ConnClass, CoreError> {
         1 => Ok(ConnClass::Direct),
         2 => Ok(ConnClass::P2p),
         3 if (ch as usize) < 2 * oxccl_core::plan::tree::MAX_TREE_CHANNELS => Ok(ConnClass::Tree(ch as u8)),
+        4 => Ok(ConnClass::Rma),
         _ => Err(CoreError::Malformed { what: "connection class", reason: format!("kind {k}") }),
     }
 }

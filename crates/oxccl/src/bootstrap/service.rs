@@ -193,6 +193,9 @@ pub struct Mailbox {
     /// A sparse communicator's herald: first word of each departure goes here, to be passed
     /// on to this rank's lifelines (a flood over the lifeline graph, each word once per rank).
     herald: Mutex<Option<std::sync::mpsc::Sender<Word>>>,
+    /// Rung when a one-sided (`ConnClass::Rma`) connection arrives: the rank's RMA thread
+    /// takes it ([`Mailbox::take_conns`]); no call of the rank waits for it.
+    rma_bell: std::sync::OnceLock<Arc<EventFd>>,
 }
 
 /// Word of a departure, as a sparse communicator's rank passes it on.
@@ -338,6 +341,30 @@ impl Mailbox {
     fn deliver_conn(&self, from: Rank, class: ConnClass, inc: Incoming) {
         self.lock().conns.entry((from.0, class)).or_default().push_back(inc);
         self.cv.notify_all();
+        if class == ConnClass::Rma {
+            if let Some(b) = self.rma_bell.get() {
+                b.notify();
+            }
+        }
+    }
+
+    /// Rings `bell` whenever a one-sided connection arrives (set once, by the RMA thread's
+    /// owner; connections that came before are taken at its first look).
+    pub(crate) fn on_rma_conn(&self, bell: Arc<EventFd>) {
+        let _ = self.rma_bell.set(bell);
+    }
+
+    /// Takes every connection of `class` that has arrived, with its sender.
+    pub(crate) fn take_conns(&self, class: ConnClass) -> Vec<(Rank, Incoming)> {
+        let mut st = self.lock();
+        let mut out = Vec::new();
+        for ((from, c), q) in st.conns.iter_mut() {
+            if *c == class {
+                out.extend(q.drain(..).map(|i| (Rank(*from), i)));
+            }
+        }
+        st.conns.retain(|_, q| !q.is_empty());
+        out
     }
 
     /// Records that `r` said goodbye (it destroyed its communicator in order).

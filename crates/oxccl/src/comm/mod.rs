@@ -89,7 +89,7 @@ pub(crate) struct Inner {
     pub rank: Rank,
     pub size: usize,
     pub config: Config,
-    secret: [u8; 32],
+    pub(crate) secret: [u8; 32],
     pub hash: CommHash,
     pub peers: Arc<Vec<PeerInfo>>,
     pub geometry: Geometry,
@@ -98,13 +98,13 @@ pub(crate) struct Inner {
     /// Where this rank's progress (worker) thread runs.
     pub binding: crate::topo::Binding,
     pub log: Logger,
-    abort: Arc<AtomicBool>,
+    pub(crate) abort: Arc<AtomicBool>,
     doorbell: Arc<EventFd>,
     service: Mutex<Service>,
-    boot: Arc<Bootstrap>,
+    pub(crate) boot: Arc<Bootstrap>,
     flight: Arc<crate::flight::Recorder>,
     /// The service's mailbox (it also knows which peers are gone).
-    mailbox: Arc<crate::bootstrap::Mailbox>,
+    pub(crate) mailbox: Arc<crate::bootstrap::Mailbox>,
     engine: Mutex<Engine>,
     sockets: Arc<Mutex<Vec<std::net::TcpStream>>>,
     sched: Mutex<Sched>,
@@ -120,6 +120,8 @@ pub(crate) struct Inner {
     /// The `OXCCL_BOOTSTRAP_SPARSE_FROM` the communicator agreed on (rank 0's): its children
     /// (splits, shrinks) go sparse by it too.
     sparse_from: u32,
+    /// One-sided calls' state, made at the first window registration (`crate::rma`).
+    pub(crate) rma: std::sync::OnceLock<Arc<crate::rma::Rma>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -131,7 +133,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// `Communicator` is `Send + Sync`: calls from several threads are serialized, in the order
 /// they reach it; [`abort`](Communicator::abort) may be called from any thread at any time.
 pub struct Communicator {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 /// The ring order: ranks of one host adjacent, hosts in order of their lowest rank.
@@ -536,6 +538,7 @@ impl Communicator {
             shrink_seq: AtomicU64::new(0),
             worker: Mutex::new(None),
             sparse_from: p.route.sparse_from,
+            rma: std::sync::OnceLock::new(),
             config: p.config,
         });
         let comm = Communicator { inner };
@@ -751,6 +754,9 @@ impl Communicator {
         }
         if let Some(t) = lock(&i.worker).take() {
             let _ = t.join();
+        }
+        if let Some(r) = i.rma.get() {
+            r.stop();
         }
         lock(&i.engine).close();
         i.boot.close();
@@ -975,7 +981,7 @@ impl Inner {
         r
     }
 
-    fn check_usable(&self) -> Result<()> {
+    pub(crate) fn check_usable(&self) -> Result<()> {
         if self.closed.load(Ordering::Relaxed) {
             return Err(Error::InvalidUsage(format!("rank {}: the communicator was destroyed", self.rank)));
         }
@@ -995,7 +1001,7 @@ impl Inner {
         Ok(())
     }
 
-    fn fail(&self, e: &Error) {
+    pub(crate) fn fail(&self, e: &Error) {
         let first = {
             let mut f = lock(&self.failure);
             self.failed.store(true, Ordering::Relaxed);
@@ -1045,6 +1051,9 @@ impl Inner {
         self.dump_flight("abort");
         self.abort.store(true, Ordering::SeqCst);
         self.doorbell.notify();
+        if let Some(r) = self.rma.get() {
+            r.wake();
+        }
         lock(&self.service).mailbox.wake();
         // The socket list has its own lock, so this works while a job holds the engine: the
         // job's next socket call fails at once instead of waiting for its peer.

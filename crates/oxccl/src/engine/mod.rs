@@ -220,6 +220,7 @@ fn class_name(c: ConnClass) -> String {
         ConnClass::Tree(t) => format!("Tree {t}"),
         ConnClass::Direct => "Direct".into(),
         ConnClass::P2p => "P2P".into(),
+        ConnClass::Rma => "RMA".into(),
     }
 }
 

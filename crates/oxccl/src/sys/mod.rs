@@ -5,6 +5,7 @@
 pub mod affinity;
 pub mod dl;
 pub mod fd;
+pub mod futex;
 pub mod host;
 pub mod ifaces;
 pub mod limits;

@@ -1,0 +1,193 @@
+//! Windows: `ncclCommWindowRegister` / `Deregister` (collective, as in NCCL), the window
+//! queries `ncclWinGetUserPtr`, `ncclGetPeerDevicePointer`, `ncclGetLsaDevicePointer` and
+//! `ncclGetLsaMultimemDevicePointer`.
+//!
+//! Rules:
+//! 1. A window handle is unique in the process and never reused (the registration handles of
+//!    [`crate::mem`]); a process-wide table maps it to its communicator, its memory and its
+//!    state, since the device-pointer queries name no communicator.
+//! 2. Registration is collective (`oxccl::rma`: every rank registers its windows in the same
+//!    order, the k-th of each forming one window) and may be queued in a group (the handle is
+//!    returned at once, the exchange runs at `ncclGroupEnd`, [`crate::rma`]'s rule 3). A
+//!    registration that fails forgets its handle. Deregistration is collective too; the handle
+//!    is refused by every later call at once.
+//! 3. Device memory (CUDA pointers) is registered like host memory, so the order stays
+//!    aligned; one-sided calls into it are refused (`ncclInvalidUsage`).
+//! 4. oxccl has no device API: the device-pointer queries check their arguments as NCCL does
+//!    and answer NULL with `ncclSuccess`, NCCL's answer where no device mapping exists.
+
+use crate::handle::{self, invalid, lock, St, R, SUCCESS};
+use crate::mem::{self, RegKind};
+use crate::rma::{submit, Op};
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+/// Where a window's registration stands.
+pub(crate) enum WinState {
+    /// Queued in a group, not run yet.
+    Pending,
+    Ready(oxccl::rma::Window),
+    /// The registration failed, for this reason.
+    Failed(String),
+    /// Deregistered.
+    Gone,
+}
+
+/// What a window handle stands for (rule 1).
+struct WinRec {
+    comm: usize,
+    base: usize,
+    state: Arc<Mutex<WinState>>,
+}
+
+fn table() -> MutexGuard<'static, HashMap<usize, WinRec>> {
+    static T: OnceLock<Mutex<HashMap<usize, WinRec>>> = OnceLock::new();
+    lock(T.get_or_init(Default::default))
+}
+
+/// The window `h` of `st` (the argument is named `arg`): its handle and state.
+pub(crate) fn lookup(st: St, h: usize, arg: &str) -> R<(usize, Arc<Mutex<WinState>>)> {
+    if h == 0 {
+        return Err(invalid(arg, "NULL window"));
+    }
+    match table().get(&h) {
+        Some(w) if w.comm == st.handle => Ok((h, w.state.clone())),
+        Some(w) => Err(invalid(
+            arg,
+            format!("{h:#x} is a window of communicator {:#x}, not of this one ({:#x})", w.comm, st.handle),
+        )),
+        None => Err(invalid(
+            arg,
+            format!("{h:#x} is not a window registered on this communicator (or it was deregistered)"),
+        )),
+    }
+}
+
+/// Forgets window `h` of `st` (its registration failed).
+pub(crate) fn forget(st: St, h: usize) {
+    table().remove(&h);
+    let _ = mem::deregister(st, RegKind::Window, h, "win");
+}
+
+/// The communicator (ready) and table record behind a window the caller names `arg`.
+fn window_only(h: usize, arg: &str) -> R<(St, &'static oxccl::Communicator, usize)> {
+    if h == 0 {
+        return Err(invalid(arg, "NULL window"));
+    }
+    let (comm, base) = match table().get(&h) {
+        Some(w) => (w.comm, w.base),
+        None => {
+            return Err(invalid(arg, format!("{h:#x} is not a registered window (or it was deregistered)")))
+        }
+    };
+    let (st, c) = handle::ready(comm as *const c_void)?;
+    Ok((st, c, base))
+}
+
+#[cfg(feature = "cuda")]
+fn on_device(p: usize) -> bool {
+    !matches!(oxccl::cuda::stage::classify(p as *const u8), oxccl::cuda::stage::MemKind::Host)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn on_device(_p: usize) -> bool {
+    false
+}
+
+crate::entry! {
+    fn ncclCommWindowRegister / pncclCommWindowRegister(
+        comm: *mut c_void, buff: *mut c_void, size: usize, win: *mut *mut c_void, win_flags: c_int
+    ) {
+        if win.is_null() {
+            return Err(invalid("win", "NULL pointer"));
+        }
+        // NCCL's answer until a window exists.
+        win.write(std::ptr::null_mut());
+        if win_flags & !3 != 0 {
+            return Err(invalid(
+                "winFlags",
+                format!("{win_flags:#x} (NCCL_WIN_DEFAULT, NCCL_WIN_COLL_SYMMETRIC, NCCL_WIN_STRICT_ORDERING)"),
+            ));
+        }
+        let (st, _) = handle::ready(comm)?;
+        let h = mem::register(st, RegKind::Window, buff as usize, size)?;
+        let state = Arc::new(Mutex::new(WinState::Pending));
+        table().insert(h, WinRec { comm: st.handle, base: buff as usize, state: state.clone() });
+        let device = on_device(buff as usize);
+        submit(st, Op::Register { h, base: buff as usize, len: size, device, state })?;
+        win.write(h as *mut c_void);
+        Ok(SUCCESS)
+    }
+
+    fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: *mut c_void, win: *mut c_void) {
+        let (st, _) = handle::ready(comm)?;
+        let h = win as usize;
+        if h == 0 {
+            return Err(invalid("win", "NULL window"));
+        }
+        mem::deregister(st, RegKind::Window, h, "win")?;
+        let rec = table().remove(&h);
+        match rec {
+            Some(r) => submit(st, Op::Deregister { state: r.state })?,
+            None => return Err(invalid("win", format!("{h:#x} is not a registered window"))),
+        }
+        Ok(SUCCESS)
+    }
+
+    fn ncclWinGetUserPtr / pncclWinGetUserPtr(comm: *mut c_void, win: *mut c_void, out_user_ptr: *mut *mut c_void) {
+        if out_user_ptr.is_null() {
+            return Err(invalid("outUserPtr", "NULL pointer"));
+        }
+        let (st, _) = handle::ready(comm)?;
+        lookup(st, win as usize, "win")?;
+        let base = table().get(&(win as usize)).map_or(0, |w| w.base);
+        out_user_ptr.write(base as *mut c_void);
+        Ok(SUCCESS)
+    }
+
+    fn ncclGetPeerDevicePointer / pncclGetPeerDevicePointer(
+        window: *mut c_void, offset: usize, peer: c_int, out_ptr: *mut *mut c_void
+    ) {
+        let _ = offset;
+        if out_ptr.is_null() {
+            return Err(invalid("outPtr", "NULL pointer"));
+        }
+        let (_, c, _) = window_only(window as usize, "window")?;
+        if peer < 0 || peer as usize >= c.size() {
+            return Err(invalid("peer", format!("{peer} is not a rank of this {}-rank communicator", c.size())));
+        }
+        out_ptr.write(std::ptr::null_mut());
+        Ok(SUCCESS)
+    }
+
+    fn ncclGetLsaDevicePointer / pncclGetLsaDevicePointer(
+        window: *mut c_void, offset: usize, lsa_rank: c_int, out_ptr: *mut *mut c_void
+    ) {
+        let _ = offset;
+        if out_ptr.is_null() {
+            return Err(invalid("outPtr", "NULL pointer"));
+        }
+        let (_, c, _) = window_only(window as usize, "window")?;
+        // The load/store team: this rank's host (all of it, shared memory on).
+        let me = &c.peers()[c.rank().idx()];
+        let lsa = if c.config().shm_disable { 1 } else { c.peers().iter().filter(|p| p.host_id == me.host_id).count() };
+        if lsa_rank < 0 || lsa_rank as usize >= lsa {
+            return Err(invalid("lsaRank", format!("{lsa_rank} is outside 0..{lsa} (this rank's load/store team: the ranks of its host)")));
+        }
+        out_ptr.write(std::ptr::null_mut());
+        Ok(SUCCESS)
+    }
+
+    fn ncclGetLsaMultimemDevicePointer / pncclGetLsaMultimemDevicePointer(
+        window: *mut c_void, offset: usize, out_ptr: *mut *mut c_void
+    ) {
+        let _ = offset;
+        if out_ptr.is_null() {
+            return Err(invalid("outPtr", "NULL pointer"));
+        }
+        window_only(window as usize, "window")?;
+        out_ptr.write(std::ptr::null_mut());
+        Ok(SUCCESS)
+    }
+}
