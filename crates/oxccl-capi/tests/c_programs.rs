@@ -272,6 +272,11 @@ fn lifecycle(mode: &str, cycles: usize, comms: u64, extra_env: &[(&str, &str)]) 
         ("OXCCL_TIMEOUT", "60"),
         ("OXCCL_TEST_MODE", mode),
         ("OXCCL_TEST_CYCLES", cycles_s.as_str()),
+        // So that resident memory counts what is in use: no cache of exited threads' stacks
+        // (whose touched pages stay resident) and one malloc arena (malloc_trim gives back
+        // free pages of the main arena only).
+        ("GLIBC_TUNABLES", "glibc.pthread.stack_cache_size=0"),
+        ("MALLOC_ARENA_MAX", "1"),
     ];
     env.extend_from_slice(extra_env);
     let t = Instant::now();
