@@ -80,6 +80,11 @@ impl Tomb {
         (self.word.load(Ordering::Acquire) & PHASE) as u8
     }
 
+    /// Whether the state has been freed (its drop has returned).
+    pub fn is_freed(&self) -> bool {
+        self.word.load(Ordering::Acquire) & FREED != 0
+    }
+
     /// Pins the state, unless the communicator was destroyed.
     #[inline]
     pub fn pin(&'static self) -> R<Pin> {
@@ -130,8 +135,12 @@ impl Tomb {
         FREES.1.notify_all();
     }
 
-    /// Moves `from` → `to`, keeping the pins; false if the phase was not `from`.
+    /// Moves `from` → `to`, keeping the pins; false if the phase was not `from`. Never out
+    /// of DESTROYED, nor into it ([`end`](Self::end) does that).
     pub fn advance(&self, from: u8, to: u8) -> bool {
+        if from == phase::DESTROYED || to == phase::DESTROYED {
+            return false;
+        }
         self.word
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
                 (w & PHASE == from as u64).then_some((w & !PHASE) | to as u64)
@@ -154,7 +163,7 @@ impl Tomb {
     /// other threads free it as the last of them returns. Says every `notice` what it waits
     /// for, and when it stops waiting. True if it was freed.
     pub fn await_free(&self, func: &str, bound: Duration, notice: Option<Duration>) -> bool {
-        let freed = || self.word.load(Ordering::Acquire) & FREED != 0;
+        let freed = || self.is_freed();
         if freed() {
             return true;
         }
@@ -384,4 +393,78 @@ fn end(st: Pin, func: &str, abort: bool) -> R<ncclResult_t> {
         tomb.await_free(func, bound, notice);
     }
     Ok(SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handle::new_comm;
+
+    /// The last pin out of a destroyed communicator frees its state, whichever thread holds
+    /// it; pins taken after the end are refused by name and free nothing twice.
+    #[test]
+    fn the_last_pin_out_frees_the_state_once() {
+        let st = new_comm(-1, None, true);
+        let tomb = st.tomb();
+        let other = st.clone();
+        assert_eq!(st.destroy(), phase::INIT);
+        assert!(!tomb.is_freed());
+        let late = tomb.pin().err().expect("refused after the end");
+        assert!(late.msg.contains("was destroyed"), "{}", late.msg);
+        drop(st);
+        assert!(!tomb.is_freed(), "freed while another thread still holds a pin");
+        let t = std::thread::spawn(move || drop(other));
+        t.join().unwrap();
+        assert!(tomb.is_freed());
+        assert!(tomb.await_free("test", Duration::from_secs(1), None));
+        assert_eq!(tomb.phase(), phase::DESTROYED);
+        assert!(tomb.pin().is_err());
+        assert!(!tomb.advance(phase::DESTROYED, phase::READY), "DESTROYED is final");
+        assert_eq!(tomb.phase(), phase::DESTROYED);
+    }
+
+    /// Threads pinning in a loop while another ends the communicator: every pin either
+    /// succeeds (and finds the state whole) or is refused, and the state is freed exactly once
+    /// after the last pin is gone.
+    #[test]
+    fn pins_racing_an_end_never_outlive_the_state() {
+        for round in 0..if cfg!(miri) { 3 } else { 50 } {
+            let st = new_comm(-1, Some(format!("round {round}")), true);
+            let tomb = st.tomb();
+            let want = format!("round {round}");
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let threads: Vec<_> = (0..3)
+                .map(|_| {
+                    let (want, stop) = (want.clone(), stop.clone());
+                    std::thread::spawn(move || {
+                        let mut pinned = 0u64;
+                        loop {
+                            match tomb.pin() {
+                                Ok(p) => {
+                                    assert_eq!(p.name.as_deref(), Some(want.as_str()));
+                                    assert_eq!(p.handle, tomb.handle());
+                                    pinned += 1;
+                                }
+                                Err(f) => {
+                                    assert!(f.msg.contains("was destroyed"), "{}", f.msg);
+                                    return pinned;
+                                }
+                            }
+                            if stop.load(Ordering::Relaxed) && pinned > 1_000_000 {
+                                panic!("never refused");
+                            }
+                        }
+                    })
+                })
+                .collect();
+            std::thread::sleep(Duration::from_micros(200));
+            st.destroy();
+            drop(st);
+            stop.store(true, Ordering::Relaxed);
+            for t in threads {
+                t.join().unwrap();
+            }
+            assert!(tomb.await_free("test", Duration::from_secs(5), None), "round {round}: never freed");
+        }
+    }
 }
