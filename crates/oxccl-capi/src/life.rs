@@ -432,15 +432,18 @@ mod tests {
             let st = new_comm(-1, Some(format!("round {round}")), true);
             let tomb = st.tomb();
             let want = format!("round {round}");
-            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let ended = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             let threads: Vec<_> = (0..3)
                 .map(|_| {
-                    let (want, stop) = (want.clone(), stop.clone());
+                    let (want, ended) = (want.clone(), ended.clone());
                     std::thread::spawn(move || {
                         let mut pinned = 0u64;
                         loop {
+                            // Set after the end: a pin taken once it is seen must be refused.
+                            let after_end = ended.load(Ordering::Acquire);
                             match tomb.pin() {
                                 Ok(p) => {
+                                    assert!(!after_end, "pinned after the end");
                                     assert_eq!(p.name.as_deref(), Some(want.as_str()));
                                     assert_eq!(p.handle, tomb.handle());
                                     pinned += 1;
@@ -450,17 +453,14 @@ mod tests {
                                     return pinned;
                                 }
                             }
-                            if stop.load(Ordering::Relaxed) && pinned > 1_000_000 {
-                                panic!("never refused");
-                            }
                         }
                     })
                 })
                 .collect();
             std::thread::sleep(Duration::from_micros(200));
             st.destroy();
+            ended.store(true, Ordering::Release);
             drop(st);
-            stop.store(true, Ordering::Relaxed);
             for t in threads {
                 t.join().unwrap();
             }
