@@ -1,7 +1,9 @@
 //! A process that forms and ends communicators over and over keeps nothing of them: after the
 //! first cycles, open descriptors, threads and heap bytes stay exactly the same and resident
 //! memory stays flat, however the communicator ends (`destroy`, drop, `abort` then drop, the
-//! parent and child of a shrink or a split). Ranks are threads of this process.
+//! parent and child of a shrink or a split, a drop after a scoped asynchronous call, which
+//! starts the worker thread), over shared memory, TCP, or with a sparse bootstrap (whose
+//! communicators run a herald thread). Ranks are threads of this process.
 //!
 //! One test runs every scenario in turn: the descriptors and threads counted are the whole
 //! process's, so nothing else may run meanwhile. It runs in a child process of this test
@@ -92,6 +94,8 @@ enum End {
     Shrink,
     /// A split to one color, used once; the child dropped, then the parent destroyed.
     Split,
+    /// A scoped asynchronous all-reduce (which starts the worker thread), then drop.
+    ScopedDrop,
 }
 
 /// One all-reduce of 4 u32 on `c`, values checked.
@@ -124,6 +128,17 @@ fn end(c: Communicator, how: End, cycle: usize) {
             reduce_once(&k, cycle);
             drop(k);
             c.destroy().unwrap();
+        }
+        End::ScopedDrop => {
+            let send = [c.rank().0 + 1; 4];
+            let mut recv = [0u32; 4];
+            c.scope(|s| {
+                let mut g = s.group();
+                g.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+                g.launch().unwrap().wait().unwrap();
+            });
+            assert_eq!(recv, [3; 4], "cycle {cycle}");
+            drop(c);
         }
     }
 }
@@ -181,32 +196,37 @@ fn communicators_made_and_ended_over_and_over_leave_nothing_behind() {
     }
     let cfg = Config::default().with_timeout(Some(Duration::from_secs(60)));
     let t_all = Instant::now();
+    let shm = cfg.clone();
+    // Shared memory off: every connection is TCP.
+    let tcp = cfg.clone().with_shm_disabled(true);
+    // Sparse bootstrap from 2 ranks: each communicator also runs a herald thread.
+    let sparse = cfg.clone().with_bootstrap_sparse_from(2);
     let scenarios = [
-        (End::Destroy, 1000, false),
-        (End::Drop, 200, false),
-        (End::AbortDrop, 200, false),
-        (End::Shrink, 200, false),
-        (End::Split, 200, false),
-        (End::Destroy, 100, true),
+        (End::Destroy, 1000, "", &shm),
+        (End::Drop, 200, "", &shm),
+        (End::AbortDrop, 200, "", &shm),
+        (End::Shrink, 200, "", &shm),
+        (End::Split, 200, "", &shm),
+        (End::ScopedDrop, 200, "", &shm),
+        (End::Destroy, 100, " over TCP", &tcp),
+        (End::Destroy, 100, " sparse", &sparse),
     ];
-    for (how, cycles, tcp) in scenarios {
-        let cfg = cfg.clone().with_shm_disabled(tcp);
-        let (a, b, per_cycle) = run(how, cycles, &cfg);
+    for (how, cycles, way, cfg) in scenarios {
+        let (a, b, per_cycle) = run(how, cycles, cfg);
         oxccl_testkit::report!(
-            "{how:?}{}: {cycles} cycles, {per_cycle:?} each; after cycle 10 {:?}, {} kB resident; after cycle {cycles} {:?}, {} kB resident",
-            if tcp { " over TCP" } else { "" },
+            "{how:?}{way}: {cycles} cycles, {per_cycle:?} each; after cycle 10 {:?}, {} kB resident; after cycle {cycles} {:?}, {} kB resident",
             a.0,
             a.1,
             b.0,
             b.1
         );
         // Descriptors, threads and heap bytes: exactly the same (the Rust API keeps no tomb).
-        assert_eq!(a.0, b.0, "{how:?} (tcp {tcp}): counts after cycle 10 and after cycle {cycles}");
+        assert_eq!(a.0, b.0, "{how:?}{way}: counts after cycle 10 and after cycle {cycles}");
         // Resident memory after malloc_trim (measured: within 50 kB): 512 KiB over the run is
         // half a KiB a cycle for 1000 cycles, 2.5 KiB for 200, below any connection buffer,
         // mapping or communicator left behind (the heap, counted exactly above, holds nothing).
         let grew = b.1.saturating_sub(a.1);
-        assert!(grew < 512, "{how:?} (tcp {tcp}): resident memory grew {grew} kB over {cycles} cycles");
+        assert!(grew < 512, "{how:?}{way}: resident memory grew {grew} kB over {cycles} cycles");
     }
     oxccl_testkit::report!("all scenarios: {:?}", t_all.elapsed());
 }
