@@ -47,7 +47,8 @@ const PIN: u64 = 0x100;
 
 /// What stays of a communicator for the life of the process; its address is the `ncclComm_t`.
 pub struct Tomb {
-    /// The phase (`phase::*`, bits 0..7), FREED (bit 7) and the pin count (bits 8..).
+    /// The phase (`phase::*`, bits 0..6), FREED (bit 7) and the pin count (bits 8..63: no
+    /// process holds 2^56 pins).
     word: AtomicU64,
     /// The state while the communicator lives; null once it was freed.
     state: AtomicPtr<CommState>,
