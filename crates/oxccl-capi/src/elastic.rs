@@ -16,14 +16,14 @@
 //!   until `ncclCommResume`. Connection memory (shared with the peers) stays: MemStats
 //!   reports it as persistent.
 
-use crate::handle::{invalid, lock, phase, state, usage, Fail, St, R, SUCCESS};
-use crate::{
-    decode_id, encode_id, launch_init, ncclComm_t, ncclConfig, ncclUniqueId, put, settings, Settings,
+use crate::handle::{
+    invalid, lock, member_of, phase, ready, set_current_handle, state, usage, Fail, R, SUCCESS,
 };
+use crate::life::{launch_init, Later, Pin};
+use crate::{decode_id, encode_id, ncclComm_t, ncclConfig, ncclUniqueId, put, settings, Settings};
 use oxccl::{Communicator, UniqueId};
 use std::collections::HashMap;
 use std::ffi::c_int;
-use std::sync::atomic::Ordering;
 use std::sync::{Mutex, OnceLock};
 
 /// `NCCL_SUSPEND_MEM`.
@@ -38,17 +38,18 @@ fn pending() -> std::sync::MutexGuard<'static, HashMap<usize, [u8; 128]>> {
 /// `ncclCommSplit` on a revoked communicator: re-form it without excluding anyone (a shrink
 /// works on an aborted communicator), split that, and let the re-formed one go.
 pub(crate) unsafe fn split_revoked(
-    st: St,
+    st: Pin,
     color: c_int,
     key: c_int,
     newcomm: *mut ncclComm_t,
     config: *mut ncclConfig,
 ) -> R<crate::handle::ncclResult_t> {
-    let c = st.member()?;
+    st.member()?;
     // SAFETY: passed on from the caller.
-    let s = unsafe { settings(config, Some(Settings::of(st))) }?;
+    let s = unsafe { settings(config, Some(Settings::of(&st))) }?;
     let color = (color >= 0).then_some(color as u32);
-    let split = move || -> R<Option<Communicator>> {
+    let parent = Later::new(&st);
+    let split = move |c: &Communicator| -> R<Option<Communicator>> {
         let whole = c.shrink(&[])?;
         let part = whole.split(color, key as i64);
         drop(whole);
@@ -58,15 +59,15 @@ pub(crate) unsafe fn split_revoked(
         None => {
             // SAFETY: the caller checked newcomm for NULL.
             unsafe { newcomm.write(std::ptr::null_mut()) };
-            split().map(|_| SUCCESS)
+            parent.with(split).map(|_| SUCCESS)
         }
         Some(_) => {
             let child = crate::handle::new_comm(st.device, s.name.clone(), s.blocking);
-            s.apply(child);
+            s.apply(&child);
             // SAFETY: as above.
             unsafe { newcomm.write(child.handle as ncclComm_t) };
             launch_init(child, s.blocking, move || {
-                split()?.ok_or_else(|| Fail {
+                parent.with(split)?.ok_or_else(|| Fail {
                     code: crate::handle::INTERNAL_ERROR,
                     msg: "split returned no communicator for a color".into(),
                 })
@@ -80,14 +81,13 @@ crate::entry! {
         if revoke_flags != 0 {
             return Err(invalid("revokeFlags", format!("{revoke_flags:#x} (NCCL_REVOKE_DEFAULT, 0, is the only flag)")));
         }
-        let st = state(comm, "comm")?;
-        crate::handle::set_current(Some(st));
+        let st = member_of(comm)?;
         let c = st.member()?;
-        let from = st.phase.load(Ordering::Acquire);
+        let from = st.phase();
         if from == phase::REVOKED {
             return Err(usage(format!("communicator {comm:p} was already revoked")));
         }
-        if st.phase.compare_exchange(from, phase::REVOKED, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        if !st.tomb().advance(from, phase::REVOKED) {
             return Err(st.ready().err().unwrap_or_else(|| usage("the communicator changed state during ncclCommRevoke")));
         }
         c.abort();
@@ -100,7 +100,8 @@ crate::entry! {
         if unique_id.is_null() {
             return Err(invalid("uniqueId", "NULL pointer"));
         }
-        let (st, c) = crate::handle::ready(comm)?;
+        let st = ready(comm)?;
+        let c = st.ready()?;
         let mut p = pending();
         if p.contains_key(&st.handle) {
             return Err(usage("a grow id made earlier on this communicator was not consumed by ncclCommGrow yet"));
@@ -132,7 +133,8 @@ crate::entry! {
         if rank != -1 {
             return Err(invalid("rank", format!("{rank}: existing ranks pass -1 (they keep their rank)")));
         }
-        let (st, c) = crate::handle::ready(comm)?;
+        let st = ready(comm)?;
+        let c = st.ready()?;
         if n_ranks < 0 || n_ranks as usize <= c.size() {
             return Err(invalid("nRanks", format!("{n_ranks}: the communicator has {} ranks, a grown one has more", c.size())));
         }
@@ -148,13 +150,14 @@ crate::entry! {
             }
             Some(decode_id(u, "uniqueId")?)
         };
-        let s = settings(config, Some(Settings::of(st)))?;
+        let s = settings(config, Some(Settings::of(&st)))?;
         let child = crate::handle::new_comm(st.device, s.name.clone(), s.blocking);
-        s.apply(child);
+        s.apply(&child);
         newcomm.write(child.handle as ncclComm_t);
         let (n, handle, had_id) = (n_ranks as usize, st.handle, id.is_some());
+        let parent = Later::new(&st);
         launch_init(child, s.blocking, move || {
-            let grown = c.grow(n, id.as_ref())?;
+            let grown = parent.with(|c| Ok(c.grow(n, id.as_ref())?))?;
             if had_id {
                 pending().remove(&handle);
             }
@@ -166,21 +169,23 @@ crate::entry! {
         if flags & !SUSPEND_MEM != 0 {
             return Err(invalid("flags", format!("{flags:#x} (NCCL_SUSPEND_MEM is the only flag)")));
         }
-        let (st, c) = crate::handle::ready(comm)?;
+        let st = ready(comm)?;
+        let c = st.ready()?;
         st.proxy.drain();
         if flags & SUSPEND_MEM != 0 {
             c.release_memory()?;
         }
-        if st.phase.compare_exchange(phase::READY, phase::SUSPENDED, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        if !st.tomb().advance(phase::READY, phase::SUSPENDED) {
             st.ready()?;
         }
         Ok(SUCCESS)
     }
 
     fn ncclCommResume / pncclCommResume(comm: ncclComm_t) {
-        let st = state(comm, "comm")?;
-        crate::handle::set_current(Some(st));
-        if st.phase.compare_exchange(phase::SUSPENDED, phase::READY, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        let tomb = state(comm, "comm")?;
+        set_current_handle(tomb.handle());
+        let st = tomb.pin()?;
+        if !tomb.advance(phase::SUSPENDED, phase::READY) {
             st.ready()?;
             return Err(usage(format!("communicator {comm:p} is not suspended")));
         }
@@ -191,11 +196,11 @@ crate::entry! {
         if value.is_null() {
             return Err(invalid("value", "NULL pointer"));
         }
-        let (st, c) = crate::handle::member_of(comm)?;
-        let m = c.memory();
+        let st = member_of(comm)?;
+        let m = st.member()?.memory();
         let v = match stat {
             0 => m.releasable as u64,
-            1 => (st.phase.load(Ordering::Acquire) == phase::SUSPENDED) as u64,
+            1 => (st.phase() == phase::SUSPENDED) as u64,
             2 => m.connections as u64,
             3 => (m.releasable + m.connections) as u64,
             s => return Err(invalid("stat", format!("{s} is not an ncclCommMemStat_t (0..=3)"))),

@@ -1,15 +1,17 @@
 //! Communicator handles, result codes and the last-error record.
 //!
-//! A `ncclComm_t` is the address of a small allocation that is never freed, so an address is
-//! never reused: a handle that was destroyed stays recognisable (and is refused by name)
-//! instead of aliasing a newer communicator. The registry maps that address to the
-//! communicator's state.
+//! A `ncclComm_t` is the address of a [`Tomb`] that is never freed, so an address is never
+//! reused: a handle that was destroyed stays recognisable (and is refused by name) instead of
+//! aliasing a newer communicator. The registry maps that address to the tomb, and the tomb to
+//! the communicator's state while it lives; calls reach the state through a [`Pin`], and
+//! ending the communicator frees it (see [`crate::life`]).
 
+pub use crate::life::{Pin, Tomb};
 use oxccl::{Communicator, Error};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::{c_char, CString};
-use std::sync::atomic::{AtomicI32, AtomicU8, Ordering};
+use std::sync::atomic::AtomicI32;
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, RwLock};
 
 /// `ncclResult_t` (a C enum: an `int`).
@@ -78,7 +80,7 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Where a communicator stands (`CommState::phase`).
+/// Where a communicator stands ([`Tomb::phase`]).
 pub mod phase {
     /// A nonblocking init (or one queued in a group) has not finished.
     pub const INIT: u8 = 0;
@@ -109,13 +111,13 @@ pub struct PreMul {
     pub scalar: Scalar,
 }
 
-/// One `ncclComm_t`'s state. It is never freed (like its handle), so calls borrow it for
-/// `'static` and pay no reference counting; destroying the communicator closes the
-/// [`Communicator`] inside, which releases its connections, threads and memory.
+/// One `ncclComm_t`'s state, reached through a [`Pin`] and freed when the communicator ends
+/// (with its [`Communicator`]: connections, threads, memory); its [`Tomb`] stays.
 pub struct CommState {
     pub handle: usize,
-    /// One of [`phase`]'s values; READY only once `comm` is set.
-    pub phase: AtomicU8,
+    /// The handle's tomb: its phase (one of [`phase`]'s values; READY only once `comm` is
+    /// set) and pins.
+    pub tomb: &'static Tomb,
     pub comm: OnceLock<Communicator>,
     pub failure: OnceLock<Fail>,
     /// Signalled when init ends (`wait_init`).
@@ -191,14 +193,17 @@ impl CommState {
     }
 }
 
-/// A communicator state, borrowed for the life of the process.
-pub type St = &'static CommState;
-
 impl CommState {
+    /// The phase now (`phase::*`).
+    #[inline]
+    pub fn phase(&self) -> u8 {
+        self.tomb.phase()
+    }
+
     /// The communicator, if it is ready for calls.
     #[inline]
-    pub fn ready(&'static self) -> R<&'static Communicator> {
-        match self.phase.load(Ordering::Acquire) {
+    pub fn ready(&self) -> R<&Communicator> {
+        match self.phase() {
             phase::READY => self.comm.get().ok_or_else(|| self.not_ready(phase::READY)),
             p => Err(self.not_ready(p)),
         }
@@ -206,13 +211,27 @@ impl CommState {
 
     /// The communicator, if it is a member of a group that still stands: ready, suspended or
     /// revoked (queries, and shrink or split after a revoke).
-    pub fn member(&'static self) -> R<&'static Communicator> {
-        match self.phase.load(Ordering::Acquire) {
+    pub fn member(&self) -> R<&Communicator> {
+        match self.phase() {
             phase::READY | phase::SUSPENDED | phase::REVOKED => {
                 self.comm.get().ok_or_else(|| self.not_ready(phase::READY))
             }
             p => Err(self.not_ready(p)),
         }
+    }
+
+    /// This state for `'static`, for what runs after the call that started it: proxy jobs and
+    /// the device engine (which borrows the communicator).
+    ///
+    /// # Safety
+    /// The caller holds a pin, and what gets the reference ends before the state is freed:
+    /// proxy jobs (the state's drop stops the proxy first: every job run, its thread joined;
+    /// a job is submitted only under a pin, and the state is freed only once no pin is left)
+    /// and the device engine (released by the state's drop before its communicator).
+    #[cfg(feature = "cuda")]
+    pub unsafe fn forever(&self) -> &'static CommState {
+        // SAFETY: see the function's contract.
+        unsafe { &*(self as *const CommState) }
     }
 
     #[cold]
@@ -240,7 +259,7 @@ impl CommState {
     /// Waits until init has finished one way or the other.
     pub fn wait_init(&self) {
         let mut g = lock(&self.init_lock);
-        while self.phase.load(Ordering::Acquire) == phase::INIT {
+        while self.phase() == phase::INIT {
             g = self.init_cv.wait(g).unwrap_or_else(|e| e.into_inner());
         }
     }
@@ -258,11 +277,7 @@ impl CommState {
         match r {
             Ok(c) => {
                 let fresh = self.comm.set(c).is_ok();
-                let won = fresh
-                    && self
-                        .phase
-                        .compare_exchange(phase::INIT, phase::READY, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok();
+                let won = fresh && self.tomb.advance(phase::INIT, phase::READY);
                 if !won {
                     if let Some(c) = self.comm.get() {
                         c.close();
@@ -271,42 +286,48 @@ impl CommState {
             }
             Err(f) => {
                 let _ = self.failure.set(f);
-                let _ = self.phase.compare_exchange(
-                    phase::INIT,
-                    phase::FAILED,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                );
+                let _ = self.tomb.advance(phase::INIT, phase::FAILED);
             }
         }
         self.init_cv.notify_all();
     }
 
-    /// Moves to DESTROYED; returns the phase it left.
+    /// Moves to DESTROYED (for good: the last pin out frees the state); returns the phase it
+    /// left.
     pub fn destroy(&self) -> u8 {
         let _g = lock(&self.init_lock);
-        let old = self.phase.swap(phase::DESTROYED, Ordering::AcqRel);
+        let old = self.tomb.end();
         self.init_cv.notify_all();
         old
     }
 }
 
+impl Drop for CommState {
+    /// What borrows the state ends first: the proxy's jobs (run, its thread joined), then the
+    /// device engine; the communicator and the rest go after.
+    fn drop(&mut self) {
+        self.proxy.stop();
+        #[cfg(feature = "cuda")]
+        self.release_dev(false);
+    }
+}
+
 /// Every handle this process made. Read when a thread meets a handle for the first time,
 /// written when a communicator is made.
-fn registry() -> &'static RwLock<HashMap<usize, St>> {
-    static R: OnceLock<RwLock<HashMap<usize, St>>> = OnceLock::new();
+fn registry() -> &'static RwLock<HashMap<usize, &'static Tomb>> {
+    static R: OnceLock<RwLock<HashMap<usize, &'static Tomb>>> = OnceLock::new();
     R.get_or_init(Default::default)
 }
 
 #[inline]
-fn lookup(handle: usize) -> Option<St> {
-    // Handles and states are never freed (see the module doc), so a handle seen once maps to
-    // the same state forever: a per-thread cache of recent ones answers without touching the
-    // shared lock (whose reader count would bounce between cores of ranks that are threads).
+fn lookup(handle: usize) -> Option<&'static Tomb> {
+    // Tombs are never freed (see the module doc), so a handle seen once maps to the same tomb
+    // forever: a per-thread cache of recent ones answers without touching the shared lock
+    // (whose reader count would bounce between cores of ranks that are threads).
     thread_local! {
-        static SEEN: RefCell<Vec<St>> = const { RefCell::new(Vec::new()) };
+        static SEEN: RefCell<Vec<&'static Tomb>> = const { RefCell::new(Vec::new()) };
     }
-    if let Some(st) = SEEN.with(|s| s.borrow().iter().copied().find(|st| st.handle == handle)) {
+    if let Some(st) = SEEN.with(|s| s.borrow().iter().copied().find(|t| t.handle() == handle)) {
         return Some(st);
     }
     let st = *registry().read().unwrap_or_else(|e| e.into_inner()).get(&handle)?;
@@ -320,13 +341,11 @@ fn lookup(handle: usize) -> Option<St> {
     Some(st)
 }
 
-/// A new handle in phase INIT.
-pub fn new_comm(device: i32, name: Option<String>, blocking: bool) -> St {
-    // Never freed: the address stays unique for the life of the process (see the module doc).
-    let handle = Box::into_raw(Box::new(0u64)) as usize;
-    let st: St = Box::leak(Box::new(CommState {
-        handle,
-        phase: AtomicU8::new(phase::INIT),
+/// A new handle in phase INIT, pinned.
+pub fn new_comm(device: i32, name: Option<String>, blocking: bool) -> Pin {
+    let st = Tomb::make(|tomb| CommState {
+        handle: tomb.handle(),
+        tomb,
         comm: OnceLock::new(),
         failure: OnceLock::new(),
         init_lock: Mutex::new(()),
@@ -342,14 +361,14 @@ pub fn new_comm(device: i32, name: Option<String>, blocking: bool) -> St {
         proxy: Default::default(),
         #[cfg(feature = "cuda")]
         dev: Mutex::new(DevSlot::Unmade),
-    }));
-    registry().write().unwrap_or_else(|e| e.into_inner()).insert(handle, st);
+    });
+    registry().write().unwrap_or_else(|e| e.into_inner()).insert(st.handle, st.tomb());
     st
 }
 
-/// The state behind `comm` (which the caller names `arg`).
+/// The tomb behind `comm` (which the caller names `arg`).
 #[inline]
-pub fn state(comm: *const std::ffi::c_void, arg: &str) -> R<St> {
+pub fn state(comm: *const std::ffi::c_void, arg: &str) -> R<&'static Tomb> {
     if comm.is_null() {
         return Err(invalid(arg, "NULL communicator"));
     }
@@ -358,20 +377,23 @@ pub fn state(comm: *const std::ffi::c_void, arg: &str) -> R<St> {
     })
 }
 
-/// The communicator behind `comm` if it is ready, suspended or revoked (for queries).
-pub fn member_of(comm: *const std::ffi::c_void) -> R<(St, &'static Communicator)> {
-    let st = state(comm, "comm")?;
-    set_current(Some(st));
-    let c = st.member()?;
-    Ok((st, c))
+/// The state behind `comm`, pinned, if its communicator is ready, suspended or revoked
+/// (`st.member()` gives it): for queries, and shrink or split after a revoke.
+pub fn member_of(comm: *const std::ffi::c_void) -> R<Pin> {
+    let tomb = state(comm, "comm")?;
+    CURRENT.with(|c| c.set(tomb.handle()));
+    let st = tomb.pin()?;
+    st.member()?;
+    Ok(st)
 }
 
-/// The ready communicator behind `comm`.
-pub fn ready(comm: *const std::ffi::c_void) -> R<(St, &'static Communicator)> {
-    let st = state(comm, "comm")?;
-    set_current(Some(st));
-    let c = st.ready()?;
-    Ok((st, c))
+/// The state behind `comm`, pinned, if its communicator is ready (`st.ready()` gives it).
+pub fn ready(comm: *const std::ffi::c_void) -> R<Pin> {
+    let tomb = state(comm, "comm")?;
+    CURRENT.with(|c| c.set(tomb.handle()));
+    let st = tomb.pin()?;
+    st.ready()?;
+    Ok(st)
 }
 
 thread_local! {
@@ -382,13 +404,18 @@ thread_local! {
 }
 
 pub fn set_current(st: Option<&CommState>) {
-    CURRENT.with(|c| c.set(st.map_or(0, |s| s.handle)));
+    set_current_handle(st.map_or(0, |s| s.handle));
 }
 
-pub fn take_current() -> Option<St> {
+pub fn set_current_handle(h: usize) {
+    CURRENT.with(|c| c.set(h));
+}
+
+/// The communicator the running entry point worked on, pinned (`None`: none, or it ended).
+pub fn take_current() -> Option<Pin> {
     match CURRENT.with(|c| c.replace(0)) {
         0 => None,
-        h => lookup(h),
+        h => lookup(h)?.pin().ok(),
     }
 }
 
@@ -409,8 +436,11 @@ pub fn record(func: &str, comm: Option<&CommState>, f: &Fail) {
 /// `ncclGetLastError(comm)`: the communicator's last failure, else this thread's. The text
 /// lives in a per-thread buffer until this thread's next failure or query.
 pub fn last_error(comm: *const std::ffi::c_void) -> *const c_char {
-    let from_comm =
-        if comm.is_null() { None } else { lookup(comm as usize).and_then(|st| lock(&st.last_error).clone()) };
+    let from_comm = if comm.is_null() {
+        None
+    } else {
+        lookup(comm as usize).and_then(|t| t.pin().ok()).and_then(|st| lock(&st.last_error).clone())
+    };
     LAST.with(|l| {
         if let Some(m) = from_comm {
             *l.borrow_mut() = to_cstring(&m);

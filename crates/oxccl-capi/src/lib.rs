@@ -5,16 +5,18 @@
 //! `ncclInvalidArgument` or `ncclInvalidUsage`, with `ncclGetLastError` naming the argument
 //! and the rank), and records every failure for `ncclGetLastError`.
 //!
-//! Layout: [`handle`] (communicator handles, result codes, last error), [`ops`] (call
-//! checks, group queues, execution), [`premul`] (PreMulSum scaling), [`mem`] (ncclMemAlloc,
-//! registrations), [`win`] (windows), [`rma`] (one-sided calls). See `docs/capi.md` for the
-//! semantics on host memory.
+//! Layout: [`handle`] (communicator handles, result codes, last error), [`life`] (pins, the
+//! start and end of a communicator), [`ops`] (call checks, group queues, execution),
+//! [`premul`] (PreMulSum scaling), [`mem`] (ncclMemAlloc, registrations), [`win`] (windows),
+//! [`rma`] (one-sided calls), [`elastic`] (revoke, grow, suspend, memory statistics),
+//! [`param`] (parameters). See `docs/capi.md` for the semantics on host memory.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![allow(clippy::missing_safety_doc)]
 
 pub mod elastic;
 pub mod handle;
+pub mod life;
 pub mod mem;
 pub mod ops;
 pub mod param;
@@ -24,8 +26,12 @@ pub mod rma;
 pub mod win;
 
 use handle::{
-    invalid, lock, ncclResult_t, phase, ready, state, usage, Fail, PreMul, Scalar, St, INTERNAL_ERROR,
+    invalid, lock, ncclResult_t, phase, ready, state, usage, Fail, PreMul, Scalar, INTERNAL_ERROR,
     IN_PROGRESS, R, SUCCESS,
+};
+use life::{launch_init, Later};
+pub use life::{
+    ncclCommAbort, ncclCommDestroy, ncclCommFinalize, pncclCommAbort, pncclCommDestroy, pncclCommFinalize,
 };
 use mem::RegKind;
 use ops::{Args, Call, Kind};
@@ -108,7 +114,7 @@ pub(crate) fn guard(func: &'static str, f: impl FnOnce() -> R<ncclResult_t>) -> 
         Ok(code) => code,
         Err(fail) => {
             let cur = handle::take_current();
-            handle::record(func, cur, &fail);
+            handle::record(func, cur.as_deref(), &fail);
             if func != "ncclGroupEnd" && func != "ncclGroupSimulateEnd" {
                 ops::group_failed(&fail);
             }
@@ -277,35 +283,6 @@ pub(crate) unsafe fn settings(config: *const ncclConfig, inherit: Option<Setting
 
 // ------------------------------------------------------------------------- init
 
-/// Starts `job` for a new communicator: now (blocking), queued (in a group) or on a thread
-/// (nonblocking). Returns what the init call answers.
-pub(crate) fn launch_init(
-    st: St,
-    blocking: bool,
-    job: impl FnOnce() -> R<Communicator> + Send + 'static,
-) -> R<ncclResult_t> {
-    let run = move || st.finish_init(job());
-    if ops::in_group() {
-        ops::submit_job(Box::new(run))?;
-        return Ok(if blocking { SUCCESS } else { IN_PROGRESS });
-    }
-    if blocking {
-        handle::set_current(Some(st));
-        run()?;
-        return Ok(SUCCESS);
-    }
-    std::thread::Builder::new()
-        .name("oxccl-capi-init".into())
-        .spawn(move || {
-            let _ = run();
-        })
-        .map_err(|e| Fail {
-            code: handle::SYSTEM_ERROR,
-            msg: format!("cannot start the init thread: {e}"),
-        })?;
-    Ok(IN_PROGRESS)
-}
-
 pub(crate) unsafe fn init_rank(
     out: *mut ncclComm_t,
     nranks: c_int,
@@ -329,7 +306,7 @@ pub(crate) unsafe fn init_rank(
     // NCCL's rank lives on the device current at init: every rank learns every rank's.
     cfg.cuda_device = current_device();
     let st = handle::new_comm(-1, s.name.clone(), s.blocking);
-    s.apply(st);
+    s.apply(&st);
     // SAFETY: checked non-NULL above; the caller's out-pointer.
     unsafe { out.write(st.handle as ncclComm_t) };
     let (n, r) = (nranks as usize, Rank::new(rank as usize));
@@ -393,69 +370,16 @@ entry! {
         }
         let cfg = env_config()?;
         let id = oxccl::new_unique_id(&cfg)?;
-        let states: Vec<St> = devs.iter().map(|d| handle::new_comm(*d, None, true)).collect();
+        let states: Vec<handle::Pin> = devs.iter().map(|d| handle::new_comm(*d, None, true)).collect();
         for (i, st) in states.iter().enumerate() {
             comms.add(i).write(st.handle as ncclComm_t);
         }
-        let results = ops::run_all(states.iter().copied().enumerate().collect(), |(i, st)| {
+        let results = ops::run_all(states.iter().enumerate().collect(), |(i, st)| {
             let cfg = Config { cuda_device: Some(devs[i]), ..cfg.clone() };
             st.finish_init(Communicator::init(&id, n, Rank::new(i), cfg).map_err(Fail::from))
         });
         results.into_iter().collect::<R<Vec<()>>>()?;
         Ok(SUCCESS)
-    }
-
-    fn ncclCommFinalize / pncclCommFinalize(comm: ncclComm_t) {
-        let (st, _c) = ready(comm)?;
-        // Host-memory calls complete before they return; stream-ordered ones finish here.
-        st.proxy.drain();
-        if st.phase.compare_exchange(phase::READY, phase::FINALIZED, Ordering::AcqRel, Ordering::Acquire).is_err() {
-            st.ready()?;
-        }
-        Ok(SUCCESS)
-    }
-
-    fn ncclCommDestroy / pncclCommDestroy(comm: ncclComm_t) {
-        if comm.is_null() {
-            return Ok(SUCCESS);
-        }
-        let st = state(comm, "comm")?;
-        st.wait_init();
-        match st.destroy() {
-            phase::DESTROYED => Err(usage(format!("communicator {comm:p} was already destroyed"))),
-            _ => {
-                // Stream-ordered calls still queued finish first (each releases its stream).
-                st.proxy.drain();
-                #[cfg(feature = "cuda")]
-                st.release_dev(false);
-                if let Some(c) = st.comm.get() {
-                    c.close();
-                }
-                Ok(SUCCESS)
-            }
-        }
-    }
-
-    fn ncclCommAbort / pncclCommAbort(comm: ncclComm_t) {
-        if comm.is_null() {
-            return Ok(SUCCESS);
-        }
-        let st = state(comm, "comm")?;
-        // An init still running ends on its own; its communicator is closed when it arrives.
-        match st.destroy() {
-            phase::DESTROYED => Err(usage(format!("communicator {comm:p} was already destroyed"))),
-            _ => {
-                if let Some(c) = st.comm.get() {
-                    c.abort();
-                    // Queued stream-ordered calls now fail at once, releasing their streams.
-                    st.proxy.drain();
-                    #[cfg(feature = "cuda")]
-                    st.release_dev(true);
-                    c.close();
-                }
-                Ok(SUCCESS)
-            }
-        }
     }
 
     fn ncclCommSplit / pncclCommSplit(comm: ncclComm_t, color: c_int, key: c_int, newcomm: *mut ncclComm_t, config: *mut ncclConfig) {
@@ -465,18 +389,20 @@ entry! {
         if color < -1 {
             return Err(invalid("color", format!("{color} (a color is >= 0, or NCCL_SPLIT_NOCOLOR)")));
         }
-        let st = state(comm, "comm")?;
-        handle::set_current(Some(st));
-        if st.phase.load(Ordering::Acquire) == phase::REVOKED {
+        let tomb = state(comm, "comm")?;
+        handle::set_current_handle(tomb.handle());
+        let st = tomb.pin()?;
+        if st.phase() == phase::REVOKED {
             return elastic::split_revoked(st, color, key, newcomm, config);
         }
-        let c = st.ready()?;
-        let s = settings(config, Some(Settings::of(st)))?;
+        st.ready()?;
+        let s = settings(config, Some(Settings::of(&st)))?;
         let color = (color >= 0).then_some(color as u32);
+        let parent = Later::new(&st);
         match color {
             None => {
                 newcomm.write(std::ptr::null_mut());
-                let job = move || c.split(None, key as i64).map(|_| ()).map_err(Fail::from);
+                let job = move || parent.with(|c| c.split(None, key as i64).map(|_| ()).map_err(Fail::from));
                 if s.blocking || ops::in_group() {
                     ops::submit_job(Box::new(job))?;
                     Ok(SUCCESS)
@@ -487,10 +413,10 @@ entry! {
             }
             Some(_) => {
                 let child = handle::new_comm(st.device, s.name.clone(), s.blocking);
-                s.apply(child);
+                s.apply(&child);
                 newcomm.write(child.handle as ncclComm_t);
                 launch_init(child, s.blocking, move || {
-                    c.split(color, key as i64)?.ok_or_else(|| Fail { code: INTERNAL_ERROR, msg: "split returned no communicator for a color".into() })
+                    parent.with(|c| c.split(color, key as i64)?.ok_or_else(|| Fail { code: INTERNAL_ERROR, msg: "split returned no communicator for a color".into() }))
                 })
             }
         }
@@ -512,9 +438,8 @@ entry! {
         if exclude_ranks_count > 0 && exclude_ranks_list.is_null() {
             return Err(invalid("excludeRanksList", format!("NULL with excludeRanksCount {exclude_ranks_count}")));
         }
-        let st = state(comm, "comm")?;
-        handle::set_current(Some(st));
         // A revoked communicator may shrink (that is what revoking is for).
+        let st = handle::member_of(comm)?;
         let c = st.member()?;
         let list: &[c_int] = if exclude_ranks_count == 0 { &[] } else { std::slice::from_raw_parts(exclude_ranks_list, exclude_ranks_count as usize) };
         let mut exclude = Vec::with_capacity(list.len());
@@ -527,22 +452,23 @@ entry! {
         if exclude.contains(&c.rank()) {
             return Err(usage(format!("rank {} is in excludeRanksList: excluded ranks must not call ncclCommShrink", c.rank())));
         }
-        let s = settings(config, Some(Settings::of(st)))?;
+        let s = settings(config, Some(Settings::of(&st)))?;
         if shrink_flags & 1 != 0 {
             c.abort();
         }
         let child = handle::new_comm(st.device, s.name.clone(), s.blocking);
-        s.apply(child);
+        s.apply(&child);
         newcomm.write(child.handle as ncclComm_t);
-        launch_init(child, s.blocking, move || c.shrink(&exclude).map_err(Fail::from))
+        let parent = Later::new(&st);
+        launch_init(child, s.blocking, move || parent.with(|c| c.shrink(&exclude).map_err(Fail::from)))
     }
 
     fn ncclCommGetAsyncError / pncclCommGetAsyncError(comm: ncclComm_t, async_error: *mut ncclResult_t) {
         if async_error.is_null() {
             return Err(invalid("asyncError", "NULL pointer"));
         }
-        let st = state(comm, "comm")?;
-        let code = match st.phase.load(Ordering::Acquire) {
+        let st = state(comm, "comm")?.pin()?;
+        let code = match st.phase() {
             phase::INIT => IN_PROGRESS,
             phase::FAILED => st.failure.get().map_or(INTERNAL_ERROR, |f| f.code),
             phase::DESTROYED => return Err(usage(format!("communicator {comm:p} was destroyed"))),
@@ -566,8 +492,7 @@ entry! {
         if count.is_null() {
             return Err(invalid("count", "NULL pointer"));
         }
-        let (_, c) = handle::member_of(comm)?;
-        count.write(c.size() as c_int);
+        count.write(handle::member_of(comm)?.member()?.size() as c_int);
         Ok(SUCCESS)
     }
 
@@ -575,8 +500,7 @@ entry! {
         if rank.is_null() {
             return Err(invalid("rank", "NULL pointer"));
         }
-        let (_, c) = handle::member_of(comm)?;
-        rank.write(c.rank().idx() as c_int);
+        rank.write(handle::member_of(comm)?.member()?.rank().idx() as c_int);
         Ok(SUCCESS)
     }
 
@@ -584,7 +508,7 @@ entry! {
         if device.is_null() {
             return Err(invalid("device", "NULL pointer"));
         }
-        let (st, _) = handle::member_of(comm)?;
+        let st = handle::member_of(comm)?;
         device.write(st.device);
         Ok(SUCCESS)
     }
@@ -599,7 +523,7 @@ entry! {
             return Err(invalid("scalar", "NULL pointer"));
         }
         let dtype = ops::dtype_of(datatype)?;
-        let (st, _) = ready(comm)?;
+        let st = ready(comm)?;
         let scalar = match residence {
             1 => Scalar::Value(std::slice::from_raw_parts(scalar as *const u8, dtype.size_bytes()).to_vec()),
             0 => Scalar::Pointer(scalar as usize),
@@ -615,7 +539,7 @@ entry! {
     }
 
     fn ncclRedOpDestroy / pncclRedOpDestroy(op: c_int, comm: ncclComm_t) {
-        let (st, _) = ready(comm)?;
+        let st = ready(comm)?;
         if (0..5).contains(&op) {
             return Err(invalid("op", format!("{op} is a built-in operator (only ncclRedOpCreatePreMulSum's can be destroyed)")));
         }
@@ -635,18 +559,22 @@ entry! {
         for r in ops::run_all(ended.jobs, |j| j()) {
             r?;
         }
-        let results = ops::run_all(ended.per_comm.iter().collect(), |(st, c, calls)| ops::run(st, c, calls));
+        // Each communicator pinned again (refused if it was destroyed since its calls queued).
+        let results = ops::run_all(ended.per_comm.iter().collect(), |(t, calls)| {
+            let st = t.pin()?;
+            ops::run(&st, st.ready()?, calls)
+        });
         let mut first = None;
-        for ((st, _, _), r) in ended.per_comm.iter().zip(results) {
+        for ((t, _), r) in ended.per_comm.iter().zip(results) {
             if let Err(f) = r {
-                handle::record("ncclGroupEnd", Some(st), &f);
-                first.get_or_insert((*st, f));
+                handle::record("ncclGroupEnd", t.pin().ok().as_deref(), &f);
+                first.get_or_insert((t.handle(), f));
             }
         }
         match first {
             None => Ok(SUCCESS),
-            Some((st, f)) => {
-                handle::set_current(Some(st));
+            Some((h, f)) => {
+                handle::set_current_handle(h);
                 Err(f)
             }
         }
@@ -688,15 +616,15 @@ entry! {
         if handle.is_null() {
             return Err(invalid("handle", "NULL pointer"));
         }
-        let (st, _) = ready(comm)?;
-        let h = mem::register(st, RegKind::Buffer, buff as usize, size)?;
+        let st = ready(comm)?;
+        let h = mem::register(&st, RegKind::Buffer, buff as usize, size)?;
         handle.write(h as *mut c_void);
         Ok(SUCCESS)
     }
 
     fn ncclCommDeregister / pncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) {
-        let (st, _) = ready(comm)?;
-        mem::deregister(st, RegKind::Buffer, handle as usize, "handle")?;
+        let st = ready(comm)?;
+        mem::deregister(&st, RegKind::Buffer, handle as usize, "handle")?;
         Ok(SUCCESS)
     }
 
@@ -721,14 +649,13 @@ fn collective(
     a: Args,
     kind: impl FnOnce(Option<oxccl::ReduceOp>, Option<Rank>) -> Kind,
 ) -> R<ncclResult_t> {
-    let st = state(comm, "comm")?;
-    handle::set_current(Some(st));
+    let st = ready(comm)?;
     let c = st.ready()?;
-    let call = Call::check(st, c, a, kind)?;
+    let call = Call::check(&st, c, a, kind)?;
     if ops::in_group() {
-        ops::queue(st, c, call);
+        ops::queue(st.tomb(), call);
     } else {
-        ops::run(st, c, std::slice::from_ref(&call))?;
+        ops::run(&st, c, std::slice::from_ref(&call))?;
     }
     Ok(SUCCESS)
 }

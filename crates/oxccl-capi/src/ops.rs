@@ -15,7 +15,7 @@
 //! [`staged`] and [`crate::proxy`]). `OXCCL_ASYNC_STREAMS=0` makes it return only once the
 //! outputs have landed.
 
-use crate::handle::{invalid, lock, usage, CommState, Fail, PreMul, Scalar, St, R};
+use crate::handle::{invalid, lock, usage, CommState, Fail, PreMul, Scalar, Tomb, R};
 use crate::premul;
 use oxccl::{Communicator, DataType, Group, Rank, ReduceOp};
 use oxccl_core::coll::elems;
@@ -306,7 +306,7 @@ impl Call {
 /// Runs `calls` on `comm` (whose state is `st`) as one oxccl group (a single call is a
 /// group of one). Calls on host memory run now, after any stream-ordered ones still queued
 /// on the communicator's proxy (the order every rank made them in).
-pub fn run(st: St, comm: &'static Communicator, calls: &[Call]) -> R<()> {
+pub fn run(st: &CommState, comm: &Communicator, calls: &[Call]) -> R<()> {
     #[cfg(feature = "cuda")]
     if let Some(r) = staged::run_if_device(st, comm, calls) {
         return r;
@@ -351,10 +351,12 @@ impl Fail {
 /// A queued management job (a communicator init or split made inside a group).
 pub type Job = Box<dyn FnOnce() -> R<()> + Send>;
 
+/// A thread's open group. Calls are queued by their communicator's tomb, unpinned: each is
+/// pinned again when the group ends (a communicator destroyed meanwhile is refused then).
 #[derive(Default)]
 struct GroupState {
     depth: u32,
-    calls: Vec<(St, &'static Communicator, Call)>,
+    calls: Vec<(&'static Tomb, Call)>,
     jobs: Vec<Job>,
     /// The first error a call inside the group returned: `ncclGroupEnd` returns it too and
     /// runs nothing.
@@ -384,8 +386,8 @@ pub fn group_failed(f: &Fail) {
 }
 
 /// Queues `call` in the open group.
-pub fn queue(st: St, comm: &'static Communicator, call: Call) {
-    GROUP.with(|g| g.borrow_mut().calls.push((st, comm, call)));
+pub fn queue(tomb: &'static Tomb, call: Call) {
+    GROUP.with(|g| g.borrow_mut().calls.push((tomb, call)));
 }
 
 /// Queues `job` in the open group, or runs it now.
@@ -407,7 +409,7 @@ pub fn submit_job(job: Job) -> R<()> {
 /// What `ncclGroupEnd` found to do, per communicator.
 pub struct Ended {
     pub jobs: Vec<Job>,
-    pub per_comm: Vec<(St, &'static Communicator, Vec<Call>)>,
+    pub per_comm: Vec<(&'static Tomb, Vec<Call>)>,
 }
 
 /// Closes one level of grouping; at the outermost, takes the queue (or its error).
@@ -427,11 +429,11 @@ pub fn group_end() -> R<Option<Ended>> {
     if let Some(e) = st.error {
         return Err(e);
     }
-    let mut per_comm: Vec<(St, &'static Communicator, Vec<Call>)> = Vec::new();
-    for (s, c, call) in st.calls {
-        match per_comm.iter_mut().find(|e| e.0.handle == s.handle) {
-            Some(e) => e.2.push(call),
-            None => per_comm.push((s, c, vec![call])),
+    let mut per_comm: Vec<(&'static Tomb, Vec<Call>)> = Vec::new();
+    for (t, call) in st.calls {
+        match per_comm.iter_mut().find(|e| std::ptr::eq(e.0, t)) {
+            Some(e) => e.1.push(call),
+            None => per_comm.push((t, vec![call])),
         }
     }
     Ok(Some(Ended { jobs: st.jobs, per_comm }))
@@ -460,7 +462,7 @@ pub fn run_all<T: Send>(units: Vec<T>, f: impl Fn(T) -> R<()> + Sync) -> Vec<R<(
 #[cfg(feature = "cuda")]
 mod device {
     use super::{Call, Kind};
-    use crate::handle::{code_of, Fail, PreMul, Scalar, St, INVALID_USAGE, R, UNHANDLED_CUDA_ERROR};
+    use crate::handle::{code_of, CommState, Fail, PreMul, Scalar, INVALID_USAGE, R, UNHANDLED_CUDA_ERROR};
     use oxccl::cuda::call::DevCall;
     use oxccl::cuda::comm::EngineKind;
     use oxccl::cuda::stage::MemKind;
@@ -515,7 +517,7 @@ mod device {
 
     /// Runs `calls` by the device engine; `None` if they are to be staged.
     pub fn run(
-        st: St,
+        st: &'static CommState,
         comm: &'static Communicator,
         calls: &[Call],
         kinds: &[(MemKind, MemKind, Option<MemKind>)],
@@ -616,7 +618,7 @@ mod device {
 #[cfg(feature = "cuda")]
 mod staged {
     use super::{run_host, Call};
-    use crate::handle::{Fail, PreMul, Scalar, St, R, UNHANDLED_CUDA_ERROR};
+    use crate::handle::{CommState, Fail, PreMul, Scalar, R, UNHANDLED_CUDA_ERROR};
     use oxccl::cuda::stage::{classify, stream_flag, MemKind, OnDevice, Pinned, StreamEvent};
     use oxccl::cuda::CudaError;
     use oxccl::Communicator;
@@ -639,8 +641,13 @@ mod staged {
     }
 
     /// Runs `calls` staged if any buffer of theirs is device memory; `None` if all are host.
-    pub fn run_if_device(st: St, comm: &'static Communicator, calls: &[Call]) -> Option<R<()>> {
+    pub fn run_if_device(st: &CommState, comm: &Communicator, calls: &[Call]) -> Option<R<()>> {
         oxccl::cuda::driver::driver_if_loaded()?;
+        // SAFETY: the caller holds a pin on `st`, and `comm` is `st`'s communicator; the device
+        // engine and the proxy jobs that keep them end before the state is freed (see
+        // `CommState::forever`).
+        let (st, comm): (&'static CommState, &'static Communicator) =
+            unsafe { (st.forever(), &*(comm as *const Communicator)) };
         let kinds: Vec<(MemKind, MemKind, Option<MemKind>)> = calls
             .iter()
             .map(|c| {
@@ -842,7 +849,7 @@ mod staged {
         let _ = std::io::stderr().lock().write_all(line.as_bytes());
     }
 
-    fn flag(st: St, func: &str) -> R<(usize, u64)> {
+    fn flag(st: &CommState, func: &str) -> R<(usize, u64)> {
         if let Some(f) = st.proxy.flag.get() {
             return Ok(*f);
         }
@@ -855,7 +862,7 @@ mod staged {
     /// output copies. The proxy runs the collective once the inputs have landed, then sets
     /// the flag, which releases the output copies and all later work on the streams.
     fn run_staged(
-        st: St,
+        st: &'static CommState,
         comm: &'static Communicator,
         calls: &[Call],
         kinds: &[(MemKind, MemKind, Option<MemKind>)],

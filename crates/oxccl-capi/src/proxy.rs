@@ -10,7 +10,9 @@
 //! Invariants: jobs run in submission order, never two at once; `pending` counts jobs
 //! submitted and not yet finished, so `pending == 0` means every job has returned; the first
 //! job that fails is kept as the communicator's asynchronous error, and the jobs after it
-//! still run (each has to release the stream that waits for it).
+//! still run (each has to release the stream that waits for it). The thread borrows the
+//! proxy for `'static`: a proxy that is freed at all (with its communicator's state) is
+//! [`stop`](Proxy::stop)ped first, which runs every job and joins the thread.
 
 use crate::handle::{lock, Fail, INTERNAL_ERROR, R};
 use std::collections::VecDeque;
@@ -30,6 +32,10 @@ struct Queue {
     jobs: VecDeque<Job>,
     /// A thread is serving the queue.
     running: bool,
+    /// The serving thread (or the last one, which has left or is leaving).
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Set by `stop`: the thread leaves once the queue is empty.
+    stop: bool,
 }
 
 #[derive(Default)]
@@ -63,23 +69,45 @@ impl Proxy {
             return Ok(());
         }
         q.running = true;
-        drop(q);
+        // A thread that left after an idle spell has released the lock for good: joining it
+        // (at once) keeps every thread this proxy started accounted for.
+        if let Some(t) = q.thread.take() {
+            let _ = t.join();
+        }
         let spawned = std::thread::Builder::new().name("oxccl-proxy".into()).spawn(move || self.serve());
-        if let Err(e) = spawned {
-            // Nothing serves the queue: take the job back out, so `drain` does not wait on it.
-            let mut q = lock(&self.q);
-            q.running = false;
-            let n = q.jobs.len();
-            q.jobs.clear();
-            drop(q);
-            self.pending.fetch_sub(n, Ordering::AcqRel);
-            self.cv.notify_all();
-            return Err(Fail {
-                code: crate::handle::SYSTEM_ERROR,
-                msg: format!("cannot start the proxy thread: {e}"),
-            });
+        match spawned {
+            Ok(t) => q.thread = Some(t),
+            Err(e) => {
+                // Nothing serves the queue: take the job back out, so `drain` does not wait on it.
+                q.running = false;
+                let n = q.jobs.len();
+                q.jobs.clear();
+                drop(q);
+                self.pending.fetch_sub(n, Ordering::AcqRel);
+                self.cv.notify_all();
+                return Err(Fail {
+                    code: crate::handle::SYSTEM_ERROR,
+                    msg: format!("cannot start the proxy thread: {e}"),
+                });
+            }
         }
         Ok(())
+    }
+
+    /// Runs every job submitted so far, then ends the thread (joined before this returns):
+    /// after it, nothing borrows the proxy. For a proxy about to be freed: no job may be
+    /// submitted meanwhile.
+    pub fn stop(&self) {
+        self.drain();
+        let t = {
+            let mut q = lock(&self.q);
+            q.stop = true;
+            q.thread.take()
+        };
+        self.cv.notify_all();
+        if let Some(t) = t {
+            let _ = t.join();
+        }
     }
 
     fn serve(&'static self) {
@@ -89,6 +117,10 @@ impl Proxy {
                 loop {
                     if let Some(j) = q.jobs.pop_front() {
                         break j;
+                    }
+                    if q.stop {
+                        q.running = false;
+                        return;
                     }
                     let (g, t) = self.cv.wait_timeout(q, IDLE).unwrap_or_else(|e| e.into_inner());
                     q = g;

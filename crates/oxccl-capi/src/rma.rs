@@ -16,7 +16,8 @@
 //!    oxccl's `CONTEXTS`; `sigIdx` is below oxccl's `SIGNALS` (NCCL 2.30 takes only 0 for
 //!    both); `flags` must be 0; `opCnt` and `nDesc` at least 1 (as NCCL checks).
 
-use crate::handle::{self, invalid, lock, usage, Fail, St, R, SUCCESS};
+use crate::handle::{self, invalid, lock, usage, CommState, Fail, R, SUCCESS};
+use crate::life::{Pin, Tomb};
 use crate::win::{self, WinState};
 use oxccl::rma::{WaitDesc, Window, CONTEXTS, SIGNALS};
 use oxccl::{Communicator, Rank};
@@ -81,7 +82,7 @@ impl Op {
         }
     }
 
-    fn run(self, st: St, c: &Communicator) -> R<()> {
+    fn run(self, st: &CommState, c: &Communicator) -> R<()> {
         match self {
             Op::Register { h, base, len, device, state } => {
                 // SAFETY: the caller registers memory it keeps valid until it deregisters the
@@ -139,7 +140,7 @@ fn ready_window(state: &Mutex<WinState>, h: usize, arg: &str) -> R<Window> {
 }
 
 /// Runs `ops` on `st` in order; the first failure stops them.
-fn run(st: St, ops: Vec<Op>) -> R<()> {
+fn run(st: &Pin, ops: Vec<Op>) -> R<()> {
     let c = st.ready()?;
     if st.proxy.pending() > 0 {
         st.proxy.drain();
@@ -164,7 +165,8 @@ fn run(st: St, ops: Vec<Op>) -> R<()> {
 
 /// A communicator's one-sided calls of the open group (rule 3).
 struct Batch {
-    st: St,
+    /// Queued work holds no pin: the group's job pins when it runs.
+    tomb: &'static Tomb,
     ops: Vec<Op>,
     /// Set once the batch ran or was dropped: later calls start a new one.
     closed: bool,
@@ -184,20 +186,21 @@ thread_local! {
 }
 
 /// Runs `op` on `st` now, or adds it to the open group's batch for `st` (rule 3).
-pub(crate) fn submit(st: St, op: Op) -> R<()> {
+pub(crate) fn submit(st: &Pin, op: Op) -> R<()> {
     if !crate::ops::in_group() {
         return run(st, vec![op]);
     }
     let open = OPEN.with(|o| {
         let mut o = o.borrow_mut();
         o.retain(|b| !lock(b).closed);
-        o.iter().find(|b| lock(b).st.handle == st.handle).cloned()
+        o.iter().find(|b| lock(b).tomb.handle() == st.handle).cloned()
     });
     if let Some(b) = open {
         lock(&b).ops.push(op);
         return Ok(());
     }
-    let b = Arc::new(Mutex::new(Batch { st, ops: vec![op], closed: false }));
+    let tomb = st.tomb();
+    let b = Arc::new(Mutex::new(Batch { tomb, ops: vec![op], closed: false }));
     OPEN.with(|o| o.borrow_mut().push(b.clone()));
     let guard = CloseOnDrop(b.clone());
     crate::ops::submit_job(Box::new(move || {
@@ -206,12 +209,13 @@ pub(crate) fn submit(st: St, op: Op) -> R<()> {
             g.closed = true;
             std::mem::take(&mut g.ops)
         };
-        run(st, ops).inspect_err(|f| handle::record("ncclGroupEnd", Some(st), f))
+        let st = tomb.pin()?;
+        run(&st, ops).inspect_err(|f| handle::record("ncclGroupEnd", Some(&st), f))
     }))
 }
 
-/// The ready communicator behind `comm` and its size.
-fn comm_of(comm: *mut c_void) -> R<(St, &'static Communicator)> {
+/// The state behind `comm`, pinned, with its communicator ready.
+fn comm_of(comm: *mut c_void) -> R<Pin> {
     handle::ready(comm)
 }
 
@@ -223,7 +227,7 @@ fn check_peer(arg: &str, peer: c_int, c: &Communicator) -> R<Rank> {
 }
 
 /// Checks `(sigIdx, ctx)` (rule 4); the arguments are named `sig_arg`, `ctx_arg`.
-fn check_at(st: St, sig: c_int, ctx: c_int, sig_arg: &str, ctx_arg: &str) -> R<(usize, usize)> {
+fn check_at(st: &CommState, sig: c_int, ctx: c_int, sig_arg: &str, ctx_arg: &str) -> R<(usize, usize)> {
     if sig < 0 || sig as usize >= SIGNALS {
         return Err(invalid(sig_arg, format!("{sig} (oxccl serves signal indices 0..{})", SIGNALS - 1)));
     }
@@ -267,7 +271,8 @@ crate::entry! {
         peer_win_offset: usize, sig_idx: c_int, ctx: c_int, flags: c_uint, comm: *mut c_void, stream: *mut c_void
     ) {
         let _ = stream;
-        let (st, c) = comm_of(comm)?;
+        let st = comm_of(comm)?;
+        let c = st.ready()?;
         let dtype = crate::ops::dtype_of(datatype)?;
         let bytes = count
             .checked_mul(dtype.size_bytes())
@@ -276,8 +281,8 @@ crate::entry! {
             return Err(invalid("localbuff", format!("NULL pointer with count {count}")));
         }
         let peer = check_peer("peer", peer, c)?;
-        let (h, state) = win::lookup(st, peer_win as usize, "peerWin")?;
-        let at = check_at(st, sig_idx, ctx, "sigIdx", "ctx")?;
+        let (h, state) = win::lookup(&st, peer_win as usize, "peerWin")?;
+        let at = check_at(&st, sig_idx, ctx, "sigIdx", "ctx")?;
         check_flags(flags)?;
         let end = peer_win_offset
             .checked_add(bytes)
@@ -295,23 +300,25 @@ crate::entry! {
             check_host(localbuff as usize, "localbuff")?;
         }
         let op = Op::Put { src: localbuff as usize, bytes, peer, h, state, off: peer_win_offset, at };
-        submit(st, op)?;
+        submit(&st, op)?;
         Ok(SUCCESS)
     }
 
     fn ncclSignal / pncclSignal(peer: c_int, sig_idx: c_int, ctx: c_int, flags: c_uint, comm: *mut c_void, stream: *mut c_void) {
         let _ = stream;
-        let (st, c) = comm_of(comm)?;
+        let st = comm_of(comm)?;
+        let c = st.ready()?;
         let peer = check_peer("peer", peer, c)?;
-        let at = check_at(st, sig_idx, ctx, "sigIdx", "ctx")?;
+        let at = check_at(&st, sig_idx, ctx, "sigIdx", "ctx")?;
         check_flags(flags)?;
-        submit(st, Op::Signal { peer, at })?;
+        submit(&st, Op::Signal { peer, at })?;
         Ok(SUCCESS)
     }
 
     fn ncclWaitSignal / pncclWaitSignal(n_desc: c_int, signal_descs: *mut ncclWaitSignalDesc, comm: *mut c_void, stream: *mut c_void) {
         let _ = stream;
-        let (st, c) = comm_of(comm)?;
+        let st = comm_of(comm)?;
+        let c = st.ready()?;
         if n_desc < 1 {
             return Err(invalid("nDesc", format!("{n_desc} (at least one descriptor)")));
         }
@@ -326,10 +333,10 @@ crate::entry! {
             }
             let peer = check_peer(&format!("signalDescs[{i}].peer"), d.peer, c)?;
             let (ctx, sig) =
-                check_at(st, d.sig_idx, d.ctx, &format!("signalDescs[{i}].sigIdx"), &format!("signalDescs[{i}].ctx"))?;
+                check_at(&st, d.sig_idx, d.ctx, &format!("signalDescs[{i}].sigIdx"), &format!("signalDescs[{i}].ctx"))?;
             descs.push(WaitDesc { peer, count: d.op_cnt as u64, ctx, sig });
         }
-        submit(st, Op::Wait { descs })?;
+        submit(&st, Op::Wait { descs })?;
         Ok(SUCCESS)
     }
 }

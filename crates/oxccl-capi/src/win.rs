@@ -16,7 +16,8 @@
 //! 4. oxccl has no device API: the device-pointer queries check their arguments as NCCL does
 //!    and answer NULL with `ncclSuccess`, NCCL's answer where no device mapping exists.
 
-use crate::handle::{self, invalid, lock, St, R, SUCCESS};
+use crate::handle::{self, invalid, lock, CommState, R, SUCCESS};
+use crate::life::Pin;
 use crate::mem::{self, RegKind};
 use crate::rma::{submit, Op};
 use std::collections::HashMap;
@@ -47,7 +48,7 @@ fn table() -> MutexGuard<'static, HashMap<usize, WinRec>> {
 }
 
 /// The window `h` of `st` (the argument is named `arg`): its handle and state.
-pub(crate) fn lookup(st: St, h: usize, arg: &str) -> R<(usize, Arc<Mutex<WinState>>)> {
+pub(crate) fn lookup(st: &CommState, h: usize, arg: &str) -> R<(usize, Arc<Mutex<WinState>>)> {
     if h == 0 {
         return Err(invalid(arg, "NULL window"));
     }
@@ -65,13 +66,14 @@ pub(crate) fn lookup(st: St, h: usize, arg: &str) -> R<(usize, Arc<Mutex<WinStat
 }
 
 /// Forgets window `h` of `st` (its registration failed).
-pub(crate) fn forget(st: St, h: usize) {
+pub(crate) fn forget(st: &CommState, h: usize) {
     table().remove(&h);
     let _ = mem::deregister(st, RegKind::Window, h, "win");
 }
 
-/// The communicator (ready) and table record behind a window the caller names `arg`.
-fn window_only(h: usize, arg: &str) -> R<(St, &'static oxccl::Communicator, usize)> {
+/// The state (pinned, its communicator ready) and base address behind a window the caller
+/// names `arg`.
+fn window_only(h: usize, arg: &str) -> R<(Pin, usize)> {
     if h == 0 {
         return Err(invalid(arg, "NULL window"));
     }
@@ -81,8 +83,8 @@ fn window_only(h: usize, arg: &str) -> R<(St, &'static oxccl::Communicator, usiz
             return Err(invalid(arg, format!("{h:#x} is not a registered window (or it was deregistered)")))
         }
     };
-    let (st, c) = handle::ready(comm as *const c_void)?;
-    Ok((st, c, base))
+    let st = handle::ready(comm as *const c_void)?;
+    Ok((st, base))
 }
 
 #[cfg(feature = "cuda")]
@@ -110,26 +112,26 @@ crate::entry! {
                 format!("{win_flags:#x} (NCCL_WIN_DEFAULT, NCCL_WIN_COLL_SYMMETRIC, NCCL_WIN_STRICT_ORDERING)"),
             ));
         }
-        let (st, _) = handle::ready(comm)?;
-        let h = mem::register(st, RegKind::Window, buff as usize, size)?;
+        let st = handle::ready(comm)?;
+        let h = mem::register(&st, RegKind::Window, buff as usize, size)?;
         let state = Arc::new(Mutex::new(WinState::Pending));
         table().insert(h, WinRec { comm: st.handle, base: buff as usize, state: state.clone() });
         let device = on_device(buff as usize);
-        submit(st, Op::Register { h, base: buff as usize, len: size, device, state })?;
+        submit(&st, Op::Register { h, base: buff as usize, len: size, device, state })?;
         win.write(h as *mut c_void);
         Ok(SUCCESS)
     }
 
     fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: *mut c_void, win: *mut c_void) {
-        let (st, _) = handle::ready(comm)?;
+        let st = handle::ready(comm)?;
         let h = win as usize;
         if h == 0 {
             return Err(invalid("win", "NULL window"));
         }
-        mem::deregister(st, RegKind::Window, h, "win")?;
+        mem::deregister(&st, RegKind::Window, h, "win")?;
         let rec = table().remove(&h);
         match rec {
-            Some(r) => submit(st, Op::Deregister { state: r.state })?,
+            Some(r) => submit(&st, Op::Deregister { state: r.state })?,
             None => return Err(invalid("win", format!("{h:#x} is not a registered window"))),
         }
         Ok(SUCCESS)
@@ -139,8 +141,8 @@ crate::entry! {
         if out_user_ptr.is_null() {
             return Err(invalid("outUserPtr", "NULL pointer"));
         }
-        let (st, _) = handle::ready(comm)?;
-        lookup(st, win as usize, "win")?;
+        let st = handle::ready(comm)?;
+        lookup(&st, win as usize, "win")?;
         let base = table().get(&(win as usize)).map_or(0, |w| w.base);
         out_user_ptr.write(base as *mut c_void);
         Ok(SUCCESS)
@@ -153,7 +155,8 @@ crate::entry! {
         if out_ptr.is_null() {
             return Err(invalid("outPtr", "NULL pointer"));
         }
-        let (_, c, _) = window_only(window as usize, "window")?;
+        let (st, _) = window_only(window as usize, "window")?;
+        let c = st.ready()?;
         if peer < 0 || peer as usize >= c.size() {
             return Err(invalid("peer", format!("{peer} is not a rank of this {}-rank communicator", c.size())));
         }
@@ -168,7 +171,8 @@ crate::entry! {
         if out_ptr.is_null() {
             return Err(invalid("outPtr", "NULL pointer"));
         }
-        let (_, c, _) = window_only(window as usize, "window")?;
+        let (st, _) = window_only(window as usize, "window")?;
+        let c = st.ready()?;
         // The load/store team: this rank's host (all of it, shared memory on).
         let me = &c.peers()[c.rank().idx()];
         let lsa = if c.config().shm_disable { 1 } else { c.peers().iter().filter(|p| p.host_id == me.host_id).count() };
