@@ -9,49 +9,15 @@ use nccl::{
     ncclAllReduce, ncclCommAbort, ncclCommCount, ncclCommDestroy, ncclCommInitRank, ncclComm_t,
     ncclGetLastError, ncclGetUniqueId, ncclRecv, ncclSend, ncclUniqueId,
 };
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::ffi::CStr;
-use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 oxccl_testkit::test_scope!();
 
-/// The system allocator, counting the bytes it has handed out and not taken back.
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: every call is passed on unchanged to the system allocator; the counter is a side
-// effect that allocates nothing.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: the caller's layout, passed on.
-        unsafe { System.alloc(l) }
-    }
-
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.alloc_zeroed(l) }
-    }
-
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: `p` came from this allocator with layout `l`.
-        unsafe { System.dealloc(p, l) }
-    }
-
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        LIVE.fetch_add(n as isize - l.size() as isize, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.realloc(p, l, n) }
-    }
-}
-
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOC: oxccl_testkit::alloc::Counting = oxccl_testkit::alloc::Counting;
 
 /// The tests run one at a time: one counts the whole process's heap.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -224,13 +190,13 @@ fn a_destroyed_communicator_leaves_a_tomb_of_a_few_dozen_bytes() {
     }
     // The unique ids' root threads end on their own shortly after each init.
     std::thread::sleep(Duration::from_millis(300));
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = oxccl_testkit::alloc::live();
     let n = 2000;
     for _ in 0..n {
         cycle();
     }
     std::thread::sleep(Duration::from_millis(300));
-    let per = (LIVE.load(Ordering::Relaxed) - before) as f64 / n as f64;
+    let per = (oxccl_testkit::alloc::live() - before) as f64 / n as f64;
     oxccl_testkit::report!("{per:.1} bytes of heap per destroyed communicator");
     // 16 bytes of tomb and a registry entry (17 bytes a bucket, the table doubling at 7/8
     // full: at most ~39 bytes an entry).

@@ -2,6 +2,7 @@
 //! reference ([`verify`]), one checked call of every collective ([`cases`]), skips that CI
 //! turns into failures ([`skip`]), and each test binary's scratch and cache ([`scope`]).
 
+pub mod alloc;
 pub mod cases;
 pub mod matrixrun;
 pub mod netns;

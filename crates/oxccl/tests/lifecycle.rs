@@ -14,47 +14,12 @@
 //! megabytes with the threads each communicator starts and ends.
 
 use oxccl::{Communicator, Config, Rank, ReduceOp};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
 oxccl_testkit::test_scope!();
 
-/// The system allocator, counting the bytes it has handed out and not taken back.
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: every call is passed on unchanged to the system allocator; the counter is a side
-// effect that allocates nothing.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: the caller's layout, passed on.
-        unsafe { System.alloc(l) }
-    }
-
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.alloc_zeroed(l) }
-    }
-
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: `p` came from this allocator with layout `l`.
-        unsafe { System.dealloc(p, l) }
-    }
-
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        LIVE.fetch_add(n as isize - l.size() as isize, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.realloc(p, l, n) }
-    }
-}
-
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOC: oxccl_testkit::alloc::Counting = oxccl_testkit::alloc::Counting;
 
 fn count_dir(p: &str) -> usize {
     std::fs::read_dir(p).unwrap().count()
@@ -81,7 +46,7 @@ fn counts() -> Counts {
     Counts {
         fds: count_dir("/proc/self/fd"),
         threads: count_dir("/proc/self/task"),
-        heap: LIVE.load(Ordering::Relaxed),
+        heap: oxccl_testkit::alloc::live(),
     }
 }
 

@@ -35,7 +35,7 @@ static int g_rank = -1;
 
 /* Publishes `id` at `path` (write, then rename, so readers never see half of it). */
 static inline void publish_id(const char* path, const ncclUniqueId* id) {
-  char tmp[4096];
+  char tmp[4200];
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
   FILE* f = fopen(tmp, "wb");
   EXPECT(f != NULL, "open %s: %s", tmp, strerror(errno));
@@ -44,16 +44,16 @@ static inline void publish_id(const char* path, const ncclUniqueId* id) {
   EXPECT(rename(tmp, path) == 0, "rename to %s: %s", path, strerror(errno));
 }
 
-/* Waits (up to 60 s) for the id published at `path`. */
+/* Waits (up to 60 s, looking every 200 us) for the id published at `path`. */
 static inline void wait_id(const char* path, ncclUniqueId* id) {
-  for (int i = 0; i < 6000; i++) {
+  for (int i = 0; i < 300000; i++) {
     FILE* f = fopen(path, "rb");
     if (f != NULL) {
       size_t n = fread(id, sizeof *id, 1, f);
       fclose(f);
       if (n == 1) return;
     }
-    usleep(10000);
+    usleep(200);
   }
   fprintf(stderr, "rank %d: no unique id at %s after 60 s\n", g_rank, path);
   exit(1);

@@ -53,32 +53,15 @@ static long rss_kb(void) {
 /* Rank 0 publishes cycle `c`'s id at DIR/id.c (write, then rename); the others poll for it
  * every 200 µs (a cycle takes a few ms: a coarser poll would dominate the run). */
 static void share(const char* dir, int c, ncclUniqueId* id) {
-  char path[4096], tmp[4200];
+  char path[4096];
   snprintf(path, sizeof path, "%s/id.%d", dir, c);
   if (R == 0) {
     NCCLCHECK(ncclGetUniqueId(id));
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE* f = fopen(tmp, "wb");
-    EXPECT(f != NULL, "open %s: %s", tmp, strerror(errno));
-    EXPECT(fwrite(id, sizeof *id, 1, f) == 1, "write %s", tmp);
-    fclose(f);
-    EXPECT(rename(tmp, path) == 0, "rename to %s: %s", path, strerror(errno));
+    publish_id(path, id);
     return;
   }
-  for (int i = 0; i < 300000; i++) {
-    FILE* f = fopen(path, "rb");
-    if (f != NULL) {
-      size_t n = fread(id, sizeof *id, 1, f);
-      fclose(f);
-      if (n == 1) {
-        unlink(path); /* the last reader removes it: DIR holds a file or two at any time */
-        return;
-      }
-    }
-    usleep(200);
-  }
-  fprintf(stderr, "rank %d: no unique id at %s after 60 s\n", R, path);
-  exit(1);
+  wait_id(path, id);
+  unlink(path); /* the last reader removes it: DIR holds a file or two at any time */
 }
 
 /* One all-reduce of 8 floats on `comm` (of `n` ranks, this one `r`), values checked. */

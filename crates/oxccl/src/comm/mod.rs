@@ -117,6 +117,8 @@ pub(crate) struct Inner {
     split_seq: AtomicU64,
     shrink_seq: AtomicU64,
     worker: Mutex<Option<JoinHandle<()>>>,
+    /// A sparse communicator's herald thread (joined at shutdown, once the mailbox closed).
+    herald: Mutex<Option<JoinHandle<()>>>,
     /// The `OXCCL_BOOTSTRAP_SPARSE_FROM` the communicator agreed on (rank 0's): its children
     /// (splits, shrinks) go sparse by it too.
     sparse_from: u32,
@@ -187,12 +189,13 @@ fn sparse_lifelines(me: Rank, geometry: &Geometry) -> Vec<Rank> {
 /// A sparse communicator's herald: passes the first word of each departure this rank
 /// learns on to its lifelines, so word floods the lifeline graph (whose diameter is at most
 /// twice the relay tree's depth) as it would reach every rank directly in a full mesh. Ends
-/// when the mailbox closes or the communicator is gone.
-fn spawn_herald(boot: &Arc<Bootstrap>, mailbox: &Mailbox, rank: Rank) {
+/// when the mailbox closes or the communicator is gone; shutdown joins it after closing the
+/// mailbox, so a communicator's end leaves no thread behind.
+fn spawn_herald(boot: &Arc<Bootstrap>, mailbox: &Mailbox, rank: Rank) -> Option<JoinHandle<()>> {
     let (tx, rx) = std::sync::mpsc::channel::<bootstrap::Word>();
     mailbox.set_herald(tx);
     let weak = Arc::downgrade(boot);
-    let _ = std::thread::Builder::new().name(format!("oxccl-herald-{rank}")).spawn(move || {
+    let t = std::thread::Builder::new().name(format!("oxccl-herald-{rank}")).spawn(move || {
         while let Ok(word) = rx.recv() {
             let Some(boot) = weak.upgrade() else { return };
             match word {
@@ -201,6 +204,7 @@ fn spawn_herald(boot: &Arc<Bootstrap>, mailbox: &Mailbox, rank: Rank) {
             }
         }
     });
+    t.ok()
 }
 
 struct Parts {
@@ -454,9 +458,7 @@ impl Communicator {
         let sparse = lifelines.is_some();
         let boot =
             Arc::new(Bootstrap::new(p.rank, p.secret, peers.clone(), mailbox.clone(), lifelines, p.links));
-        if sparse {
-            spawn_herald(&boot, &mailbox, p.rank);
-        }
+        let herald = if sparse { spawn_herald(&boot, &mailbox, p.rank) } else { None };
         let w = Waiter::new(p.rank, p.config.timeout, p.abort.clone())
             .watching(&mailbox)
             .probing(&boot, oxccl_core::contract::Sig::NONE, false)
@@ -537,6 +539,7 @@ impl Communicator {
             split_seq: AtomicU64::new(0),
             shrink_seq: AtomicU64::new(0),
             worker: Mutex::new(None),
+            herald: Mutex::new(herald),
             sparse_from: p.route.sparse_from,
             rma: std::sync::OnceLock::new(),
             config: p.config,
@@ -760,7 +763,11 @@ impl Communicator {
         }
         lock(&i.engine).close();
         i.boot.close();
+        // Stopping the service closes the mailbox, which drops the herald's channel: it ends.
         lock(&i.service).stop();
+        if let Some(h) = lock(&i.herald).take() {
+            let _ = h.join();
+        }
     }
 
     /// Runs a group on the calling thread, after any queued asynchronous work.
