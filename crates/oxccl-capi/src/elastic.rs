@@ -9,8 +9,8 @@
 //!   accepted. A split of a revoked communicator first re-forms it (a shrink that excludes
 //!   nobody, which needs no working connection) and splits that.
 //! - A grow id is made by one existing rank (`ncclCommGetUniqueId`), is the only one pending
-//!   on its communicator until a grow consumes it, and is accepted only from that
-//!   communicator. New ranks join with it as ranks `size..nRanks`.
+//!   on its communicator (`CommState::grow_id`) until a grow consumes it (whatever that
+//!   grow's outcome), and is accepted only from that communicator. New ranks join with it as ranks `size..nRanks`.
 //! - Suspend is local: it waits for the communicator's stream-ordered calls, gives back the
 //!   memory the communicator rebuilds on demand (with `NCCL_SUSPEND_MEM`) and refuses calls
 //!   until `ncclCommResume`. Connection memory (shared with the peers) stays: MemStats
@@ -22,18 +22,10 @@ use crate::handle::{
 use crate::life::{launch_init, Later, Pin};
 use crate::{decode_id, encode_id, ncclComm_t, ncclConfig, ncclUniqueId, put, settings, Settings};
 use oxccl::{Communicator, UniqueId};
-use std::collections::HashMap;
 use std::ffi::c_int;
-use std::sync::{Mutex, OnceLock};
 
 /// `NCCL_SUSPEND_MEM`.
 const SUSPEND_MEM: c_int = 0x01;
-
-/// Grow ids made by `ncclCommGetUniqueId` and not consumed yet, by communicator handle.
-fn pending() -> std::sync::MutexGuard<'static, HashMap<usize, [u8; 128]>> {
-    static P: OnceLock<Mutex<HashMap<usize, [u8; 128]>>> = OnceLock::new();
-    lock(P.get_or_init(Default::default))
-}
 
 /// `ncclCommSplit` on a revoked communicator: re-form it without excluding anyone (a shrink
 /// works on an aborted communicator), split that, and let the re-formed one go.
@@ -102,13 +94,13 @@ crate::entry! {
         }
         let st = ready(comm)?;
         let c = st.ready()?;
-        let mut p = pending();
-        if p.contains_key(&st.handle) {
+        let mut p = lock(&st.grow_id);
+        if p.is_some() {
             return Err(usage("a grow id made earlier on this communicator was not consumed by ncclCommGrow yet"));
         }
         let id = oxccl::new_unique_id(c.config())?;
         let u = encode_id(&id);
-        p.insert(st.handle, u.internal);
+        *p = Some(u.internal);
         put(unique_id, "uniqueId", u)?;
         Ok(SUCCESS)
     }
@@ -142,27 +134,25 @@ crate::entry! {
             None
         } else {
             let u = &*unique_id;
-            if pending().get(&st.handle) != Some(&u.internal) {
+            let mut pending = lock(&st.grow_id);
+            if *pending != Some(u.internal) {
                 return Err(invalid(
                     "uniqueId",
                     "not the pending id ncclCommGetUniqueId made on this communicator (each id serves one grow)",
                 ));
             }
-            Some(decode_id(u, "uniqueId")?)
+            let id = decode_id(u, "uniqueId")?;
+            // Consumed by this grow, whatever its outcome: the next grow needs a new id.
+            *pending = None;
+            Some(id)
         };
         let s = settings(config, Some(Settings::of(&st)))?;
         let child = crate::handle::new_comm(st.device, s.name.clone(), s.blocking);
         s.apply(&child);
         newcomm.write(child.handle as ncclComm_t);
-        let (n, handle, had_id) = (n_ranks as usize, st.handle, id.is_some());
+        let n = n_ranks as usize;
         let parent = Later::new(&st);
-        launch_init(child, s.blocking, move || {
-            let grown = parent.with(|c| Ok(c.grow(n, id.as_ref())?))?;
-            if had_id {
-                pending().remove(&handle);
-            }
-            Ok(grown)
-        })
+        launch_init(child, s.blocking, move || parent.with(|c| Ok(c.grow(n, id.as_ref())?)))
     }
 
     fn ncclCommSuspend / pncclCommSuspend(comm: ncclComm_t, flags: c_int) {

@@ -133,6 +133,8 @@ pub struct CommState {
     pub next_op: AtomicI32,
     /// `config->numRmaCtx`: one-sided calls name contexts `0..num_rma_ctx` (NCCL's default 1).
     pub num_rma_ctx: AtomicI32,
+    /// The grow id `ncclCommGetUniqueId` made and no `ncclCommGrow` consumed yet.
+    pub grow_id: Mutex<Option<[u8; 128]>>,
     /// Registered buffers (`ncclCommRegister`) and windows, by handle: `(address, bytes, kind)`.
     pub regs: Mutex<HashMap<usize, (usize, usize, crate::mem::RegKind)>>,
     /// Runs the communicator's stream-ordered calls (device buffers) after they returned.
@@ -357,6 +359,7 @@ pub fn new_comm(device: i32, name: Option<String>, blocking: bool) -> Pin {
         premul: Mutex::new(HashMap::new()),
         next_op: AtomicI32::new(5),
         num_rma_ctx: AtomicI32::new(1),
+        grow_id: Mutex::new(None),
         regs: Mutex::new(HashMap::new()),
         proxy: Default::default(),
         #[cfg(feature = "cuda")]
