@@ -38,6 +38,9 @@ use std::time::{Duration, Instant};
 
 const MAX_JOIN_BYTES: usize = 4096;
 const FAIL_LINGER: Duration = Duration::from_secs(60);
+/// After a failure, how long rank 0 (whose process runs the root, and ends once told) waits
+/// while joins already under way (accepted, or queued on the listener) are still being told.
+const RANK0_LAST_FOR: Duration = Duration::from_secs(1);
 const STATUS_EVERY: Duration = Duration::from_millis(200);
 /// A status frame is a few hundred bytes; a rank that cannot take it this fast is skipped.
 const STATUS_WRITE_TIMEOUT: Duration = Duration::from_millis(100);
@@ -190,6 +193,7 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
         pfds.extend(pending.iter().map(|p| fd::pollfd(p.s.as_raw_fd(), libc::POLLIN)));
         let _ = fd::poll(&mut pfds, Duration::from_millis(500));
         let mut raised = false;
+        let mut accepted = false;
         loop {
             let (s, peer) = match listener.accept() {
                 Ok(c) => c,
@@ -228,6 +232,7 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                 continue;
             }
             pending.push(Pending { s, peer, buf: Vec::new(), since: Instant::now() });
+            accepted = true;
         }
         let mut complete = false;
         let mut still = Vec::new();
@@ -312,12 +317,21 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
             }
             (changed, last_status) = (false, Instant::now());
         }
-        if let Some((why, _)) = &failed {
-            // Rank 0 hears it last: its process runs this thread, and ends once it knows.
-            let mut all = std::mem::take(&mut joined);
-            let zero = all.remove(&0);
-            for (_, mut j) in all.into_iter().chain(zero.map(|z| (0, z))) {
+        if let Some((why, at)) = &failed {
+            // Rank 0 hears it last: its process runs this thread, and ends once it knows. So
+            // the joins still under way (accepted and unread, or queued on the listener: a
+            // root out of descriptors accepts them as the rejected ones' descriptors free up)
+            // are told first, for up to RANK0_LAST_FOR.
+            let zero = joined.remove(&0);
+            for (_, mut j) in std::mem::take(&mut joined) {
                 reject(&mut j.s, why);
+            }
+            if let Some(mut z) = zero {
+                if (pending.is_empty() && !accepted) || at.elapsed() > RANK0_LAST_FOR {
+                    reject(&mut z.s, why);
+                } else {
+                    joined.insert(0, z);
+                }
             }
         }
     }
