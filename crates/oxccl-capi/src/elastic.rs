@@ -16,10 +16,8 @@
 //!   until `ncclCommResume`. Connection memory (shared with the peers) stays: MemStats
 //!   reports it as persistent.
 
-use crate::handle::{
-    invalid, lock, member_of, phase, ready, set_current_handle, state, usage, Fail, R, SUCCESS,
-};
-use crate::life::{launch_init, Later, Pin};
+use crate::handle::{invalid, lock, member_of, phase, ready, set_current_handle, state, usage, SUCCESS};
+use crate::life::{launch_init, Later};
 use crate::{decode_id, encode_id, ncclComm_t, ncclConfig, ncclUniqueId, put, settings, Settings};
 use oxccl::{Communicator, UniqueId};
 use std::ffi::c_int;
@@ -29,43 +27,12 @@ const SUSPEND_MEM: c_int = 0x01;
 
 /// `ncclCommSplit` on a revoked communicator: re-form it without excluding anyone (a shrink
 /// works on an aborted communicator), split that, and let the re-formed one go.
-pub(crate) unsafe fn split_revoked(
-    st: Pin,
-    color: c_int,
-    key: c_int,
-    newcomm: *mut ncclComm_t,
-    config: *mut ncclConfig,
-) -> R<crate::handle::ncclResult_t> {
-    st.member()?;
-    // SAFETY: passed on from the caller.
-    let s = unsafe { settings(config, Some(Settings::of(&st))) }?;
-    let color = (color >= 0).then_some(color as u32);
-    let parent = Later::new(&st);
-    let split = move |c: &Communicator| -> R<Option<Communicator>> {
-        let whole = c.shrink(&[])?;
-        let part = whole.split(color, key as i64);
-        drop(whole);
-        Ok(part?)
-    };
-    match color {
-        None => {
-            // SAFETY: the caller checked newcomm for NULL.
-            unsafe { newcomm.write(std::ptr::null_mut()) };
-            parent.with(split).map(|_| SUCCESS)
-        }
-        Some(_) => {
-            let child = crate::handle::new_comm(st.device, s.name.clone(), s.blocking);
-            s.apply(&child);
-            // SAFETY: as above.
-            unsafe { newcomm.write(child.handle as ncclComm_t) };
-            launch_init(child, s.blocking, move || {
-                parent.with(split)?.ok_or_else(|| Fail {
-                    code: crate::handle::INTERNAL_ERROR,
-                    msg: "split returned no communicator for a color".into(),
-                })
-            })
-        }
-    }
+pub(crate) fn split_revoked(
+    c: &Communicator,
+    color: Option<u32>,
+    key: i64,
+) -> oxccl::Result<Option<Communicator>> {
+    c.shrink(&[])?.split(color, key)
 }
 
 crate::entry! {

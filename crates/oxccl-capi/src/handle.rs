@@ -380,23 +380,26 @@ pub fn state(comm: *const std::ffi::c_void, arg: &str) -> R<&'static Tomb> {
     })
 }
 
-/// The state behind `comm`, pinned, if its communicator is ready, suspended or revoked
-/// (`st.member()` gives it): for queries, and shrink or split after a revoke.
-pub fn member_of(comm: *const std::ffi::c_void) -> R<Pin> {
+/// The state behind `comm`, pinned, once `check` passed on it (the handle is the current one).
+#[inline]
+fn pinned(comm: *const std::ffi::c_void, check: impl FnOnce(&CommState) -> R<&Communicator>) -> R<Pin> {
     let tomb = state(comm, "comm")?;
     CURRENT.with(|c| c.set(tomb.handle()));
     let st = tomb.pin()?;
-    st.member()?;
+    check(&st)?;
     Ok(st)
 }
 
+/// The state behind `comm`, pinned, if its communicator is ready, suspended or revoked
+/// (`st.member()` gives it): for queries, and shrink or split after a revoke.
+pub fn member_of(comm: *const std::ffi::c_void) -> R<Pin> {
+    pinned(comm, CommState::member)
+}
+
 /// The state behind `comm`, pinned, if its communicator is ready (`st.ready()` gives it).
+#[inline]
 pub fn ready(comm: *const std::ffi::c_void) -> R<Pin> {
-    let tomb = state(comm, "comm")?;
-    CURRENT.with(|c| c.set(tomb.handle()));
-    let st = tomb.pin()?;
-    st.ready()?;
-    Ok(st)
+    pinned(comm, CommState::ready)
 }
 
 thread_local! {

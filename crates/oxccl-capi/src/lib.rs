@@ -392,17 +392,21 @@ entry! {
         let tomb = state(comm, "comm")?;
         handle::set_current_handle(tomb.handle());
         let st = tomb.pin()?;
-        if st.phase() == phase::REVOKED {
-            return elastic::split_revoked(st, color, key, newcomm, config);
+        // A revoked communicator splits too (see elastic::split_revoked).
+        let revoked = st.phase() == phase::REVOKED;
+        if !revoked {
+            st.ready()?;
         }
-        st.ready()?;
         let s = settings(config, Some(Settings::of(&st)))?;
         let color = (color >= 0).then_some(color as u32);
         let parent = Later::new(&st);
+        let split = move |c: &Communicator| {
+            if revoked { elastic::split_revoked(c, color, key as i64) } else { c.split(color, key as i64) }
+        };
         match color {
             None => {
                 newcomm.write(std::ptr::null_mut());
-                let job = move || parent.with(|c| c.split(None, key as i64).map(|_| ()).map_err(Fail::from));
+                let job = move || parent.with(|c| split(c).map(|_| ()).map_err(Fail::from));
                 if s.blocking || ops::in_group() {
                     ops::submit_job(Box::new(job))?;
                     Ok(SUCCESS)
@@ -416,7 +420,7 @@ entry! {
                 s.apply(&child);
                 newcomm.write(child.handle as ncclComm_t);
                 launch_init(child, s.blocking, move || {
-                    parent.with(|c| c.split(color, key as i64)?.ok_or_else(|| Fail { code: INTERNAL_ERROR, msg: "split returned no communicator for a color".into() }))
+                    parent.with(|c| split(c)?.ok_or_else(|| Fail { code: INTERNAL_ERROR, msg: "split returned no communicator for a color".into() }))
                 })
             }
         }
