@@ -37,7 +37,7 @@ pub mod sys;
 pub mod topo;
 pub mod transport;
 
-pub use comm::{Communicator, Group, Scope, Work};
+pub use comm::{Communicator, Detached, Group, Scope, Work};
 
 // The unit tests write only under their run root and a test-scoped cache.
 #[cfg(test)]

@@ -26,6 +26,7 @@ use oxccl_core::plan::{BufId, Loc, OpSpec};
 use oxccl_core::{CoreError, DataType, Element, Rank, ReduceOp};
 use smallvec::SmallVec;
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 /// A group that runs when [`Group::end`] is called, on the calling thread.
 pub struct Blocking;
@@ -598,6 +599,38 @@ impl Group<'_, Blocking> {
             return Ok(());
         }
         self.comm.execute(self.ops, self.bufs, self.what)
+    }
+}
+
+impl Group<'_, Blocking> {
+    /// Plans the group and queues it for the communicator's worker thread (after any call
+    /// queued before it), returning at once. `keep` is dropped on the worker thread once the
+    /// call is complete and before the handle says so: a binding puts there what keeps its
+    /// buffers alive (references to the caller's arrays).
+    ///
+    /// # Safety
+    /// The group's buffers must stay valid, and nothing else may write them (nor read its
+    /// outputs), until the call is complete: until `keep` is dropped, whatever becomes of
+    /// the returned handle. The borrow checker cannot see this, because the handle is not tied
+    /// to the buffers' lifetime.
+    pub unsafe fn launch_detached(self, keep: Box<dyn Send>) -> Result<super::Detached> {
+        let st = Arc::new(super::scope::WorkState::default());
+        if self.ops.is_empty() {
+            drop(keep);
+            st.complete(Ok(()));
+            return Ok(super::Detached::new(st));
+        }
+        let st2 = st.clone();
+        self.comm.submit(
+            self.ops,
+            self.bufs,
+            self.what,
+            Box::new(move |r| {
+                drop(keep);
+                st2.complete(r)
+            }),
+        )?;
+        Ok(super::Detached::new(st))
     }
 }
 

@@ -35,7 +35,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub use group::{Blocking, Group, Scoped};
-pub use scope::{Scope, Work};
+pub use scope::{Detached, Scope, Work};
 
 /// `b` bytes in the largest binary unit that divides it (`64 KiB`), else in bytes.
 fn bytes_text(b: usize) -> String {

@@ -64,6 +64,30 @@ impl Work<'_> {
     }
 }
 
+/// A handle to a call launched by [`Group::launch_detached`](super::Group::launch_detached):
+/// not tied to a scope, so a binding whose buffers are kept alive by reference counts (Python
+/// objects) can hold it across calls.
+#[must_use = "a launched call runs anyway; wait() reports its result"]
+pub struct Detached {
+    st: Arc<WorkState>,
+}
+
+impl Detached {
+    pub(super) fn new(st: Arc<WorkState>) -> Detached {
+        Detached { st }
+    }
+
+    /// Blocks until the call is complete on this rank; its result.
+    pub fn wait(self) -> Result<()> {
+        self.st.take()
+    }
+
+    /// Whether the call is complete (never blocks).
+    pub fn test(&self) -> bool {
+        self.st.is_done()
+    }
+}
+
 /// A region in which calls may run asynchronously; see [`Communicator::scope`].
 pub struct Scope<'scope, 'env: 'scope> {
     comm: &'env Communicator,

@@ -1,0 +1,647 @@
+//! `oxccl.Communicator`: construction (environment, unique id, a torch-style store), the
+//! collectives and send/recv on Python buffers, groups, split/shrink/abort/close.
+//!
+//! Rules: every call is checked while the GIL is held, then runs with the GIL released; a
+//! synchronous call holds its buffers' objects until it returns, an asynchronous one (and an
+//! asynchronous group) until its completion drops them on the communicator's worker thread.
+//! Inside `with comm.group():` calls are recorded (with their objects) and run together when
+//! the block ends; a recorded call's objects are held from the call on. Calls on one
+//! communicator run in the order Python makes them (the library serializes them).
+
+use crate::buf::{self, Buf, Place};
+use crate::errors::{invalid, to_py};
+use crate::ops::{build, Kind, Op};
+use crate::work::Work;
+use oxccl::{Rank, ReduceOp, UniqueId};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+type Keep = Vec<Py<PyAny>>;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A communicator: this process's membership in a fixed group of ranks.
+///
+/// `Communicator()` joins the job the launcher's environment describes (torchrun, Slurm,
+/// mpirun); `Communicator(unique_id, size, rank)` joins the communicator of a unique id (from
+/// `oxccl.unique_id()` on one rank); `Communicator.from_store(store, rank, size)` exchanges the
+/// id through any object with torch's Store interface (`set`, `get`).
+#[pyclass(module = "oxccl._oxccl", frozen, subclass)]
+pub struct Communicator {
+    comm: Mutex<Option<Arc<oxccl::Communicator>>>,
+    /// The open group's recorded calls (`with comm.group():`).
+    group: Mutex<Option<(Vec<Op>, Keep)>>,
+    #[cfg(feature = "cuda")]
+    dev: crate::dev::Devices,
+}
+
+impl Communicator {
+    fn wrap(c: oxccl::Communicator) -> Communicator {
+        Communicator {
+            comm: Mutex::new(Some(Arc::new(c))),
+            group: Mutex::new(None),
+            #[cfg(feature = "cuda")]
+            dev: Default::default(),
+        }
+    }
+
+    pub fn get(&self) -> PyResult<Arc<oxccl::Communicator>> {
+        lock(&self.comm).clone().ok_or_else(|| {
+            crate::errors::raise("InvalidArgumentError", "the communicator is closed".into(), None, None)
+        })
+    }
+
+    /// Runs `ops` now (or records them in the open group): synchronously, or asynchronously
+    /// returning a Work.
+    fn call(&self, py: Python<'_>, op: Op, keep: Keep, async_op: bool) -> PyResult<Option<Py<Work>>> {
+        {
+            let mut g = lock(&self.group);
+            if let Some((ops, k)) = g.as_mut() {
+                if async_op {
+                    return Err(invalid(
+                        "async_op",
+                        "calls inside a group are launched by the group (comm.group(async_op=True))",
+                    ));
+                }
+                ops.push(op);
+                k.extend(keep);
+                return Ok(None);
+            }
+        }
+        self.run(py, vec![op], keep, async_op)
+    }
+
+    pub fn run(
+        &self,
+        py: Python<'_>,
+        ops: Vec<Op>,
+        keep: Keep,
+        async_op: bool,
+    ) -> PyResult<Option<Py<Work>>> {
+        let comm = self.get()?;
+        let place = ops.first().map(|o| o.place()).unwrap_or(Place::Host);
+        if let Some(o) = ops.iter().find(|o| o.place() != place) {
+            return Err(invalid("group", format!("mixes {place:?} and {:?} buffers", o.place())));
+        }
+        if let Place::Cuda(_ordinal) = place {
+            #[cfg(feature = "cuda")]
+            {
+                self.dev.run(py, &comm, _ordinal, &ops)?;
+                drop(keep);
+                return if async_op { Ok(Some(Py::new(py, Work::done())?)) } else { Ok(None) };
+            }
+            #[cfg(not(feature = "cuda"))]
+            return Err(invalid("buffer", "CUDA tensors: this build of oxccl has no CUDA support"));
+        }
+        if async_op {
+            let mut g = comm.group();
+            // SAFETY: `keep` holds every buffer's object until the worker has completed the
+            // call (launch_detached drops it then); the caller may not write them meanwhile
+            // (documented: a buffer of an unfinished asynchronous call is the call's).
+            let d = unsafe {
+                build(&mut g, &ops).map_err(to_py)?;
+                g.launch_detached(Box::new(keep)).map_err(to_py)?
+            };
+            return Ok(Some(Py::new(py, Work::pending(d))?));
+        }
+        let r = py.detach(move || {
+            let mut g = comm.group();
+            // SAFETY: the objects in `keep` (held by this frame, dropped after this returns)
+            // keep every buffer alive; Python code cannot run on them meanwhile unless another
+            // thread does so, which the API documents as the caller's race.
+            unsafe { build(&mut g, &ops)? };
+            g.end()
+        });
+        drop(keep);
+        r.map_err(to_py)?;
+        Ok(None)
+    }
+}
+
+/// Parses an operator: a name (`"sum"`, `"prod"`/`"product"`, `"max"`, `"min"`, `"avg"`,
+/// `"band"`, `"bor"`, `"bxor"`) or NCCL's number.
+fn parse_op(o: Option<&Bound<'_, PyAny>>) -> PyResult<ReduceOp> {
+    let Some(o) = o else { return Ok(ReduceOp::Sum) };
+    if let Ok(v) = o.extract::<i32>() {
+        return ReduceOp::from_nccl(v)
+            .ok_or_else(|| invalid("op", format!("{v} is not an operator number of NCCL's")));
+    }
+    let s = o.str()?.to_string().to_lowercase();
+    let name = s.rsplit('.').next().unwrap_or(&s);
+    let name = match name {
+        "product" => "prod",
+        "average" => "avg",
+        n => n,
+    };
+    ReduceOp::parse(name).ok_or_else(|| {
+        invalid("op", format!("{s} is not an operator oxccl has (sum, prod, max, min, avg, band, bor, bxor)"))
+    })
+}
+
+fn rank_arg(arg: &str, r: i64, size: usize) -> PyResult<Rank> {
+    if r < 0 || r as u64 >= size as u64 {
+        return Err(invalid(arg, format!("{r} is not a rank of this communicator (size {size})")));
+    }
+    Ok(Rank(r as u32))
+}
+
+fn dtype_arg(d: Option<&Bound<'_, PyAny>>) -> PyResult<Option<oxccl::DataType>> {
+    d.map(buf::parse_dtype).transpose()
+}
+
+/// A buffer argument and the object that keeps it alive.
+fn b(
+    arg: &str,
+    o: &Bound<'_, PyAny>,
+    write: bool,
+    dt: Option<oxccl::DataType>,
+    keep: &mut Keep,
+) -> PyResult<Buf> {
+    let r = buf::get(arg, o, write, dt)?;
+    keep.push(o.clone().unbind());
+    Ok(r)
+}
+
+fn ob(
+    arg: &str,
+    o: Option<&Bound<'_, PyAny>>,
+    write: bool,
+    dt: Option<oxccl::DataType>,
+    keep: &mut Keep,
+) -> PyResult<Option<Buf>> {
+    o.filter(|o| !o.is_none()).map(|o| b(arg, o, write, dt, keep)).transpose()
+}
+
+fn prefix_sums(counts: &[usize]) -> Vec<usize> {
+    let mut at = 0;
+    counts
+        .iter()
+        .map(|c| {
+            let d = at;
+            at += c;
+            d
+        })
+        .collect()
+}
+
+fn config(timeout: Option<f64>) -> PyResult<oxccl::Config> {
+    let mut cfg = oxccl::env::config().map_err(to_py)?;
+    if let Some(t) = timeout {
+        if !(t >= 0.0 && t.is_finite()) {
+            return Err(invalid("timeout", format!("{t} is not a number of seconds ≥ 0")));
+        }
+        cfg.timeout = if t == 0.0 { None } else { Some(Duration::from_secs_f64(t)) };
+    }
+    Ok(cfg)
+}
+
+fn parse_id(o: &Bound<'_, PyAny>) -> PyResult<UniqueId> {
+    let bytes: Vec<u8> = if let Ok(s) = o.cast::<PyString>() {
+        s.to_string().into_bytes()
+    } else {
+        o.extract::<Vec<u8>>().map_err(|_| invalid("unique_id", "expected bytes (from oxccl.unique_id())"))?
+    };
+    UniqueId::from_bytes(&bytes).map_err(|e| to_py(e.into()))
+}
+
+#[pymethods]
+impl Communicator {
+    #[new]
+    #[pyo3(signature = (unique_id=None, size=None, rank=None, *, timeout=None))]
+    fn new(
+        py: Python<'_>,
+        unique_id: Option<&Bound<'_, PyAny>>,
+        size: Option<usize>,
+        rank: Option<i64>,
+        timeout: Option<f64>,
+    ) -> PyResult<Self> {
+        let cfg = config(timeout)?;
+        let c = match (unique_id, size, rank) {
+            (None, None, None) => py.detach(|| oxccl::Communicator::from_env_with(cfg)),
+            (Some(id), Some(size), Some(rank)) => {
+                let id = parse_id(id)?;
+                let r = rank_arg("rank", rank, size)?;
+                py.detach(|| oxccl::Communicator::init(&id, size, r, cfg))
+            }
+            _ => {
+                return Err(invalid(
+                    "unique_id",
+                    "pass unique_id, size and rank together (or none of them, to join from the launcher's environment)",
+                ))
+            }
+        };
+        Ok(Communicator::wrap(c.map_err(to_py)?))
+    }
+
+    /// Joins through a store with torch's interface: rank 0 makes a unique id and `set`s it
+    /// under `key`; the others `get` it (which waits, as torch's stores do).
+    #[staticmethod]
+    #[pyo3(signature = (store, rank, size, *, key="oxccl/unique_id", timeout=None))]
+    fn from_store(
+        py: Python<'_>,
+        store: &Bound<'_, PyAny>,
+        rank: i64,
+        size: usize,
+        key: &str,
+        timeout: Option<f64>,
+    ) -> PyResult<Self> {
+        let cfg = config(timeout)?;
+        let r = rank_arg("rank", rank, size)?;
+        let id = if r.0 == 0 {
+            let id = py.detach(|| oxccl::new_unique_id(&cfg)).map_err(to_py)?;
+            store.call_method1("set", (key, PyBytes::new(py, &id.to_bytes())))?;
+            id
+        } else {
+            parse_id(&store.call_method1("get", (key,))?)?
+        };
+        let c = py.detach(|| oxccl::Communicator::init(&id, size, r, cfg)).map_err(to_py)?;
+        Ok(Communicator::wrap(c))
+    }
+
+    #[getter]
+    fn rank(&self) -> PyResult<u32> {
+        Ok(self.get()?.rank().0)
+    }
+
+    #[getter]
+    fn size(&self) -> PyResult<usize> {
+        Ok(self.get()?.size())
+    }
+
+    /// Whether `close()` (or `abort()`) ended it.
+    #[getter]
+    fn closed(&self) -> bool {
+        lock(&self.comm).is_none()
+    }
+
+    /// In-place when `recv` is None (or is `send`).
+    #[pyo3(signature = (send, recv=None, op=None, *, async_op=false, dtype=None))]
+    fn all_reduce(
+        &self,
+        py: Python<'_>,
+        send: &Bound<'_, PyAny>,
+        recv: Option<&Bound<'_, PyAny>>,
+        op: Option<&Bound<'_, PyAny>>,
+        async_op: bool,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Py<Work>>> {
+        let (dt, op, mut k) = (dtype_arg(dtype)?, parse_op(op)?, Keep::new());
+        let o = match ob("recv", recv, true, dt, &mut k)? {
+            None => Op::in_place(Kind::AllReduce(op), b("send", send, true, dt, &mut k)?),
+            r => Op::new(Kind::AllReduce(op), Some(b("send", send, false, dt, &mut k)?), r, |r| Some(r.ptr))?,
+        };
+        self.call(py, o, k, async_op)
+    }
+
+    /// `buf` of `root` to every rank's `buf` (or, out of place, `send` at the root into every
+    /// `recv`; non-roots may pass None for `send`).
+    #[pyo3(signature = (send, recv=None, root=0, *, async_op=false, dtype=None))]
+    fn broadcast(
+        &self,
+        py: Python<'_>,
+        send: Option<&Bound<'_, PyAny>>,
+        recv: Option<&Bound<'_, PyAny>>,
+        root: i64,
+        async_op: bool,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Py<Work>>> {
+        let (dt, mut k) = (dtype_arg(dtype)?, Keep::new());
+        let root = rank_arg("root", root, self.get()?.size())?;
+        let o = match (ob("send", send, false, dt, &mut k)?, recv.filter(|r| !r.is_none())) {
+            (Some(_), None) => {
+                Op::in_place(Kind::Broadcast(root), b("send", send.unwrap(), true, dt, &mut k)?)
+            }
+            (s, Some(r)) => {
+                Op::new(Kind::Broadcast(root), s, Some(b("recv", r, true, dt, &mut k)?), |r| Some(r.ptr))?
+            }
+            (None, None) => return Err(invalid("recv", "no buffer given")),
+        };
+        self.call(py, o, k, async_op)
+    }
+
+    /// The reduction of every rank's `send` into `recv` at `root` (in place in `send` when
+    /// `recv` is None; non-roots may pass None for `recv`).
+    #[pyo3(signature = (send, recv=None, op=None, root=0, *, async_op=false, dtype=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn reduce(
+        &self,
+        py: Python<'_>,
+        send: &Bound<'_, PyAny>,
+        recv: Option<&Bound<'_, PyAny>>,
+        op: Option<&Bound<'_, PyAny>>,
+        root: i64,
+        async_op: bool,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Py<Work>>> {
+        let (dt, op, mut k) = (dtype_arg(dtype)?, parse_op(op)?, Keep::new());
+        let c = self.get()?;
+        let root = rank_arg("root", root, c.size())?;
+        let kind = Kind::Reduce(op, root);
+        let o = match ob("recv", recv, true, dt, &mut k)? {
+            None if c.rank() == root => Op::in_place(kind, b("send", send, true, dt, &mut k)?),
+            None => Op::new(kind, Some(b("send", send, false, dt, &mut k)?), None, |_| None)?,
+            r => Op::new(kind, Some(b("send", send, false, dt, &mut k)?), r, |r| Some(r.ptr))?,
+        };
+        self.call(py, o, k, async_op)
+    }
+
+    /// Every rank's `send` into every rank's `recv` (size × len(send)), in rank order; in
+    /// place when `send` is this rank's slice of `recv` (or None).
+    #[pyo3(signature = (send, recv, *, async_op=false, dtype=None))]
+    fn all_gather(
+        &self,
+        py: Python<'_>,
+        send: Option<&Bound<'_, PyAny>>,
+        recv: &Bound<'_, PyAny>,
+        async_op: bool,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Py<Work>>> {
+        let (dt, mut k) = (dtype_arg(dtype)?, Keep::new());
+        let c = self.get()?;
+        let (me, p) = (c.rank().idx(), c.size());
+        let r = b("recv", recv, true, dt, &mut k)?;
+        let o = match ob("send", send, false, dt, &mut k)? {
+            None => Op::in_place(Kind::AllGather, r),
+            s => Op::new(Kind::AllGather, s, Some(r), |r| Some(r.ptr + me * (r.len / p)))?,
+        };
+        self.call(py, o, k, async_op)
+    }
+
+    /// Block r of the reduction of every rank's `send` into rank r's `recv`; in place when
+    /// `recv` is this rank's block of `send` (or None).
+    #[pyo3(signature = (send, recv=None, op=None, *, async_op=false, dtype=None))]
+    fn reduce_scatter(
+        &self,
+        py: Python<'_>,
+        send: &Bound<'_, PyAny>,
+        recv: Option<&Bound<'_, PyAny>>,
+        op: Option<&Bound<'_, PyAny>>,
+        async_op: bool,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Py<Work>>> {
+        let (dt, op, mut k) = (dtype_arg(dtype)?, parse_op(op)?, Keep::new());
+        let me = self.get()?.rank().idx();
+        let o = match ob("recv", recv, true, dt, &mut k)? {
+            None => Op::in_place(Kind::ReduceScatter(op), b("send", send, true, dt, &mut k)?),
+            r => Op::new(Kind::ReduceScatter(op), Some(b("send", send, false, dt, &mut k)?), r, |r| {
+                Some(r.ptr.wrapping_sub(me * r.len))
+            })?,
+        };
+        self.call(py, o, k, async_op)
+    }
+
+    /// Block j of this rank's `send` to rank j, whose block i of `recv` it fills (in place
+    /// when `recv` is None).
+    #[pyo3(signature = (send, recv=None, *, async_op=false, dtype=None))]
+    fn all_to_all(
+        &self,
+        py: Python<'_>,
+        send: &Bound<'_, PyAny>,
+        recv: Option<&Bound<'_, PyAny>>,
+        async_op: bool,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Py<Work>>> {
+        let (dt, mut k) = (dtype_arg(dtype)?, Keep::new());
+        let o = match ob("recv", recv, true, dt, &mut k)? {
+            None => Op::in_place(Kind::AllToAll, b("send", send, true, dt, &mut k)?),
+            r => Op::new(Kind::AllToAll, Some(b("send", send, false, dt, &mut k)?), r, |_| None)?,
+        };
+        self.call(py, o, k, async_op)
+    }
+
+    /// All-to-all with per-peer counts (elements; displacements default to the counts'
+    /// prefix sums).
+    #[pyo3(signature = (send, recv, send_counts, recv_counts, send_displs=None, recv_displs=None, *, async_op=false, dtype=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn all_to_all_v(
+        &self,
+        py: Python<'_>,
+        send: &Bound<'_, PyAny>,
+        recv: &Bound<'_, PyAny>,
+        send_counts: Vec<usize>,
+        recv_counts: Vec<usize>,
+        send_displs: Option<Vec<usize>>,
+        recv_displs: Option<Vec<usize>>,
+        async_op: bool,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Py<Work>>> {
+        let (dt, mut k) = (dtype_arg(dtype)?, Keep::new());
+        let send_displs = send_displs.unwrap_or_else(|| prefix_sums(&send_counts));
+        let recv_displs = recv_displs.unwrap_or_else(|| prefix_sums(&recv_counts));
+        let kind = Kind::AllToAllV { send_counts, send_displs, recv_counts, recv_displs };
+        let s = b("send", send, false, dt, &mut k)?;
+        let r = b("recv", recv, true, dt, &mut k)?;
+        let o = Op::new(kind, Some(s), Some(r), |_| None)?;
+        self.call(py, o, k, async_op)
+    }
+
+    /// Every rank's `send` into `recv` at `root` (size × len(send), rank order; non-roots
+    /// may pass None for `recv`).
+    #[pyo3(signature = (send, recv=None, root=0, *, async_op=false, dtype=None))]
+    fn gather(
+        &self,
+        py: Python<'_>,
+        send: &Bound<'_, PyAny>,
+        recv: Option<&Bound<'_, PyAny>>,
+        root: i64,
+        async_op: bool,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Py<Work>>> {
+        let (dt, mut k) = (dtype_arg(dtype)?, Keep::new());
+        let c = self.get()?;
+        let root = rank_arg("root", root, c.size())?;
+        let (me, p) = (c.rank().idx(), c.size());
+        let s = b("send", send, false, dt, &mut k)?;
+        let r = ob("recv", recv, true, dt, &mut k)?;
+        if c.rank() == root && r.is_none() {
+            return Err(invalid("recv", "the root of a gather needs a recv buffer"));
+        }
+        let o = Op::new(Kind::Gather(root), Some(s), r, |r| Some(r.ptr + me * (r.len / p)))?;
+        self.call(py, o, k, async_op)
+    }
+
+    /// Block j of `send` at `root` into rank j's `recv` (non-roots may pass None for
+    /// `send`).
+    #[pyo3(signature = (send, recv, root=0, *, async_op=false, dtype=None))]
+    fn scatter(
+        &self,
+        py: Python<'_>,
+        send: Option<&Bound<'_, PyAny>>,
+        recv: &Bound<'_, PyAny>,
+        root: i64,
+        async_op: bool,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Py<Work>>> {
+        let (dt, mut k) = (dtype_arg(dtype)?, Keep::new());
+        let c = self.get()?;
+        let root = rank_arg("root", root, c.size())?;
+        let me = c.rank().idx();
+        let s = ob("send", send, false, dt, &mut k)?;
+        if c.rank() == root && s.is_none() {
+            return Err(invalid("send", "the root of a scatter needs a send buffer"));
+        }
+        let r = b("recv", recv, true, dt, &mut k)?;
+        let o = Op::new(Kind::Scatter(root), s, Some(r), |r| Some(r.ptr.wrapping_sub(me * r.len)))?;
+        self.call(py, o, k, async_op)
+    }
+
+    #[pyo3(signature = (buf, peer, *, async_op=false, dtype=None))]
+    fn send(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        peer: i64,
+        async_op: bool,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Py<Work>>> {
+        let (dt, mut k) = (dtype_arg(dtype)?, Keep::new());
+        let peer = rank_arg("peer", peer, self.get()?.size())?;
+        let o = Op::new(Kind::Send(peer), Some(b("buf", buf, false, dt, &mut k)?), None, |_| None)?;
+        self.call(py, o, k, async_op)
+    }
+
+    #[pyo3(signature = (buf, peer, *, async_op=false, dtype=None))]
+    fn recv(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        peer: i64,
+        async_op: bool,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Py<Work>>> {
+        let (dt, mut k) = (dtype_arg(dtype)?, Keep::new());
+        let peer = rank_arg("peer", peer, self.get()?.size())?;
+        let o = Op::new(Kind::Recv(peer), None, Some(b("buf", buf, true, dt, &mut k)?), |_| None)?;
+        self.call(py, o, k, async_op)
+    }
+
+    /// Returns once every rank has called it.
+    fn barrier(&self, py: Python<'_>) -> PyResult<()> {
+        let comm = self.get()?;
+        py.detach(move || {
+            let mut one = [0u8; 1];
+            let mut g = comm.group();
+            g.all_reduce_in_place_raw(oxccl::DataType::U8, &mut one, ReduceOp::Max)?;
+            g.end()
+        })
+        .map_err(to_py)
+    }
+
+    /// `with comm.group():` records the calls made inside and runs them together at the end
+    /// of the block (sends and receives that depend on each other progress together).
+    /// `async_op=True`: the block launches them; its `work` attribute then holds the Work.
+    #[pyo3(signature = (*, async_op=false))]
+    fn group(slf: &Bound<'_, Self>, async_op: bool) -> GroupCall {
+        GroupCall { comm: slf.clone().unbind(), async_op, work: Mutex::new(None) }
+    }
+
+    /// The communicator of the ranks that pass the same `color` (None: this rank joins none
+    /// and gets None), ranked by `key` (default: this rank), then by rank.
+    #[pyo3(signature = (color, key=None))]
+    fn split(&self, py: Python<'_>, color: Option<u32>, key: Option<i64>) -> PyResult<Option<Communicator>> {
+        let c = self.get()?;
+        let key = key.unwrap_or(c.rank().0 as i64);
+        let r = py.detach(|| c.split(color, key)).map_err(to_py)?;
+        Ok(r.map(Communicator::wrap))
+    }
+
+    /// A communicator of the ranks not in `exclude` (after those failed, say). The excluded
+    /// ranks do not call it.
+    fn shrink(&self, py: Python<'_>, exclude: Vec<i64>) -> PyResult<Communicator> {
+        let c = self.get()?;
+        let ex: Vec<Rank> =
+            exclude.iter().map(|r| rank_arg("exclude", *r, c.size())).collect::<PyResult<_>>()?;
+        let r = py.detach(|| c.shrink(&ex)).map_err(to_py)?;
+        Ok(Communicator::wrap(r))
+    }
+
+    /// Ends every call in progress on this rank (they raise AbortedError) and the
+    /// communicator; callable from any thread at any time.
+    fn abort(&self, py: Python<'_>) {
+        if let Some(c) = lock(&self.comm).take() {
+            #[cfg(feature = "cuda")]
+            self.dev.abort();
+            py.detach(|| c.abort());
+        }
+    }
+
+    /// Ends the communicator once its calls are complete (idempotent).
+    fn close(&self, py: Python<'_>) {
+        if let Some(c) = lock(&self.comm).take() {
+            #[cfg(feature = "cuda")]
+            self.dev.close();
+            py.detach(|| c.close());
+        }
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) {
+        self.close(py)
+    }
+
+    fn __repr__(&self) -> String {
+        match lock(&self.comm).as_ref() {
+            Some(c) => format!("<oxccl.Communicator rank {} of {}>", c.rank(), c.size()),
+            None => "<oxccl.Communicator (closed)>".into(),
+        }
+    }
+}
+
+/// The context manager `comm.group()` returns.
+#[pyclass(module = "oxccl._oxccl", frozen)]
+pub struct GroupCall {
+    comm: Py<Communicator>,
+    async_op: bool,
+    work: Mutex<Option<Py<Work>>>,
+}
+
+#[pymethods]
+impl GroupCall {
+    fn __enter__(slf: Py<Self>, py: Python<'_>) -> PyResult<Py<Self>> {
+        let c = slf.get().comm.get();
+        let mut g = lock(&c.group);
+        if g.is_some() {
+            return Err(invalid(
+                "group",
+                "a group is already open on this communicator (groups do not nest)",
+            ));
+        }
+        *g = Some((Vec::new(), Keep::new()));
+        drop(g);
+        let _ = py;
+        Ok(slf)
+    }
+
+    #[pyo3(signature = (exc_type, _exc=None, _tb=None))]
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        exc_type: Option<&Bound<'_, PyAny>>,
+        _exc: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        let c = self.comm.get();
+        let Some((ops, keep)) = lock(&c.group).take() else { return Ok(false) };
+        if exc_type.is_some_and(|e| !e.is_none()) || ops.is_empty() {
+            // An exception inside the block: nothing was started; the exception goes on.
+            return Ok(false);
+        }
+        let w = c.run(py, ops, keep, self.async_op)?;
+        *lock(&self.work) = w;
+        Ok(false)
+    }
+
+    /// The group's Work (for `group(async_op=True)`, once the block has ended).
+    #[getter]
+    fn work(&self, py: Python<'_>) -> Option<Py<Work>> {
+        lock(&self.work).as_ref().map(|w| w.clone_ref(py))
+    }
+}
