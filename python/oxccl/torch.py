@@ -1,0 +1,365 @@
+"""The torch.distributed backend "oxccl": `import oxccl.torch`, then
+`dist.init_process_group("oxccl")` (under torchrun), `dist.new_group(backend="oxccl")`, DDP,
+FSDP2 (`fully_shard`), on CPU tensors (and CUDA tensors, through the device engines on the
+current stream).
+
+Each process group gets its own oxccl communicator, set up through the group's store (rank 0
+makes a unique id and sets it; the others get it). A call on CPU tensors runs on the calling
+thread and is complete when it returns (as a host-memory call of NCCL's API is): its Work is
+already complete, and its future already holds the outputs, so DDP's comm hooks chain on it
+at once. `OXCCL_TORCH_ASYNC=1` launches each call on the communicator's worker thread
+instead and returns at once (Gloo's model); a helper thread completes the futures in order.
+
+Operators: SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR (the library's own), and
+PREMUL_SUM (torch's `_make_nccl_premul_sum(factor)`: the factor is applied to the input
+before the sum). Errors surface as the oxccl exception classes (`oxccl.PeerGoneError` names
+the rank that ended, `oxccl.MismatchError` both calls, `oxccl.InvalidArgumentError` the
+argument).
+"""
+
+import queue
+import threading
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from . import _oxccl
+from .errors import InvalidArgumentError
+
+_R = dist.ReduceOp
+_OPS = {
+    _R.SUM: "sum",
+    _R.AVG: "avg",
+    _R.PRODUCT: "prod",
+    _R.MIN: "min",
+    _R.MAX: "max",
+    _R.BAND: "band",
+    _R.BOR: "bor",
+    _R.BXOR: "bxor",
+}
+
+
+def _op(reduce_op):
+    """torch's ReduceOp → (oxccl operator name, PREMUL_SUM's factor or None)."""
+    kind = getattr(reduce_op, "op", reduce_op)
+    if kind == _R.PREMUL_SUM:
+        # A float, or a 1-element tensor (torch's `_make_nccl_premul_sum(factor)`).
+        return "sum", reduce_op.factor
+    try:
+        return _OPS[kind], None
+    except (KeyError, TypeError):
+        raise InvalidArgumentError(f"op: {reduce_op} is not an operator oxccl has") from None
+
+
+class _Completer:
+    """Completes the futures of calls still running (sends and receives, which run on the
+    communicator's worker thread), in issue order, on a thread of its own: the calls of one
+    communicator complete in that order."""
+
+    def __init__(self):
+        self.q = queue.SimpleQueue()
+        self.t = threading.Thread(target=self._loop, name="oxccl-futures", daemon=True)
+        self.t.start()
+
+    def _loop(self):
+        while True:
+            work, src = self.q.get()
+            try:
+                work.wait()
+            except Exception as e:  # noqa: BLE001 - the future carries the call's error
+                src.set_result((False, e))
+            else:
+                src.set_result((True, work.outputs))
+
+    def add(self, work, src):
+        self.q.put((work, src))
+
+
+def _unwrap(src):
+    """The value of a future completed with (ok, value): the outputs, or the call's error
+    raised (torch's C++ side returns, not raises, an exception given to set_exception, so
+    errors travel as values and are raised here, in a `then` callback)."""
+    ok, v = src.value()
+    if not ok:
+        raise v
+    return v
+
+
+class Work(dist._Work):
+    """A call's Work for torch: `wait()` and `get_future()` (the future's value is the list
+    of output tensors, which DDP's comm hooks read). A call on CPU tensors is complete when
+    its method returns; sends and receives may still be running."""
+
+    def __init__(self, outputs, work=None, backend=None):
+        super().__init__()
+        self.outputs = list(outputs)
+        self._work = work  # the oxccl Work of a call still running, else None
+        self._backend = backend
+        self._fut = None
+
+    def wait(self, timeout=None):
+        if self._work is not None:
+            self._work.wait()
+        return True
+
+    def get_future(self):
+        if self._fut is None:
+            if self._work is None:
+                self._fut = torch.futures.Future()
+                self._fut.set_result(self.outputs)
+            else:
+                src = torch.futures.Future()
+                self._fut = src.then(_unwrap)
+                self._backend._completer().add(self, src)
+        return self._fut
+
+
+def _flat(t):
+    """A tensor as the flat buffer the library sees (views, not copies; torch passes
+    multi-dimensional and stacked tensors)."""
+    if not t.is_contiguous():
+        raise InvalidArgumentError(
+            f"tensor: a non-contiguous tensor (shape {tuple(t.shape)}, strides {t.stride()}); "
+            "pass tensor.contiguous()"
+        )
+    return t.reshape(-1)
+
+
+class OxcclBackend(torch._C._distributed_c10d.Backend):
+    """The backend object torch wraps in a ProcessGroup: one oxccl communicator."""
+
+    def __init__(self, store, rank, size, timeout):
+        super().__init__(rank, size)
+        self._timeout = timeout
+        self._options = torch._C._distributed_c10d.Backend.Options("oxccl", timeout=timeout)
+        secs = timeout.total_seconds() if isinstance(timeout, timedelta) else None
+        self.comm = _oxccl.Communicator.from_store(store, rank, size, key="oxccl/unique_id", timeout=secs)
+        self._rank = rank
+        self._size = size
+        self._group = None  # the open coalescing group (batch_isend_irecv)
+        self._done = None
+        self._lock = threading.Lock()
+
+    # What torch asks of every backend (each, left undefined, recurses in torch 2.15).
+    @property
+    def options(self):
+        return self._options
+
+    supports_splitting = property(lambda self: False)
+    supports_coalescing = property(lambda self: True)
+    _supports_time_estimate = property(lambda self: False)
+    supports_shrinking = property(lambda self: False)
+    supports_reconfigure = property(lambda self: False)
+    supports_window = property(lambda self: False)
+
+    def getBackendName(self):
+        return "oxccl"
+
+    def _completer(self):
+        with self._lock:
+            if self._done is None:
+                self._done = _Completer()
+            return self._done
+
+    # Reductions.
+    def _reduce_args(self, opts, inputs, in_place):
+        """(operator, inputs): PREMUL_SUM scales the inputs first (in place where the call is
+        in place, else on copies)."""
+        op, factor = _op(opts.reduceOp)
+        if factor is not None:
+            if isinstance(factor, torch.Tensor):
+                factor = factor.to(device=inputs[0].device) if factor.numel() == 1 else factor
+            inputs = [t.mul_(factor) if in_place else t * factor for t in inputs]
+        return op, inputs
+
+    def allreduce(self, tensors, opts):
+        op, ins = self._reduce_args(opts, tensors, True)
+        if len(ins) == 1:
+            self.comm.all_reduce(_flat(ins[0]), None, op)
+        else:
+            with self.comm.group():
+                for t in ins:
+                    self.comm.all_reduce(_flat(t), None, op)
+        return Work(tensors)
+
+    def allreduce_coalesced(self, tensors, opts):
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts):
+        root = opts.rootRank
+        if len(tensors) == 1:
+            self.comm.broadcast(_flat(tensors[0]), None, root)
+        else:
+            with self.comm.group():
+                for t in tensors:
+                    self.comm.broadcast(_flat(t), None, root)
+        return Work(tensors)
+
+    def reduce(self, tensors, opts):
+        op, ins = self._reduce_args(opts, tensors, True)
+        with self.comm.group():
+            for t in ins:
+                self.comm.reduce(_flat(t), None, op, opts.rootRank)
+        return Work(tensors)
+
+    # Gathers.
+    def allgather(self, output_lists, inputs, opts):
+        # Each rank's input into every rank's output[r]: one broadcast per rank, in a group
+        # (no staging copy; outputs may differ in size, as torch allows).
+        me = self._rank
+        with self.comm.group():
+            for outs, inp in zip(output_lists, inputs):
+                for r, o in enumerate(outs):
+                    self.comm.broadcast(_flat(inp) if r == me else None, _flat(o), r)
+        return Work(output_lists[0] if len(output_lists) == 1 else [t for ol in output_lists for t in ol])
+
+    def allgather_coalesced(self, output_lists, inputs, opts):
+        return self.allgather(output_lists, inputs, opts)
+
+    def all_gather_single(self, out, inp, opts):
+        self.comm.all_gather(_flat(inp), _flat(out))
+        return Work([out])
+
+    def all_gather_single_coalesced(self, outs, inps, opts):
+        with self.comm.group():
+            for o, i in zip(outs, inps):
+                self.comm.all_gather(_flat(i), _flat(o))
+        return Work(outs)
+
+    def reduce_scatter(self, outs, input_lists, opts):
+        me = self._rank
+        with self.comm.group():
+            for out, ins in zip(outs, input_lists):
+                op, ins = self._reduce_args(opts, ins, False)
+                for r, i in enumerate(ins):
+                    self.comm.reduce(_flat(i), _flat(out) if r == me else None, op, r)
+        return Work(outs)
+
+    def reduce_scatter_single(self, out, inp, opts):
+        op, (inp,) = self._reduce_args(opts, [inp], False)
+        self.comm.reduce_scatter(_flat(inp), _flat(out), op)
+        return Work([out])
+
+    def reduce_scatter_single_coalesced(self, outs, inps, opts):
+        with self.comm.group():
+            for o, i in zip(outs, inps):
+                op, (i,) = self._reduce_args(opts, [i], False)
+                self.comm.reduce_scatter(_flat(i), _flat(o), op)
+        return Work(outs)
+
+    # All-to-all.
+    def alltoall(self, outs, inps, opts):
+        me = self._rank
+        outs[me].copy_(inps[me])
+        with self.comm.group():
+            for r in range(self._size):
+                if r != me:
+                    self.comm.send(_flat(inps[r]), r)
+                    self.comm.recv(_flat(outs[r]), r)
+        return Work(outs)
+
+    def all_to_all_single(self, out, inp, out_splits, in_splits, opts):
+        if not out_splits and not in_splits:
+            self.comm.all_to_all(_flat(inp), _flat(out))
+            return Work([out])
+        p = self._size
+
+        def counts(t, splits, arg):
+            rows = t.shape[0] if t.dim() > 0 else 0
+            row = t.numel() // rows if rows else 0
+            if not splits:
+                if rows % p:
+                    raise InvalidArgumentError(f"{arg}: {rows} rows do not split evenly over {p} ranks")
+                splits = [rows // p] * p
+            if len(splits) != p or sum(splits) != rows:
+                raise InvalidArgumentError(
+                    f"{arg}: split sizes {list(splits)} must be {p} numbers summing to the tensor's {rows} rows"
+                )
+            return [s * row for s in splits]
+
+        self.comm.all_to_all_v(
+            _flat(inp), _flat(out), counts(inp, in_splits, "input_split_sizes"), counts(out, out_splits, "output_split_sizes")
+        )
+        return Work([out])
+
+    # Rooted gathers and scatters: point-to-point in a group (list buffers, no staging).
+    def gather(self, output_lists, inputs, opts):
+        root, me = opts.rootRank, self._rank
+        with self.comm.group():
+            if me == root:
+                outs = output_lists[0]
+                for r in range(self._size):
+                    if r != me:
+                        self.comm.recv(_flat(outs[r]), r)
+            else:
+                self.comm.send(_flat(inputs[0]), root)
+        if me == root:
+            output_lists[0][me].copy_(inputs[0])
+            return Work(output_lists[0])
+        return Work(inputs)
+
+    def scatter(self, outs, input_lists, opts):
+        root, me = opts.rootRank, self._rank
+        with self.comm.group():
+            if me == root:
+                ins = input_lists[0]
+                for r in range(self._size):
+                    if r != me:
+                        self.comm.send(_flat(ins[r]), r)
+            else:
+                self.comm.recv(_flat(outs[0]), root)
+        if me == root:
+            outs[0].copy_(input_lists[0][me])
+        return Work(outs)
+
+    def barrier(self, opts):
+        self.comm.barrier()
+        return Work([])
+
+    # Point-to-point: launched on the worker thread (an isend, then a recv, on two ranks must
+    # not wait for each other), or recorded in the open coalescing group.
+    def send(self, tensors, dst, tag):
+        return self._p2p(self.comm.send, tensors, dst)
+
+    def recv(self, tensors, src, tag):
+        return self._p2p(self.comm.recv, tensors, src)
+
+    def recv_anysource(self, tensors, tag):
+        raise InvalidArgumentError("recv: oxccl needs the source rank (src=None, a receive from any rank, is not supported)")
+
+    def _p2p(self, fn, tensors, peer):
+        if len(tensors) != 1:
+            raise InvalidArgumentError(f"tensors: send/recv take one tensor, not {len(tensors)}")
+        if self._group is not None:
+            fn(_flat(tensors[0]), peer)
+            return None
+        return Work(tensors, fn(_flat(tensors[0]), peer, async_op=True), self)
+
+    def start_coalescing(self):
+        if self._group is not None:
+            raise InvalidArgumentError("start_coalescing: a coalescing block is already open")
+        self._group = self.comm.group(async_op=True)
+        self._group.__enter__()
+
+    def end_coalescing(self):
+        g, self._group = self._group, None
+        if g is None:
+            raise InvalidArgumentError("end_coalescing: no coalescing block is open")
+        g.__exit__(None, None, None)
+        return Work([], g.work, self)
+
+    def shutdown(self):
+        self.comm.close()
+
+    def abort(self):
+        self.comm.abort()
+
+
+def _create(store, rank, size, timeout):
+    return OxcclBackend(store, rank, size, timeout)
+
+
+dist.Backend.register_backend("oxccl", _create, extended_api=False, devices=["cpu", "cuda"])
+
+__all__ = ["OxcclBackend", "Work"]
