@@ -28,28 +28,31 @@ from . import _oxccl
 from .errors import InvalidArgumentError
 
 _R = dist.ReduceOp
+# torch's operator kinds → the library's operator numbers (NCCL's: the extension takes them
+# without parsing).
 _OPS = {
-    _R.SUM: "sum",
-    _R.AVG: "avg",
-    _R.PRODUCT: "prod",
-    _R.MIN: "min",
-    _R.MAX: "max",
-    _R.BAND: "band",
-    _R.BOR: "bor",
-    _R.BXOR: "bxor",
+    _R.SUM: 0,
+    _R.PRODUCT: 1,
+    _R.MAX: 2,
+    _R.MIN: 3,
+    _R.AVG: 4,
+    _R.BAND: 0x40,
+    _R.BOR: 0x41,
+    _R.BXOR: 0x42,
 }
+_PREMUL = _R.PREMUL_SUM
 
 
 def _op(reduce_op):
-    """torch's ReduceOp → (oxccl operator name, PREMUL_SUM's factor or None)."""
-    kind = getattr(reduce_op, "op", reduce_op)
-    if kind == _R.PREMUL_SUM:
+    """torch's ReduceOp → (the library's operator number, PREMUL_SUM's factor or None)."""
+    kind = reduce_op.op
+    n = _OPS.get(kind)
+    if n is not None:
+        return n, None
+    if kind == _PREMUL:
         # A float, or a 1-element tensor (torch's `_make_nccl_premul_sum(factor)`).
-        return "sum", reduce_op.factor
-    try:
-        return _OPS[kind], None
-    except (KeyError, TypeError):
-        raise InvalidArgumentError(f"op: {reduce_op} is not an operator oxccl has") from None
+        return 0, reduce_op.factor
+    raise InvalidArgumentError(f"op: {reduce_op} is not an operator oxccl has")
 
 
 class _Completer:
@@ -116,14 +119,9 @@ class Work(dist._Work):
 
 
 def _flat(t):
-    """A tensor as the flat buffer the library sees (views, not copies; torch passes
-    multi-dimensional and stacked tensors)."""
-    if not t.is_contiguous():
-        raise InvalidArgumentError(
-            f"tensor: a non-contiguous tensor (shape {tuple(t.shape)}, strides {t.stride()}); "
-            "pass tensor.contiguous()"
-        )
-    return t.reshape(-1)
+    """A tensor as the library sees it: its bytes. The extension takes any contiguous tensor
+    (torch passes multi-dimensional and stacked ones) and refuses others, naming them."""
+    return t
 
 
 class OxcclBackend(torch._C._distributed_c10d.Backend):
@@ -174,13 +172,17 @@ class OxcclBackend(torch._C._distributed_c10d.Backend):
         return op, inputs
 
     def allreduce(self, tensors, opts):
+        if len(tensors) == 1:
+            op, factor = _op(opts.reduceOp)
+            t = tensors[0]
+            if factor is not None:
+                t.mul_(factor)
+            self.comm.all_reduce(t, None, op)
+            return Work(tensors)
         op, ins = self._reduce_args(opts, tensors, True)
-        if len(ins) == 1:
-            self.comm.all_reduce(_flat(ins[0]), None, op)
-        else:
-            with self.comm.group():
-                for t in ins:
-                    self.comm.all_reduce(_flat(t), None, op)
+        with self.comm.group():
+            for t in ins:
+                self.comm.all_reduce(_flat(t), None, op)
         return Work(tensors)
 
     def allreduce_coalesced(self, tensors, opts):
@@ -218,7 +220,7 @@ class OxcclBackend(torch._C._distributed_c10d.Backend):
         return self.allgather(output_lists, inputs, opts)
 
     def all_gather_single(self, out, inp, opts):
-        self.comm.all_gather(_flat(inp), _flat(out))
+        self.comm.all_gather(inp, out)
         return Work([out])
 
     def all_gather_single_coalesced(self, outs, inps, opts):

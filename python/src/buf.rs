@@ -191,9 +191,7 @@ fn tensor(arg: &str, o: &Bound<'_, PyAny>, t: &Torch, dtype: Option<DataType>) -
     if !o.call_method0(pyo3::intern!(py, "is_contiguous"))?.extract::<bool>()? {
         return Err(invalid(arg, "the tensor is not contiguous (pass tensor.contiguous())"));
     }
-    let numel: usize = o.call_method0(pyo3::intern!(py, "numel"))?.extract()?;
-    let item: usize = o.call_method0(pyo3::intern!(py, "element_size"))?.extract()?;
-    let len = numel * item;
+    let len: usize = o.getattr(pyo3::intern!(py, "nbytes"))?.extract()?;
     if len % dt.size_bytes() != 0 {
         return Err(invalid(arg, format!("{len} bytes is not a whole number of {dt} elements")));
     }
