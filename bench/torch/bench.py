@@ -139,7 +139,7 @@ def main():
     rank, p = dist.get_rank(), dist.get_world_size()
     groups = {"gloo": dist.group.WORLD, "oxccl": dist.new_group(backend="oxccl")}
     os.makedirs(a.out, exist_ok=True)
-    for coll in a.colls.split(","):
+    for coll in [c for c in a.colls.split(",") if c]:
         res = {b: [] for b in groups}
         for size in sizes(a.min_bytes, a.max_bytes):
             fn = make(coll, size, p)

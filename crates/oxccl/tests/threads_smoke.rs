@@ -55,3 +55,56 @@ fn tcp_two_ranks_big() {
         std::thread::sleep(Duration::from_millis(200));
     });
 }
+
+/// Sets a flag when dropped: stands for the references a binding hands `launch_detached`.
+struct Flag(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Flag {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn detached_calls_complete_in_order_and_drop_their_keep_after_completion() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let cfg = Config::default().with_timeout(Some(Duration::from_secs(30)));
+    with_ranks(3, cfg, |c| {
+        let n = 300_007usize;
+        let me = c.rank().0;
+        // The input's ownership moves into the keep-alive, as a Python object's would; the
+        // output stays here to be checked.
+        let send: Box<[u32]> = (0..n as u32).map(|i| i.wrapping_mul(me + 1)).collect();
+        let mut recv = vec![0u32; n];
+        let (sp, rp) = (send.as_ptr(), recv.as_mut_ptr());
+        let dropped = Arc::new(AtomicBool::new(false));
+        let keep: Box<dyn Send> = Box::new((send, Flag(dropped.clone())));
+        let mut g = c.group();
+        // SAFETY: `send` is owned by `keep`, which the call drops only once complete; `recv`
+        // is not touched here until the call is complete (checked below before reading it).
+        let (s, r) = unsafe { (std::slice::from_raw_parts(sp, n), std::slice::from_raw_parts_mut(rp, n)) };
+        g.all_reduce(s, r, ReduceOp::Sum).unwrap();
+        // SAFETY: as above.
+        let w = unsafe { g.launch_detached(keep) }.unwrap();
+        // A blocking call after it runs after it (calls run in issue order).
+        let mut x = [me + 1];
+        c.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+        assert_eq!(x[0], 6);
+        assert!(
+            w.test(),
+            "rank {me}: the detached call was not complete when a later blocking call returned"
+        );
+        assert!(dropped.load(Ordering::SeqCst), "rank {me}: keep not dropped after completion");
+        w.wait().unwrap();
+        for (i, v) in recv.iter().enumerate() {
+            assert_eq!(*v, (i as u32).wrapping_mul(6), "rank {me}: element {i}");
+        }
+        // An empty group completes at once, dropping its keep.
+        let d2 = Arc::new(AtomicBool::new(false));
+        // SAFETY: no buffers.
+        let w2 = unsafe { c.group().launch_detached(Box::new(Flag(d2.clone()))) }.unwrap();
+        assert!(w2.test() && d2.load(Ordering::SeqCst));
+        w2.wait().unwrap();
+    });
+}
