@@ -124,7 +124,26 @@ def _flat(t):
     return t
 
 
-class OxcclBackend(torch._C._distributed_c10d.Backend):
+def _base():
+    """torch 2.15's c10d Backend, which Python may subclass and torch wraps in its own
+    ProcessGroup; older torch (2.11, say) lets Python subclass only ProcessGroup, which then
+    is the group itself, and calls the methods by their older names (aliased below)."""
+    b = torch._C._distributed_c10d.Backend
+
+    class _Probe(b):
+        pass
+
+    try:
+        _Probe(0, 1)
+        return b, False
+    except TypeError:
+        return dist.ProcessGroup, True
+
+
+_BASE, _LEGACY = _base()
+
+
+class OxcclBackend(_BASE):
     """The backend object torch wraps in a ProcessGroup: one oxccl communicator."""
 
     def __init__(self, store, rank, size, timeout):
@@ -356,6 +375,17 @@ class OxcclBackend(torch._C._distributed_c10d.Backend):
 
     def abort(self):
         self.comm.abort()
+
+
+if _LEGACY:
+    # The names torch before 2.15 calls on a Python ProcessGroup.
+    OxcclBackend._allgather_base = OxcclBackend.all_gather_single
+    OxcclBackend.allgather_into_tensor_coalesced = OxcclBackend.all_gather_single_coalesced
+    OxcclBackend._reduce_scatter_base = OxcclBackend.reduce_scatter_single
+    OxcclBackend.reduce_scatter_tensor_coalesced = OxcclBackend.reduce_scatter_single_coalesced
+    OxcclBackend.alltoall_base = OxcclBackend.all_to_all_single
+    OxcclBackend.name = OxcclBackend.getBackendName
+    del OxcclBackend.options
 
 
 def _create(store, rank, size, timeout):
