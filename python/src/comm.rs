@@ -122,6 +122,28 @@ impl Communicator {
     }
 }
 
+impl Communicator {
+    fn p2p(
+        &self,
+        py: Python<'_>,
+        recv: bool,
+        buf: &Bound<'_, PyAny>,
+        peer: i64,
+        async_op: bool,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Py<Work>>> {
+        let (dt, mut k) = (dtype_arg(dtype)?, Keep::new());
+        let peer = rank_arg("peer", peer, self.get()?.size())?;
+        let b = Some(b("buf", buf, recv, dt, &mut k)?);
+        let o = if recv {
+            Op::new(Kind::Recv(peer), None, b, |_| None)?
+        } else {
+            Op::new(Kind::Send(peer), b, None, |_| None)?
+        };
+        self.call(py, o, k, async_op)
+    }
+}
+
 /// Parses an operator: a name (`"sum"`, `"prod"`/`"product"`, `"max"`, `"min"`, `"avg"`,
 /// `"band"`, `"bor"`, `"bxor"`) or NCCL's number.
 fn parse_op(o: Option<&Bound<'_, PyAny>>) -> PyResult<ReduceOp> {
@@ -489,6 +511,7 @@ impl Communicator {
         self.call(py, o, k, async_op)
     }
 
+    /// `buf` to rank `peer` (which receives it with `recv`).
     #[pyo3(signature = (buf, peer, *, async_op=false, dtype=None))]
     fn send(
         &self,
@@ -498,12 +521,10 @@ impl Communicator {
         async_op: bool,
         dtype: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<Py<Work>>> {
-        let (dt, mut k) = (dtype_arg(dtype)?, Keep::new());
-        let peer = rank_arg("peer", peer, self.get()?.size())?;
-        let o = Op::new(Kind::Send(peer), Some(b("buf", buf, false, dt, &mut k)?), None, |_| None)?;
-        self.call(py, o, k, async_op)
+        self.p2p(py, false, buf, peer, async_op, dtype)
     }
 
+    /// Rank `peer`'s `send` into `buf`.
     #[pyo3(signature = (buf, peer, *, async_op=false, dtype=None))]
     fn recv(
         &self,
@@ -513,10 +534,7 @@ impl Communicator {
         async_op: bool,
         dtype: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<Py<Work>>> {
-        let (dt, mut k) = (dtype_arg(dtype)?, Keep::new());
-        let peer = rank_arg("peer", peer, self.get()?.size())?;
-        let o = Op::new(Kind::Recv(peer), None, Some(b("buf", buf, true, dt, &mut k)?), |_| None)?;
-        self.call(py, o, k, async_op)
+        self.p2p(py, true, buf, peer, async_op, dtype)
     }
 
     /// Returns once every rank has called it.
