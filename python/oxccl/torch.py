@@ -17,8 +17,10 @@ the rank that ended, `oxccl.MismatchError` both calls, `oxccl.InvalidArgumentErr
 argument).
 """
 
+import os
 import queue
 import threading
+import warnings
 from datetime import timedelta
 
 import torch
@@ -45,7 +47,7 @@ _PREMUL = _R.PREMUL_SUM
 
 def _op(reduce_op):
     """torch's ReduceOp → (the library's operator number, PREMUL_SUM's factor or None)."""
-    kind = reduce_op.op
+    kind = getattr(reduce_op, "op", reduce_op)
     n = _OPS.get(kind)
     if n is not None:
         return n, None
@@ -124,10 +126,51 @@ def _flat(t):
     return t
 
 
+def _fast():
+    """The compiled fast path (csrc/fast.cpp: torch's Python-backend trampoline with
+    `allreduce` answered in C++), built once per machine with torch's extension builder and
+    cached by it; None where it cannot be built (no C++ compiler or ninja, another torch),
+    which leaves every call on the Python path. `OXCCL_TORCH_FAST=0` turns it off."""
+    if _oxccl._setting("OXCCL_TORCH_FAST") == "0":
+        return None
+    try:
+        import shutil
+        import sys
+
+        from torch.utils import cpp_extension
+
+        src = os.path.join(os.path.dirname(__file__), "csrc", "fast.cpp")
+        path = os.environ.get("PATH", "")
+        if shutil.which("ninja") is None:
+            # The ninja wheel (a dependency of this package) keeps its binary beside the
+            # interpreter's scripts, which need not be on the path (python -m ...).
+            try:
+                import ninja
+
+                os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + path
+            except ImportError:
+                pass
+        name = "oxccl_torch_fast"
+        built = os.path.join(cpp_extension._get_build_directory(name, verbose=False), name + ".so")
+        if not os.path.exists(built):
+            print("oxccl.torch: compiling the torch backend's fast path (once per machine and torch "
+                  "version, about a minute)", file=sys.stderr, flush=True)
+        try:
+            return cpp_extension.load(name=name, sources=[src], extra_cflags=["-O2"], verbose=False)
+        finally:
+            os.environ["PATH"] = path
+    except Exception as e:  # noqa: BLE001 - any failure leaves the Python path, said once
+        first = str(e).splitlines()[0] if str(e) else ""
+        warnings.warn(f"oxccl.torch: the compiled fast path is unavailable ({type(e).__name__}: {first}); "
+                      "calls take the Python path", stacklevel=2)
+        return None
+
+
 def _base():
     """torch 2.15's c10d Backend, which Python may subclass and torch wraps in its own
-    ProcessGroup; older torch (2.11, say) lets Python subclass only ProcessGroup, which then
-    is the group itself, and calls the methods by their older names (aliased below)."""
+    ProcessGroup (through the compiled fast path's subclass of it where that is available);
+    older torch (2.11, say) lets Python subclass only ProcessGroup, which then is the group
+    itself, and calls the methods by their older names (aliased below)."""
     b = torch._C._distributed_c10d.Backend
 
     class _Probe(b):
@@ -135,12 +178,13 @@ def _base():
 
     try:
         _Probe(0, 1)
-        return b, False
     except TypeError:
-        return dist.ProcessGroup, True
+        return dist.ProcessGroup, True, None
+    fast = _fast()
+    return (fast.FastBackend if fast is not None else b), False, fast
 
 
-_BASE, _LEGACY = _base()
+_BASE, _LEGACY, _FAST = _base()
 
 
 class OxcclBackend(_BASE):
@@ -152,6 +196,9 @@ class OxcclBackend(_BASE):
         self._options = torch._C._distributed_c10d.Backend.Options("oxccl", timeout=timeout)
         secs = timeout.total_seconds() if isinstance(timeout, timedelta) else None
         self.comm = _oxccl.Communicator.from_store(store, rank, size, key="oxccl/unique_id", timeout=secs)
+        if _FAST is not None:
+            api = dict(_oxccl._fast_api()[0])
+            self._set_fast(self.comm._fast_handle(), api["all_reduce"], api["release"], secs or 0.0)
         self._rank = rank
         self._size = size
         self._group = None  # the open coalescing group (batch_isend_irecv)

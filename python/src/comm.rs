@@ -294,6 +294,12 @@ impl Communicator {
         Ok(self.get()?.size())
     }
 
+    /// A handle for the compiled fast path (`oxccl.torch`): the communicator's address behind
+    /// a reference of its own, freed by the fast path's release entry point.
+    fn _fast_handle(&self) -> PyResult<usize> {
+        Ok(Box::into_raw(Box::new(self.get()?)) as usize)
+    }
+
     /// Whether `close()` (or `abort()`) ended it.
     #[getter]
     fn closed(&self) -> bool {

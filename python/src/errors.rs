@@ -26,9 +26,31 @@ pub fn invalid(arg: &str, why: impl std::fmt::Display) -> PyErr {
     raise("InvalidArgumentError", format!("{arg}: {why}"), None, None)
 }
 
+/// The error classes by number (the fast path's C entry points report the number).
+pub const KINDS: [&str; 7] = [
+    "Error",
+    "InvalidArgumentError",
+    "MismatchError",
+    "PeerGoneError",
+    "TimeoutError",
+    "AbortedError",
+    "RendezvousError",
+];
+
+/// `e`'s class number in [`KINDS`] and the peer it names.
+pub fn kind_of(e: &Error) -> (i32, Option<u32>) {
+    let (kind, _, peer) = classify(e);
+    (KINDS.iter().position(|k| *k == kind).unwrap_or(0) as i32, peer)
+}
+
 /// The class for `e`, with the ranks it names.
 pub fn to_py(e: Error) -> PyErr {
-    let (kind, rank, peer) = match &e {
+    let (kind, rank, peer) = classify(&e);
+    raise(kind, e.to_string(), rank, peer)
+}
+
+fn classify(e: &Error) -> (&'static str, Option<u32>, Option<u32>) {
+    match e {
         Error::Invalid(_) | Error::InvalidUsage(_) => ("InvalidArgumentError", None, None),
         Error::Mismatch { rank, peer, .. } | Error::CallMismatch { rank, peer, .. } => {
             ("MismatchError", Some(rank.0), Some(peer.0))
@@ -47,8 +69,7 @@ pub fn to_py(e: Error) -> PyErr {
         | Error::Rendezvous { rank, .. } => ("RendezvousError", Some(rank.0), None),
         Error::Io { rank, peer, .. } => ("Error", Some(rank.0), peer.map(|p| p.0)),
         _ => ("Error", None, None),
-    };
-    raise(kind, e.to_string(), rank, peer)
+    }
 }
 
 /// A communicator that failed earlier keeps the kind of its first failure.

@@ -16,6 +16,7 @@ mod comm;
 #[cfg(feature = "cuda")]
 mod dev;
 mod errors;
+mod fast;
 mod ops;
 mod work;
 
@@ -35,10 +36,26 @@ fn data_types() -> Vec<&'static str> {
     oxccl::DataType::ALL.iter().map(|d| d.name()).collect()
 }
 
+/// The fast path's C entry points: name → address (for `oxccl/csrc/fast.cpp`), and the
+/// error class names by number.
+#[pyfunction]
+fn _fast_api() -> (Vec<(&'static str, usize)>, Vec<&'static str>) {
+    (fast::addresses(), errors::KINDS.to_vec())
+}
+
+/// A setting's value in this process's environment (read by `oxccl::env`, the one reader of
+/// the environment), for the Python modules' own switches.
+#[pyfunction]
+fn _setting(key: &str) -> Option<String> {
+    oxccl::env::param(key)
+}
+
 #[pymodule]
 fn _oxccl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(unique_id, m)?)?;
     m.add_function(wrap_pyfunction!(data_types, m)?)?;
+    m.add_function(wrap_pyfunction!(_fast_api, m)?)?;
+    m.add_function(wrap_pyfunction!(_setting, m)?)?;
     m.add_class::<comm::Communicator>()?;
     m.add_class::<comm::GroupCall>()?;
     m.add_class::<work::Work>()?;

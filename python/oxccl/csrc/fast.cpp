@@ -1,0 +1,293 @@
+// The torch backend's compiled fast path: a c10d Backend that forwards every call to its Python
+// subclass's method of the same name (as torch's trampoline for Python backends does), but
+// answers `allreduce` in C++ for the common call (one contiguous CPU tensor, an operator
+// oxccl has): straight into the extension's C entry point, with no Python on the way and the
+// GIL untouched. Every other call (and an allreduce this path does not take) goes to the
+// Python method of the same name, as for any Python backend.
+//
+// Rules: the communicator handle (a reference of its own, see python/src/fast.rs) is released
+// with the backend; a failure raises the oxccl exception class the library names, with its
+// message; nothing here allocates per call beyond the Work and its future.
+
+#include <torch/extension.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/py/PyProcessGroup.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+using AllReduceFn = int (*)(const void*, void*, size_t, int, int, char*, size_t, int*, int64_t*);
+using ReleaseFn = void (*)(void*);
+
+// A call complete when it returns: its future already holds the outputs.
+class DoneWork : public c10d::Work {
+ public:
+  explicit DoneWork(std::vector<at::Tensor> out)
+      : c10d::Work(-1, c10d::OpType::ALLREDUCE), out_(std::move(out)) {}
+  bool isCompleted() override { return true; }
+  bool isSuccess() const override { return true; }
+  bool wait(std::chrono::milliseconds) override { return true; }
+  std::vector<at::Tensor> result() override { return out_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    auto f = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    f->markCompleted(c10::IValue(out_));
+    return f;
+  }
+
+ private:
+  std::vector<at::Tensor> out_;
+};
+
+// NCCL's type numbers (oxccl's), or -1.
+int type_of(at::ScalarType t) {
+  switch (t) {
+    case at::kChar: return 0;
+    case at::kByte: return 1;
+    case at::kBool: return 1;
+    case at::kInt: return 2;
+    case at::kUInt32: return 3;
+    case at::kLong: return 4;
+    case at::kUInt64: return 5;
+    case at::kHalf: return 6;
+    case at::kFloat: return 7;
+    case at::kDouble: return 8;
+    case at::kBFloat16: return 9;
+    case at::kFloat8_e4m3fn: return 10;
+    case at::kFloat8_e5m2: return 11;
+    default: return -1;
+  }
+}
+
+// NCCL's operator numbers (oxccl's), or -1 (PREMUL_SUM and the rest take the Python path).
+int op_of(const c10d::ReduceOp& o) {
+  switch (o.op_) {
+    case c10d::ReduceOp::SUM: return 0;
+    case c10d::ReduceOp::PRODUCT: return 1;
+    case c10d::ReduceOp::MAX: return 2;
+    case c10d::ReduceOp::MIN: return 3;
+    case c10d::ReduceOp::AVG: return 4;
+    case c10d::ReduceOp::BAND: return 0x40;
+    case c10d::ReduceOp::BOR: return 0x41;
+    case c10d::ReduceOp::BXOR: return 0x42;
+    default: return -1;
+  }
+}
+
+const char* const kKinds[] = {"Error", "InvalidArgumentError", "MismatchError", "PeerGoneError",
+                              "TimeoutError", "AbortedError", "RendezvousError"};
+
+// torch's option structs reach the Python methods as namespaces with the fields they read
+// (rootRank, reduceOp): the structs' own Python types are not visible to an extension.
+py::object op_obj(const c10d::ReduceOp& o) {
+  py::object dist = py::module_::import("torch.distributed");
+  if (o.op_ == c10d::ReduceOp::PREMUL_SUM) {
+    auto* sup = dynamic_cast<c10d::PreMulSumSupplement*>(o.supplement_.get());
+    py::object f = sup == nullptr ? py::object(py::float_(1.0))
+                   : sup->tensor_factor.defined() ? py::cast(sup->tensor_factor)
+                                                  : py::object(py::float_(sup->double_factor));
+    return dist.attr("_make_nccl_premul_sum")(f);
+  }
+  const char* name = "SUM";
+  switch (o.op_) {
+    case c10d::ReduceOp::AVG: name = "AVG"; break;
+    case c10d::ReduceOp::PRODUCT: name = "PRODUCT"; break;
+    case c10d::ReduceOp::MIN: name = "MIN"; break;
+    case c10d::ReduceOp::MAX: name = "MAX"; break;
+    case c10d::ReduceOp::BAND: name = "BAND"; break;
+    case c10d::ReduceOp::BOR: name = "BOR"; break;
+    case c10d::ReduceOp::BXOR: name = "BXOR"; break;
+    default: break;
+  }
+  return dist.attr("ReduceOp").attr(name);
+}
+
+py::object ns() { return py::module_::import("types").attr("SimpleNamespace")(); }
+py::object P(const c10d::BroadcastOptions& o) { auto n = ns(); n.attr("rootRank") = o.rootRank; return n; }
+py::object P(const c10d::AllreduceOptions& o) { auto n = ns(); n.attr("reduceOp") = op_obj(o.reduceOp); return n; }
+py::object P(const c10d::AllreduceCoalescedOptions& o) { auto n = ns(); n.attr("reduceOp") = op_obj(o.reduceOp); return n; }
+py::object P(const c10d::ReduceOptions& o) {
+  auto n = ns(); n.attr("reduceOp") = op_obj(o.reduceOp); n.attr("rootRank") = o.rootRank; return n;
+}
+py::object P(const c10d::ReduceScatterOptions& o) { auto n = ns(); n.attr("reduceOp") = op_obj(o.reduceOp); return n; }
+py::object P(const c10d::GatherOptions& o) { auto n = ns(); n.attr("rootRank") = o.rootRank; return n; }
+py::object P(const c10d::ScatterOptions& o) { auto n = ns(); n.attr("rootRank") = o.rootRank; return n; }
+py::object P(const c10d::AllgatherOptions&) { return ns(); }
+py::object P(const c10d::AllToAllOptions&) { return ns(); }
+py::object P(const c10d::BarrierOptions&) { return ns(); }
+
+// Calls the Python method `pyname` of this object's Python class, if it defines one, with the
+// GIL held, and returns its Work (kept alive with its Python object); else the base's.
+#define OX_WORK(pyname, base_call, ...)                                                       \
+  do {                                                                                        \
+    py::gil_scoped_acquire gil;                                                               \
+    py::function ox_fn_ = py::get_override(static_cast<const FastBackend*>(this), pyname);    \
+    if (ox_fn_) {                                                                             \
+      py::object ox_r_ = ox_fn_(__VA_ARGS__);                                                 \
+      if (ox_r_.is_none()) return c10::intrusive_ptr<c10d::Work>();                           \
+      return c10::make_intrusive<c10d::PyProcessGroup::PyWorkHolder>(std::move(ox_r_));       \
+    }                                                                                         \
+    return base_call;                                                                         \
+  } while (false)
+
+#define OX_VOID(pyname)                                                                       \
+  do {                                                                                        \
+    py::gil_scoped_acquire gil;                                                               \
+    py::function ox_fn_ = py::get_override(static_cast<const FastBackend*>(this), pyname);    \
+    if (ox_fn_) ox_fn_();                                                                     \
+  } while (false)
+
+// A c10d Backend whose Python subclass (oxccl.torch.OxcclBackend) answers every call but the
+// common allreduce: torch's own trampoline for Python backends looks a Python method up by
+// the Backend type alone, which a class of ours deriving from it is not, so this one looks it
+// up by its own type.
+class FastBackend : public c10d::Backend {
+ public:
+  FastBackend(int rank, int size) : c10d::Backend(rank, size) {}
+
+  ~FastBackend() override {
+    if (release_ != nullptr && handle_ != nullptr) release_(handle_);
+  }
+
+  void set_fast(uintptr_t handle, uintptr_t all_reduce, uintptr_t release, double timeout_s) {
+    if (release_ != nullptr && handle_ != nullptr) release_(handle_);
+    handle_ = reinterpret_cast<void*>(handle);
+    all_reduce_ = reinterpret_cast<AllReduceFn>(all_reduce);
+    release_ = reinterpret_cast<ReleaseFn>(release);
+    options_ = c10::make_intrusive<c10d::Backend::Options>(
+        "oxccl", std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  }
+
+  const std::string getBackendName() const override { return "oxccl"; }
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override {
+    return options_ ? options_ : c10::make_intrusive<c10d::Backend::Options>("oxccl");
+  }
+  bool supportsSplitting() const override { return false; }
+  bool supportsCoalescing() const override { return true; }
+  bool supportsTimeEstimation() const override { return false; }
+  bool supportsShrinking() const override { return false; }
+  bool supportsReconfigure() const override { return false; }
+  bool supportsWindow() const override { return false; }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override {
+    if (all_reduce_ != nullptr && tensors.size() == 1) {
+      at::Tensor& t = tensors[0];
+      int dt = type_of(t.scalar_type());
+      int op = op_of(opts.reduceOp);
+      if (dt >= 0 && op >= 0 && t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous()) {
+        char err[4096];
+        int kind = 0;
+        int64_t peer = -1;
+        int rc = all_reduce_(handle_, t.data_ptr(), t.nbytes(), dt, op, err, sizeof err, &kind, &peer);
+        if (rc == 0) return c10::make_intrusive<DoneWork>(tensors);
+        if (rc == 1) raise(kind, err, peer);
+      }
+    }
+    OX_WORK("allreduce", c10d::Backend::allreduce(tensors, opts), tensors, P(opts));
+  }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& t, const c10d::BroadcastOptions& o) override {
+    OX_WORK("broadcast", c10d::Backend::broadcast(t, o), t, P(o));
+  }
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& t,
+                                                     const c10d::AllreduceCoalescedOptions& o) override {
+    OX_WORK("allreduce_coalesced", c10d::Backend::allreduce_coalesced(t, o), t, P(o));
+  }
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& t, const c10d::ReduceOptions& o) override {
+    OX_WORK("reduce", c10d::Backend::reduce(t, o), t, P(o));
+  }
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& out, std::vector<at::Tensor>& in,
+                                           const c10d::AllgatherOptions& o) override {
+    OX_WORK("allgather", c10d::Backend::allgather(out, in, o), out, in, P(o));
+  }
+  c10::intrusive_ptr<c10d::Work> all_gather_single(at::Tensor& out, at::Tensor& in,
+                                                   const c10d::AllgatherOptions& o) override {
+    OX_WORK("all_gather_single", c10d::Backend::all_gather_single(out, in, o), out, in, P(o));
+  }
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& out,
+                                                     std::vector<at::Tensor>& in,
+                                                     const c10d::AllgatherOptions& o) override {
+    OX_WORK("allgather_coalesced", c10d::Backend::allgather_coalesced(out, in, o), out, in, P(o));
+  }
+  c10::intrusive_ptr<c10d::Work> all_gather_single_coalesced(std::vector<at::Tensor>& out,
+                                                             std::vector<at::Tensor>& in,
+                                                             const c10d::AllgatherOptions& o) override {
+    OX_WORK("all_gather_single_coalesced", c10d::Backend::all_gather_single_coalesced(out, in, o), out, in, P(o));
+  }
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& out, std::vector<at::Tensor>& in,
+                                        const c10d::GatherOptions& o) override {
+    OX_WORK("gather", c10d::Backend::gather(out, in, o), out, in, P(o));
+  }
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& out, std::vector<std::vector<at::Tensor>>& in,
+                                         const c10d::ScatterOptions& o) override {
+    OX_WORK("scatter", c10d::Backend::scatter(out, in, o), out, in, P(o));
+  }
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& out,
+                                                std::vector<std::vector<at::Tensor>>& in,
+                                                const c10d::ReduceScatterOptions& o) override {
+    OX_WORK("reduce_scatter", c10d::Backend::reduce_scatter(out, in, o), out, in, P(o));
+  }
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_single(at::Tensor& out, at::Tensor& in,
+                                                       const c10d::ReduceScatterOptions& o) override {
+    OX_WORK("reduce_scatter_single", c10d::Backend::reduce_scatter_single(out, in, o), out, in, P(o));
+  }
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_single_coalesced(std::vector<at::Tensor>& out,
+                                                                 std::vector<at::Tensor>& in,
+                                                                 const c10d::ReduceScatterOptions& o) override {
+    OX_WORK("reduce_scatter_single_coalesced", c10d::Backend::reduce_scatter_single_coalesced(out, in, o), out, in, P(o));
+  }
+  c10::intrusive_ptr<c10d::Work> all_to_all_single(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& outs,
+                                                   std::vector<int64_t>& ins, const c10d::AllToAllOptions& o) override {
+    OX_WORK("all_to_all_single", c10d::Backend::all_to_all_single(out, in, outs, ins, o), out, in, outs, ins, P(o));
+  }
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& out, std::vector<at::Tensor>& in,
+                                          const c10d::AllToAllOptions& o) override {
+    OX_WORK("alltoall", c10d::Backend::alltoall(out, in, o), out, in, P(o));
+  }
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& t, int dst, int tag) override {
+    OX_WORK("send", c10d::Backend::send(t, dst, tag), t, dst, tag);
+  }
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& t, int src, int tag) override {
+    OX_WORK("recv", c10d::Backend::recv(t, src, tag), t, src, tag);
+  }
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& t, int tag) override {
+    OX_WORK("recv_anysource", c10d::Backend::recvAnysource(t, tag), t, tag);
+  }
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& o) override {
+    OX_WORK("barrier", c10d::Backend::barrier(o), P(o));
+  }
+  void startCoalescing() override { OX_VOID("start_coalescing"); }
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override {
+    OX_WORK("end_coalescing", c10d::Backend::endCoalescing());
+  }
+  void shutdown() override { OX_VOID("shutdown"); }
+  void abort() override { OX_VOID("abort"); }
+
+ private:
+  [[noreturn]] static void raise(int kind, const char* msg, int64_t peer) {
+    py::gil_scoped_acquire gil;
+    const char* name = kind >= 0 && kind < 7 ? kKinds[kind] : "Error";
+    py::object cls = py::module_::import("oxccl.errors").attr(name);
+    py::object e = cls(std::string(msg), py::none(), peer >= 0 ? py::object(py::int_(peer)) : py::object(py::none()));
+    PyErr_SetObject(cls.ptr(), e.ptr());
+    throw py::error_already_set();
+  }
+
+  void* handle_ = nullptr;
+  AllReduceFn all_reduce_ = nullptr;
+  ReleaseFn release_ = nullptr;
+  c10::intrusive_ptr<c10d::Backend::Options> options_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::class_<FastBackend, c10d::Backend, c10::intrusive_ptr<FastBackend>>(m, "FastBackend")
+      .def(py::init<int, int>())
+      .def("_set_fast", &FastBackend::set_fast);
+}
