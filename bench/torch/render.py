@@ -71,6 +71,22 @@ def main():
         frac = cm["oxccl"] / cm["gloo"] if cm["gloo"] > 0 else float("inf")
         verdicts.append(f"- {'PASS' if frac <= 1 / 3 else 'FAIL'}: DDP communication, {p} ranks, ≤ 1/3 of Gloo's: "
                         f"{frac:.2f} ({cm['oxccl'] * 1e3:.1f} ms against {cm['gloo'] * 1e3:.1f} ms)")
+    for f in sorted(glob.glob(os.path.join(raw, "latency-P*.txt"))):
+        p = f.rsplit("-P", 1)[1].split(".")[0]
+        perf = [float(l.split()[1]) for l in open(f) if l.startswith("perf_8B_us")]
+        tor = [float(l.split()[1]) for l in open(f) if l.startswith("torch_8B_us")]
+        if perf and tor:
+            mp, mt = sorted(perf)[len(perf) // 2], sorted(tor)[len(tor) // 2]
+            lines += [f"## 8 B all_reduce, {p} ranks", "",
+                      "oxccl-perf `all_reduce_perf -b 8 -e 8 -n 20000` (out-of-place time) and "
+                      "bench/torch/latency.py (`dist.all_reduce` of two floats on the backend \"oxccl\"), "
+                      "alternating, 3 runs each; medians.", "",
+                      "| | µs per call (runs) |", "|---|---|",
+                      f"| oxccl-perf | {mp:.2f} ({', '.join(f'{x:.2f}' for x in perf)}) |",
+                      f"| torch.distributed, backend oxccl | {mt:.2f} ({', '.join(f'{x:.2f}' for x in tor)}) |", ""]
+            verdicts.append(f"- {'PASS' if mt - mp <= 5 else 'FAIL'}: 8 B all_reduce through torch.distributed "
+                            f"within 5 µs of oxccl-perf, {p} ranks: {mt:.2f} µs against {mp:.2f} µs "
+                            f"(+{mt - mp:.2f} µs)")
     lines[6:6] = ["## Targets", ""] + verdicts + [""]
     with open(os.path.join(a.dir, "summary.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
