@@ -7,8 +7,8 @@ Each process group gets its own oxccl communicator, set up through the group's s
 makes a unique id and sets it; the others get it). A call on CPU tensors runs on the calling
 thread and is complete when it returns (as a host-memory call of NCCL's API is): its Work is
 already complete, and its future already holds the outputs, so DDP's comm hooks chain on it
-at once. `OXCCL_TORCH_ASYNC=1` launches each call on the communicator's worker thread
-instead and returns at once (Gloo's model); a helper thread completes the futures in order.
+at once. Sends and receives run on the communicator's worker thread; a helper thread
+completes their futures in order.
 
 Operators: SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR (the library's own), and
 PREMUL_SUM (torch's `_make_nccl_premul_sum(factor)`: the factor is applied to the input
@@ -91,10 +91,24 @@ def _unwrap(src):
     return v
 
 
+_from_future = torch._C._distributed_c10d._create_work_from_future
+
+
+def _done(outputs):
+    """The Work of a call complete when its method returns: torch's own Work over a completed
+    future holding the outputs (so `is_completed()`, `result()` and `get_future()` answer as
+    Gloo's do; a Python Work reaches the caller wrapped, and only its wait and get_future
+    are seen)."""
+    f = torch.futures.Future()
+    f.set_result(outputs)
+    return _from_future(f)
+
+
 class Work(dist._Work):
-    """A call's Work for torch: `wait()` and `get_future()` (the future's value is the list
-    of output tensors, which DDP's comm hooks read). A call on CPU tensors is complete when
-    its method returns; sends and receives may still be running."""
+    """The Work of a call still running (a send or receive on the worker thread): `wait()`
+    (raising the call's error) and `get_future()` (completed in issue order by a helper
+    thread; its value is the list of output tensors). torch shows the caller only these two:
+    its `is_completed()` stays False."""
 
     def __init__(self, outputs, work=None, backend=None):
         super().__init__()
@@ -118,6 +132,28 @@ class Work(dist._Work):
                 self._fut = src.then(_unwrap)
                 self._backend._completer().add(self, src)
         return self._fut
+
+
+_FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
+
+
+def _scale(t, factor, in_place):
+    """PREMUL_SUM's input `t × factor`, rounded to t's type (in place, or a new tensor).
+    torch has no fp8 multiply on CPU: fp8 is scaled in float32 and rounded once."""
+    if t.dtype in _FP8:
+        s = (t.float() * factor).to(t.dtype)
+        return t.copy_(s) if in_place else s
+    return t.mul_(factor) if in_place else t * factor
+
+
+def _sizes(what, big, small, p):
+    """all_gather_into_tensor's and reduce_scatter_tensor's rule (Gloo's and NCCL's): the
+    large tensor holds exactly world size × the small one's elements."""
+    if big.numel() != small.numel() * p:
+        raise InvalidArgumentError(
+            f"{what}: {big.numel()} elements, but it must hold exactly world size ({p}) × "
+            f"{small.numel()} (the other tensor's elements) = {small.numel() * p}"
+        )
 
 
 def _flat(t):
@@ -234,7 +270,7 @@ class OxcclBackend(_BASE):
         if factor is not None:
             if isinstance(factor, torch.Tensor):
                 factor = factor.to(device=inputs[0].device) if factor.numel() == 1 else factor
-            inputs = [t.mul_(factor) if in_place else t * factor for t in inputs]
+            inputs = [_scale(t, factor, in_place) for t in inputs]
         return op, inputs
 
     def allreduce(self, tensors, opts):
@@ -242,14 +278,14 @@ class OxcclBackend(_BASE):
             op, factor = _op(opts.reduceOp)
             t = tensors[0]
             if factor is not None:
-                t.mul_(factor)
+                _scale(t, factor, True)
             self.comm.all_reduce(t, None, op)
-            return Work(tensors)
+            return _done(tensors)
         op, ins = self._reduce_args(opts, tensors, True)
         with self.comm.group():
             for t in ins:
                 self.comm.all_reduce(_flat(t), None, op)
-        return Work(tensors)
+        return _done(tensors)
 
     def allreduce_coalesced(self, tensors, opts):
         return self.allreduce(tensors, opts)
@@ -262,14 +298,14 @@ class OxcclBackend(_BASE):
             with self.comm.group():
                 for t in tensors:
                     self.comm.broadcast(_flat(t), None, root)
-        return Work(tensors)
+        return _done(tensors)
 
     def reduce(self, tensors, opts):
         op, ins = self._reduce_args(opts, tensors, True)
         with self.comm.group():
             for t in ins:
                 self.comm.reduce(_flat(t), None, op, opts.rootRank)
-        return Work(tensors)
+        return _done(tensors)
 
     # Gathers.
     def allgather(self, output_lists, inputs, opts):
@@ -280,20 +316,22 @@ class OxcclBackend(_BASE):
             for outs, inp in zip(output_lists, inputs):
                 for r, o in enumerate(outs):
                     self.comm.broadcast(_flat(inp) if r == me else None, _flat(o), r)
-        return Work(output_lists[0] if len(output_lists) == 1 else [t for ol in output_lists for t in ol])
+        return _done(output_lists[0] if len(output_lists) == 1 else [t for ol in output_lists for t in ol])
 
     def allgather_coalesced(self, output_lists, inputs, opts):
         return self.allgather(output_lists, inputs, opts)
 
     def all_gather_single(self, out, inp, opts):
+        _sizes("output_tensor", out, inp, self._size)
         self.comm.all_gather(inp, out)
-        return Work([out])
+        return _done([out])
 
     def all_gather_single_coalesced(self, outs, inps, opts):
         with self.comm.group():
             for o, i in zip(outs, inps):
+                _sizes("output_tensor", o, i, self._size)
                 self.comm.all_gather(_flat(i), _flat(o))
-        return Work(outs)
+        return _done(outs)
 
     def reduce_scatter(self, outs, input_lists, opts):
         me = self._rank
@@ -302,19 +340,21 @@ class OxcclBackend(_BASE):
                 op, ins = self._reduce_args(opts, ins, False)
                 for r, i in enumerate(ins):
                     self.comm.reduce(_flat(i), _flat(out) if r == me else None, op, r)
-        return Work(outs)
+        return _done(outs)
 
     def reduce_scatter_single(self, out, inp, opts):
+        _sizes("input_tensor", inp, out, self._size)
         op, (inp,) = self._reduce_args(opts, [inp], False)
         self.comm.reduce_scatter(_flat(inp), _flat(out), op)
-        return Work([out])
+        return _done([out])
 
     def reduce_scatter_single_coalesced(self, outs, inps, opts):
         with self.comm.group():
             for o, i in zip(outs, inps):
+                _sizes("input_tensor", i, o, self._size)
                 op, (i,) = self._reduce_args(opts, [i], False)
                 self.comm.reduce_scatter(_flat(i), _flat(o), op)
-        return Work(outs)
+        return _done(outs)
 
     # All-to-all.
     def alltoall(self, outs, inps, opts):
@@ -325,12 +365,12 @@ class OxcclBackend(_BASE):
                 if r != me:
                     self.comm.send(_flat(inps[r]), r)
                     self.comm.recv(_flat(outs[r]), r)
-        return Work(outs)
+        return _done(outs)
 
     def all_to_all_single(self, out, inp, out_splits, in_splits, opts):
         if not out_splits and not in_splits:
             self.comm.all_to_all(_flat(inp), _flat(out))
-            return Work([out])
+            return _done([out])
         p = self._size
 
         def counts(t, splits, arg):
@@ -349,7 +389,7 @@ class OxcclBackend(_BASE):
         self.comm.all_to_all_v(
             _flat(inp), _flat(out), counts(inp, in_splits, "input_split_sizes"), counts(out, out_splits, "output_split_sizes")
         )
-        return Work([out])
+        return _done([out])
 
     # Rooted gathers and scatters: point-to-point in a group (list buffers, no staging).
     def gather(self, output_lists, inputs, opts):
@@ -364,8 +404,8 @@ class OxcclBackend(_BASE):
                 self.comm.send(_flat(inputs[0]), root)
         if me == root:
             output_lists[0][me].copy_(inputs[0])
-            return Work(output_lists[0])
-        return Work(inputs)
+            return _done(output_lists[0])
+        return _done(inputs)
 
     def scatter(self, outs, input_lists, opts):
         root, me = opts.rootRank, self._rank
@@ -379,11 +419,11 @@ class OxcclBackend(_BASE):
                 self.comm.recv(_flat(outs[0]), root)
         if me == root:
             outs[0].copy_(input_lists[0][me])
-        return Work(outs)
+        return _done(outs)
 
     def barrier(self, opts):
         self.comm.barrier()
-        return Work([])
+        return _done([])
 
     # Point-to-point: launched on the worker thread (an isend, then a recv, on two ranks must
     # not wait for each other), or recorded in the open coalescing group.

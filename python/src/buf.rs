@@ -110,7 +110,11 @@ fn from_format(fmt: &str, item: usize) -> Option<DataType> {
 /// Parses a `dtype=` argument: a name (`"float32"`, `"bfloat16"`, `"f8e4m3"`, …), a numpy
 /// dtype or a torch dtype (anything whose `str()` ends in such a name).
 pub fn parse_dtype(o: &Bound<'_, PyAny>) -> PyResult<DataType> {
-    let s = o.str()?.to_string();
+    // A type object (numpy's scalar types: np.float32) by its name; anything else by str().
+    let s = match o.cast::<PyType>() {
+        Ok(t) => t.name()?.to_string(),
+        Err(_) => o.str()?.to_string(),
+    };
     let name = s.rsplit('.').next().unwrap_or(&s);
     let name = match name {
         "float8_e4m3fn" => "f8e4m3",

@@ -37,10 +37,10 @@ pub const KINDS: [&str; 7] = [
     "RendezvousError",
 ];
 
-/// `e`'s class number in [`KINDS`] and the peer it names.
-pub fn kind_of(e: &Error) -> (i32, Option<u32>) {
-    let (kind, _, peer) = classify(e);
-    (KINDS.iter().position(|k| *k == kind).unwrap_or(0) as i32, peer)
+/// `e`'s class number in [`KINDS`], the rank that raised it and the peer it names.
+pub fn kind_of(e: &Error) -> (i32, Option<u32>, Option<u32>) {
+    let (kind, rank, peer) = classify(e);
+    (KINDS.iter().position(|k| *k == kind).unwrap_or(0) as i32, rank, peer)
 }
 
 /// The class for `e`, with the ranks it names.

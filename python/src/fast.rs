@@ -16,9 +16,10 @@ pub type Handle = Arc<oxccl::Communicator>;
 /// caller's buffers; returns 1.
 ///
 /// # Safety
-/// `err` holds `err_len` writable bytes; `kind` and `peer` are writable.
-unsafe fn fail(e: &oxccl::Error, err: *mut u8, err_len: usize, kind: *mut i32, peer: *mut i64) -> i32 {
-    let (k, p) = crate::errors::kind_of(e);
+/// `err` holds `err_len` writable bytes; `kind` and `ranks` (this rank, the peer) are
+/// writable.
+unsafe fn fail(e: &oxccl::Error, err: *mut u8, err_len: usize, kind: *mut i32, ranks: *mut i64) -> i32 {
+    let (k, r, p) = crate::errors::kind_of(e);
     let msg = e.to_string();
     let n = msg.len().min(err_len.saturating_sub(1));
     // SAFETY: the caller's buffers, within their sizes.
@@ -26,13 +27,15 @@ unsafe fn fail(e: &oxccl::Error, err: *mut u8, err_len: usize, kind: *mut i32, p
         std::ptr::copy_nonoverlapping(msg.as_ptr(), err, n);
         *err.add(n) = 0;
         *kind = k;
-        *peer = p.map(|p| p as i64).unwrap_or(-1);
+        *ranks = r.map(|r| r as i64).unwrap_or(-1);
+        *ranks.add(1) = p.map(|p| p as i64).unwrap_or(-1);
     }
     1
 }
 
 /// In-place all-reduce of `bytes` bytes at `buf` (host memory) of NCCL type `dtype` with NCCL
-/// operator `op`. 0: done; 1: failed (see `fail`); 2: not a type or operator oxccl has.
+/// operator `op`. 0: done; 1: failed (see `fail`: `ranks` holds two numbers, this rank and the
+/// peer the error names, -1 for none); 2: not a type or operator oxccl has.
 ///
 /// # Safety
 /// `h` is a live handle; `buf` holds `bytes` bytes no one else touches during the call; the
@@ -47,7 +50,7 @@ pub unsafe extern "C" fn oxccl_fast_all_reduce(
     err: *mut u8,
     err_len: usize,
     kind: *mut i32,
-    peer: *mut i64,
+    ranks: *mut i64,
 ) -> i32 {
     let (Some(t), Some(op)) = (DataType::from_nccl(dtype), ReduceOp::from_nccl(op)) else { return 2 };
     // SAFETY: a live handle (the caller's promise).
@@ -66,11 +69,11 @@ pub unsafe extern "C" fn oxccl_fast_all_reduce(
     match r {
         Ok(Ok(())) => 0,
         // SAFETY: the caller's buffers.
-        Ok(Err(e)) => unsafe { fail(&e, err, err_len, kind, peer) },
+        Ok(Err(e)) => unsafe { fail(&e, err, err_len, kind, ranks) },
         Err(_) => {
             let e = oxccl::Error::Internal("panic in the all-reduce fast path".into());
             // SAFETY: the caller's buffers.
-            unsafe { fail(&e, err, err_len, kind, peer) }
+            unsafe { fail(&e, err, err_len, kind, ranks) }
         }
     }
 }

@@ -21,6 +21,7 @@ namespace py = pybind11;
 
 namespace {
 
+// (handle, buffer, bytes, type, operator, error text, its size, error kind, [rank, peer])
 using AllReduceFn = int (*)(const void*, void*, size_t, int, int, char*, size_t, int*, int64_t*);
 using ReleaseFn = void (*)(void*);
 
@@ -182,10 +183,10 @@ class FastBackend : public c10d::Backend {
       if (dt >= 0 && op >= 0 && t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous()) {
         char err[4096];
         int kind = 0;
-        int64_t peer = -1;
-        int rc = all_reduce_(handle_, t.data_ptr(), t.nbytes(), dt, op, err, sizeof err, &kind, &peer);
+        int64_t ranks[2] = {-1, -1};
+        int rc = all_reduce_(handle_, t.data_ptr(), t.nbytes(), dt, op, err, sizeof err, &kind, ranks);
         if (rc == 0) return c10::make_intrusive<DoneWork>(tensors);
-        if (rc == 1) raise(kind, err, peer);
+        if (rc == 1) raise(kind, err, ranks[0], ranks[1]);
       }
     }
     OX_WORK("allreduce", c10d::Backend::allreduce(tensors, opts), tensors, P(opts));
@@ -269,11 +270,12 @@ class FastBackend : public c10d::Backend {
   void abort() override { OX_VOID("abort"); }
 
  private:
-  [[noreturn]] static void raise(int kind, const char* msg, int64_t peer) {
+  [[noreturn]] static void raise(int kind, const char* msg, int64_t rank, int64_t peer) {
     py::gil_scoped_acquire gil;
     const char* name = kind >= 0 && kind < 7 ? kKinds[kind] : "Error";
     py::object cls = py::module_::import("oxccl.errors").attr(name);
-    py::object e = cls(std::string(msg), py::none(), peer >= 0 ? py::object(py::int_(peer)) : py::object(py::none()));
+    auto opt = [](int64_t r) { return r >= 0 ? py::object(py::int_(r)) : py::object(py::none()); };
+    py::object e = cls(std::string(msg), opt(rank), opt(peer));
     PyErr_SetObject(cls.ptr(), e.ptr());
     throw py::error_already_set();
   }

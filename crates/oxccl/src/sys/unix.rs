@@ -163,8 +163,13 @@ impl SeqSocket {
                 std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c).cast::<RawFd>(), fds.len());
             }
         }
-        // SAFETY: `msg` refers to live buffers for the duration of the call.
-        let n = cvt_size(unsafe { libc::sendmsg(self.fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) })?;
+        let n = loop {
+            // SAFETY: `msg` refers to live buffers for the duration of the call.
+            match cvt_size(unsafe { libc::sendmsg(self.fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) }) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => break r?,
+            }
+        };
         if n != data.len() {
             return Err(io::Error::new(io::ErrorKind::WriteZero, "short unix socket send"));
         }
@@ -183,15 +188,22 @@ impl SeqSocket {
         msg.msg_iovlen = 1;
         msg.msg_control = cbuf.as_mut_ptr().cast();
         msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
-        // SAFETY: `msg` refers to live, exclusive buffers for the duration of the call.
-        let r = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if r < 0 {
+        // A signal with a handler installed without SA_RESTART (Python's, torch's) interrupts
+        // a blocking receive: it is retried, not taken for "no message" (which only a
+        // non-blocking socket answers, with EAGAIN).
+        let r = loop {
+            // SAFETY: `msg` refers to live, exclusive buffers for the duration of the call.
+            let r = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+            if r >= 0 {
+                break r;
+            }
             let e = last_error();
-            return match e.kind() {
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
-                _ => Err(e),
-            };
-        }
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => return Ok(None),
+                _ => return Err(e),
+            }
+        };
         let mut fds = Vec::new();
         // SAFETY: walks the control headers the kernel wrote into `cbuf`, bounded by
         // msg_controllen; each SCM_RIGHTS payload holds whole descriptors that are now ours.
@@ -251,5 +263,44 @@ mod tests {
         e2.notify();
         assert!(e.drain());
         assert!(!e.drain());
+    }
+
+    extern "C" fn on_signal(_: libc::c_int) {}
+
+    #[test]
+    fn a_blocking_receive_interrupted_by_a_signal_waits_on() {
+        // A handler installed without SA_RESTART, as Python installs its own.
+        // SAFETY: a zeroed sigaction with a valid handler; SIGUSR2 is not used elsewhere in
+        // this test binary.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as *const () as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
+        }
+        let name = format!("oxccl-test-eintr-{}", std::process::id());
+        let l = SeqListener::bind_abstract(name.as_bytes()).unwrap();
+        let c = SeqSocket::connect_abstract(name.as_bytes(), Duration::from_secs(5)).unwrap();
+        let s = loop {
+            if let Some(s) = l.accept().unwrap() {
+                break s;
+            }
+        };
+        s.set_nonblocking(false).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            // SAFETY: pthread_self has no preconditions.
+            tx.send(unsafe { libc::pthread_self() }).unwrap();
+            let mut buf = [0u8; 16];
+            let r = s.recv(&mut buf).unwrap().map(|(n, _)| buf[..n].to_vec());
+            r
+        });
+        let th = rx.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        // SAFETY: the thread is alive (it waits for the message sent below).
+        unsafe { libc::pthread_kill(th, libc::SIGUSR2) };
+        std::thread::sleep(Duration::from_millis(100));
+        c.send(b"after", &[]).unwrap();
+        assert_eq!(t.join().unwrap().as_deref(), Some(&b"after"[..]), "the interrupted receive gave up");
     }
 }
