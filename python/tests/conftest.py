@@ -60,11 +60,13 @@ def torchrun(script, nproc, *args, env=None, timeout=240, check=True):
 
 def check_summary(p, nproc, min_checks):
     """Every rank printed `CHECKS rank=R passed=N failed=0` with N ≥ min_checks."""
-    found = {int(r): (int(n), int(f)) for r, n, f in re.findall(r"CHECKS rank=(\d+) passed=(\d+) failed=(\d+)", p.stdout)}
+    found = {int(r): (int(n), int(f))
+             for r, n, f in re.findall(r"CHECKS rank=(\d+) passed=(\d+) failed=(\d+)", p.stdout)}
     assert sorted(found) == list(range(nproc)), f"ranks that reported: {sorted(found)}; output:\n{p.stdout[-6000:]}"
     for r, (n, f) in sorted(found.items()):
         assert f == 0, f"rank {r}: {f} checks failed; output:\n{p.stdout[-6000:]}"
-        assert n >= min_checks, f"rank {r} made only {n} checks (expected ≥ {min_checks}); output:\n{p.stdout[-6000:]}"
+        assert n >= min_checks, (
+            f"rank {r} made only {n} checks (expected ≥ {min_checks}); output:\n{p.stdout[-6000:]}")
     return found
 
 

@@ -292,8 +292,7 @@ mod tests {
             // SAFETY: pthread_self has no preconditions.
             tx.send(unsafe { libc::pthread_self() }).unwrap();
             let mut buf = [0u8; 16];
-            let r = s.recv(&mut buf).unwrap().map(|(n, _)| buf[..n].to_vec());
-            r
+            s.recv(&mut buf).unwrap().map(|(n, _)| buf[..n].to_vec())
         });
         let th = rx.recv().unwrap();
         std::thread::sleep(Duration::from_millis(100));
