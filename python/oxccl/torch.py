@@ -110,6 +110,10 @@ class Work(dist._Work):
     thread; its value is the list of output tensors). torch shows the caller only these two:
     its `is_completed()` stays False."""
 
+    # Tells the compiled fast path to keep this Python object alive with the Work it hands torch
+    # (torch's own Works, which `_done` makes, are handed over as they are).
+    _oxccl_python_work = True
+
     def __init__(self, outputs, work=None, backend=None):
         super().__init__()
         self.outputs = list(outputs)
@@ -301,10 +305,17 @@ class OxcclBackend(_BASE):
         return _done(tensors)
 
     def reduce(self, tensors, opts):
-        op, ins = self._reduce_args(opts, tensors, True)
+        op, factor = _op(opts.reduceOp)
+        root = opts.rootRank
         with self.comm.group():
-            for t in ins:
-                self.comm.reduce(_flat(t), None, op, opts.rootRank)
+            for t in tensors:
+                if factor is not None and self._rank != root:
+                    # A non-root's tensor is input only: PREMUL_SUM scales a copy of it.
+                    self.comm.reduce(_scale(t, factor, False), None, op, root)
+                else:
+                    if factor is not None:
+                        _scale(t, factor, True)
+                    self.comm.reduce(_flat(t), None, op, root)
         return _done(tensors)
 
     # Gathers.

@@ -563,11 +563,19 @@ impl Communicator {
         GroupCall { comm: slf.clone().unbind(), async_op, work: Mutex::new(None) }
     }
 
-    /// The communicator of the ranks that pass the same `color` (None: this rank joins none
-    /// and gets None), ranked by `key` (default: this rank), then by rank.
+    /// The communicator of the ranks that pass the same `color` (None or a negative number,
+    /// NCCL's NCCL_SPLIT_NOCOLOR: this rank joins none and gets None), ranked by `key` (default: this rank), then by rank.
     #[pyo3(signature = (color, key=None))]
-    fn split(&self, py: Python<'_>, color: Option<u32>, key: Option<i64>) -> PyResult<Option<Communicator>> {
+    fn split(&self, py: Python<'_>, color: Option<i64>, key: Option<i64>) -> PyResult<Option<Communicator>> {
         let c = self.get()?;
+        // A negative color (NCCL_SPLIT_NOCOLOR, -1) is None: this rank joins no communicator.
+        let color = match color {
+            Some(v) if v < 0 => None,
+            Some(v) => {
+                Some(u32::try_from(v).map_err(|_| invalid("color", format!("{v} is larger than 2³²−1")))?)
+            }
+            None => None,
+        };
         let key = key.unwrap_or(c.rank().0 as i64);
         let r = py.detach(|| c.split(color, key)).map_err(to_py)?;
         Ok(r.map(Communicator::wrap))

@@ -122,7 +122,8 @@ py::object P(const c10d::AllToAllOptions&) { return ns(); }
 py::object P(const c10d::BarrierOptions&) { return ns(); }
 
 // Calls the Python method `pyname` of this object's Python class, if it defines one, with the
-// GIL held, and returns its Work (kept alive with its Python object); else the base's.
+// GIL held, and returns its Work: torch's own Work as it is (so is_completed and result answer),
+// a Python Work kept alive with its Python object; else the base's.
 #define OX_WORK(pyname, base_call, ...)                                                       \
   do {                                                                                        \
     py::gil_scoped_acquire gil;                                                               \
@@ -130,6 +131,8 @@ py::object P(const c10d::BarrierOptions&) { return ns(); }
     if (ox_fn_) {                                                                             \
       py::object ox_r_ = ox_fn_(__VA_ARGS__);                                                 \
       if (ox_r_.is_none()) return c10::intrusive_ptr<c10d::Work>();                           \
+      if (!py::hasattr(ox_r_, "_oxccl_python_work"))                                          \
+        return ox_r_.cast<c10::intrusive_ptr<c10d::Work>>();                                  \
       return c10::make_intrusive<c10d::PyProcessGroup::PyWorkHolder>(std::move(ox_r_));       \
     }                                                                                         \
     return base_call;                                                                         \
