@@ -39,8 +39,10 @@ use std::time::{Duration, Instant};
 const MAX_JOIN_BYTES: usize = 4096;
 const FAIL_LINGER: Duration = Duration::from_secs(60);
 /// After a failure, how long rank 0 (whose process runs the root, and ends once told) waits
-/// while joins already under way (accepted, or queued on the listener) are still being told.
-const RANK0_LAST_FOR: Duration = Duration::from_secs(1);
+/// for the other ranks to arrive and be told, unless all of them have been told before. Ranks
+/// of a large job on a loaded host may still be starting when the root fails (CI saw 7 of 79
+/// told when rank 0 was told as soon as no join was under way for a moment).
+const RANK0_LAST_FOR: Duration = Duration::from_secs(3);
 const STATUS_EVERY: Duration = Duration::from_millis(200);
 /// A status frame is a few hundred bytes; a rank that cannot take it this fast is skipped.
 const STATUS_WRITE_TIMEOUT: Duration = Duration::from_millis(100);
@@ -182,6 +184,9 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
     let mut pending: Vec<Pending> = Vec::new();
     let mut joined: BTreeMap<u32, Joined> = BTreeMap::new();
     let mut failed: Option<(RejectReason, Instant)> = None;
+    // The ranks told of the failure (rank 0 is told last, once every other rank was, or after
+    // RANK0_LAST_FOR).
+    let mut told: std::collections::BTreeSet<u32> = std::collections::BTreeSet::new();
     let (mut changed, mut last_status) = (false, Instant::now());
     loop {
         if let Some((_, at)) = &failed {
@@ -193,7 +198,6 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
         pfds.extend(pending.iter().map(|p| fd::pollfd(p.s.as_raw_fd(), libc::POLLIN)));
         let _ = fd::poll(&mut pfds, Duration::from_millis(500));
         let mut raised = false;
-        let mut accepted = false;
         loop {
             let (s, peer) = match listener.accept() {
                 Ok(c) => c,
@@ -232,7 +236,6 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                 continue;
             }
             pending.push(Pending { s, peer, buf: Vec::new(), since: Instant::now() });
-            accepted = true;
         }
         let mut complete = false;
         let mut still = Vec::new();
@@ -276,6 +279,7 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
             }
             if let Some((why, _)) = &failed {
                 reject(&mut p.s, why);
+                told.insert(j.rank);
                 continue;
             }
             if let Some(prev) = joined.get(&j.rank) {
@@ -319,15 +323,17 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
         }
         if let Some((why, at)) = &failed {
             // Rank 0 hears it last: its process runs this thread, and ends once it knows. So
-            // the joins still under way (accepted and unread, or queued on the listener: a
-            // root out of descriptors accepts them as the rejected ones' descriptors free up)
-            // are told first, for up to RANK0_LAST_FOR.
+            // every other rank is told first, as it arrives (accepted and unread, queued on the
+            // listener, or still starting: a root out of descriptors accepts them as the
+            // rejected ones' descriptors free up), until all were or RANK0_LAST_FOR passed.
             let zero = joined.remove(&0);
-            for (_, mut j) in std::mem::take(&mut joined) {
+            for (r, mut j) in std::mem::take(&mut joined) {
                 reject(&mut j.s, why);
+                told.insert(r);
             }
             if let Some(mut z) = zero {
-                if (pending.is_empty() && !accepted) || at.elapsed() > RANK0_LAST_FOR {
+                let others = (z.nranks as usize).saturating_sub(1);
+                if told.len() >= others || at.elapsed() > RANK0_LAST_FOR {
                     reject(&mut z.s, why);
                 } else {
                     joined.insert(0, z);
