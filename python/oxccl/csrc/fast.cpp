@@ -292,6 +292,9 @@ class FastBackend : public c10d::Backend {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // Registered so that handing a DoneWork to Python finds its type at once (an unregistered
+  // derived type costs pybind a failed lookup per call: about 0.7 µs of an 8-byte call).
+  py::class_<DoneWork, c10d::Work, c10::intrusive_ptr<DoneWork>>(m, "DoneWork");
   py::class_<FastBackend, c10d::Backend, c10::intrusive_ptr<FastBackend>>(m, "FastBackend")
       .def(py::init<int, int>())
       .def("_set_fast", &FastBackend::set_fast);
