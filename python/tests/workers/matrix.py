@@ -305,6 +305,9 @@ def run():
     say(f"FASTPATH rank={me} {fast}")
     if os.environ.get("OXCCL_TORCH_FAST") == "0":
         c.eq("OXCCL_TORCH_FAST=0 leaves the compiled fast path off", fast, False)
+    elif os.environ.get("OXCCL_REQUIRE_ALL") == "1":
+        # CI provides a C++ compiler and ninja: the fast path must have been built and used.
+        c.eq("the compiled fast path is built (OXCCL_REQUIRE_ALL=1)", fast, True)
     be = dist.group.WORLD._get_backend(torch.device("cpu"))
     c.true("backend object", isinstance(be, oxccl.torch.OxcclBackend), f"{type(be)}")
     c.eq("backend communicator size", be.comm.size, p)
