@@ -160,12 +160,6 @@ def _sizes(what, big, small, p):
         )
 
 
-def _flat(t):
-    """A tensor as the library sees it: its bytes. The extension takes any contiguous tensor
-    (torch passes multi-dimensional and stacked ones) and refuses others, naming them."""
-    return t
-
-
 def _fast():
     """The compiled fast path (csrc/fast.cpp: torch's Python-backend trampoline with
     `allreduce` answered in C++), built once per machine with torch's extension builder and
@@ -288,7 +282,7 @@ class OxcclBackend(_BASE):
         op, ins = self._reduce_args(opts, tensors, True)
         with self.comm.group():
             for t in ins:
-                self.comm.all_reduce(_flat(t), None, op)
+                self.comm.all_reduce(t, None, op)
         return _done(tensors)
 
     def allreduce_coalesced(self, tensors, opts):
@@ -297,11 +291,11 @@ class OxcclBackend(_BASE):
     def broadcast(self, tensors, opts):
         root = opts.rootRank
         if len(tensors) == 1:
-            self.comm.broadcast(_flat(tensors[0]), None, root)
+            self.comm.broadcast(tensors[0], None, root)
         else:
             with self.comm.group():
                 for t in tensors:
-                    self.comm.broadcast(_flat(t), None, root)
+                    self.comm.broadcast(t, None, root)
         return _done(tensors)
 
     def reduce(self, tensors, opts):
@@ -315,7 +309,7 @@ class OxcclBackend(_BASE):
                 else:
                     if factor is not None:
                         _scale(t, factor, True)
-                    self.comm.reduce(_flat(t), None, op, root)
+                    self.comm.reduce(t, None, op, root)
         return _done(tensors)
 
     # Gathers.
@@ -326,7 +320,7 @@ class OxcclBackend(_BASE):
         with self.comm.group():
             for outs, inp in zip(output_lists, inputs):
                 for r, o in enumerate(outs):
-                    self.comm.broadcast(_flat(inp) if r == me else None, _flat(o), r)
+                    self.comm.broadcast(inp if r == me else None, o, r)
         return _done(output_lists[0] if len(output_lists) == 1 else [t for ol in output_lists for t in ol])
 
     def allgather_coalesced(self, output_lists, inputs, opts):
@@ -341,7 +335,7 @@ class OxcclBackend(_BASE):
         with self.comm.group():
             for o, i in zip(outs, inps):
                 _sizes("output_tensor", o, i, self._size)
-                self.comm.all_gather(_flat(i), _flat(o))
+                self.comm.all_gather(i, o)
         return _done(outs)
 
     def reduce_scatter(self, outs, input_lists, opts):
@@ -350,13 +344,13 @@ class OxcclBackend(_BASE):
             for out, ins in zip(outs, input_lists):
                 op, ins = self._reduce_args(opts, ins, False)
                 for r, i in enumerate(ins):
-                    self.comm.reduce(_flat(i), _flat(out) if r == me else None, op, r)
+                    self.comm.reduce(i, out if r == me else None, op, r)
         return _done(outs)
 
     def reduce_scatter_single(self, out, inp, opts):
         _sizes("input_tensor", inp, out, self._size)
         op, (inp,) = self._reduce_args(opts, [inp], False)
-        self.comm.reduce_scatter(_flat(inp), _flat(out), op)
+        self.comm.reduce_scatter(inp, out, op)
         return _done([out])
 
     def reduce_scatter_single_coalesced(self, outs, inps, opts):
@@ -364,7 +358,7 @@ class OxcclBackend(_BASE):
             for o, i in zip(outs, inps):
                 _sizes("input_tensor", i, o, self._size)
                 op, (i,) = self._reduce_args(opts, [i], False)
-                self.comm.reduce_scatter(_flat(i), _flat(o), op)
+                self.comm.reduce_scatter(i, o, op)
         return _done(outs)
 
     # All-to-all.
@@ -374,13 +368,13 @@ class OxcclBackend(_BASE):
         with self.comm.group():
             for r in range(self._size):
                 if r != me:
-                    self.comm.send(_flat(inps[r]), r)
-                    self.comm.recv(_flat(outs[r]), r)
+                    self.comm.send(inps[r], r)
+                    self.comm.recv(outs[r], r)
         return _done(outs)
 
     def all_to_all_single(self, out, inp, out_splits, in_splits, opts):
         if not out_splits and not in_splits:
-            self.comm.all_to_all(_flat(inp), _flat(out))
+            self.comm.all_to_all(inp, out)
             return _done([out])
         p = self._size
 
@@ -398,7 +392,7 @@ class OxcclBackend(_BASE):
             return [s * row for s in splits]
 
         self.comm.all_to_all_v(
-            _flat(inp), _flat(out), counts(inp, in_splits, "input_split_sizes"), counts(out, out_splits, "output_split_sizes")
+            inp, out, counts(inp, in_splits, "input_split_sizes"), counts(out, out_splits, "output_split_sizes")
         )
         return _done([out])
 
@@ -410,9 +404,9 @@ class OxcclBackend(_BASE):
                 outs = output_lists[0]
                 for r in range(self._size):
                     if r != me:
-                        self.comm.recv(_flat(outs[r]), r)
+                        self.comm.recv(outs[r], r)
             else:
-                self.comm.send(_flat(inputs[0]), root)
+                self.comm.send(inputs[0], root)
         if me == root:
             output_lists[0][me].copy_(inputs[0])
             return _done(output_lists[0])
@@ -425,9 +419,9 @@ class OxcclBackend(_BASE):
                 ins = input_lists[0]
                 for r in range(self._size):
                     if r != me:
-                        self.comm.send(_flat(ins[r]), r)
+                        self.comm.send(ins[r], r)
             else:
-                self.comm.recv(_flat(outs[0]), root)
+                self.comm.recv(outs[0], root)
         if me == root:
             outs[0].copy_(input_lists[0][me])
         return _done(outs)
@@ -451,9 +445,9 @@ class OxcclBackend(_BASE):
         if len(tensors) != 1:
             raise InvalidArgumentError(f"tensors: send/recv take one tensor, not {len(tensors)}")
         if self._group is not None:
-            fn(_flat(tensors[0]), peer)
+            fn(tensors[0], peer)
             return None
-        return Work(tensors, fn(_flat(tensors[0]), peer, async_op=True), self)
+        return Work(tensors, fn(tensors[0], peer, async_op=True), self)
 
     def start_coalescing(self):
         if self._group is not None:

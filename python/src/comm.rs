@@ -637,7 +637,7 @@ pub struct GroupCall {
 
 #[pymethods]
 impl GroupCall {
-    fn __enter__(slf: Py<Self>, py: Python<'_>) -> PyResult<Py<Self>> {
+    fn __enter__(slf: Py<Self>) -> PyResult<Py<Self>> {
         let c = slf.get().comm.get();
         let mut g = lock(&c.group);
         if g.is_some() {
@@ -648,7 +648,6 @@ impl GroupCall {
         }
         *g = Some((Vec::new(), Keep::new()));
         drop(g);
-        let _ = py;
         Ok(slf)
     }
 

@@ -79,8 +79,6 @@ int op_of(const c10d::ReduceOp& o) {
   }
 }
 
-const char* const kKinds[] = {"Error", "InvalidArgumentError", "MismatchError", "PeerGoneError",
-                              "TimeoutError", "AbortedError", "RendezvousError"};
 
 // torch's option structs reach the Python methods as namespaces with the fields they read
 // (rootRank, reduceOp): the structs' own Python types are not visible to an extension.
@@ -275,7 +273,9 @@ class FastBackend : public c10d::Backend {
  private:
   [[noreturn]] static void raise(int kind, const char* msg, int64_t rank, int64_t peer) {
     py::gil_scoped_acquire gil;
-    const char* name = kind >= 0 && kind < 7 ? kKinds[kind] : "Error";
+    // The class names by number come from the extension (errors::KINDS), the one list.
+    py::list kinds = py::module_::import("oxccl._oxccl").attr("_fast_api")()[py::int_(1)];
+    py::object name = kind >= 0 && kind < static_cast<int>(kinds.size()) ? kinds[kind] : py::str("Error");
     py::object cls = py::module_::import("oxccl.errors").attr(name);
     auto opt = [](int64_t r) { return r >= 0 ? py::object(py::int_(r)) : py::object(py::none()); };
     py::object e = cls(std::string(msg), opt(rank), opt(peer));
