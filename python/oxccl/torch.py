@@ -161,8 +161,8 @@ def _sizes(what, big, small, p):
 
 
 def _fast():
-    """The compiled fast path (csrc/fast.cpp: torch's Python-backend trampoline with
-    `allreduce` answered in C++), built once per machine with torch's extension builder and
+    """The compiled fast path (csrc/fast.cpp: torch's Python-backend trampoline with the
+    common single-tensor calls answered in C++), built once per machine with torch's extension builder and
     cached by it; None where it cannot be built (no C++ compiler or ninja, another torch),
     which leaves every call on the Python path. `OXCCL_TORCH_FAST=0` turns it off."""
     if _oxccl._setting("OXCCL_TORCH_FAST") == "0":
@@ -232,7 +232,7 @@ class OxcclBackend(_BASE):
         self.comm = _oxccl.Communicator.from_store(store, rank, size, key="oxccl/unique_id", timeout=secs)
         if _FAST is not None:
             api = dict(_oxccl._fast_api()[0])
-            self._set_fast(self.comm._fast_handle(), api["all_reduce"], api["release"], secs or 0.0)
+            self._set_fast(self.comm._fast_handle(), api["call"], api["release"], secs or 0.0)
         self._rank = rank
         self._size = size
         self._group = None  # the open coalescing group (batch_isend_irecv)
@@ -485,5 +485,14 @@ def _create(store, rank, size, timeout):
 
 
 dist.Backend.register_backend("oxccl", _create, extended_api=False, devices=["cpu", "cuda"])
+
+# oxccl records its own calls, as Gloo and NCCL do theirs: each communicator's flight recorder
+# keeps its last OXCCL_FLIGHT_RECORDER calls and writes them out on a timeout, a mismatch, a
+# gone peer or an abort (`oxccl analyze` reads the dumps). torch (2.15) would otherwise attach
+# its generic FlightRecorderHook to the group and record every call a second time, capturing a
+# Python traceback each time: about 2.6 µs of an 8-byte all_reduce.
+_SELF_RECORDING = getattr(dist.distributed_c10d, "_FR_SELF_RECORDING_BACKENDS", None)
+if isinstance(_SELF_RECORDING, set):
+    _SELF_RECORDING.add("oxccl")
 
 __all__ = ["OxcclBackend", "Work"]

@@ -198,7 +198,7 @@ fn ob(
     o.filter(|o| !o.is_none()).map(|o| b(arg, o, write, dt, keep)).transpose()
 }
 
-fn prefix_sums(counts: &[usize]) -> Vec<usize> {
+pub(crate) fn prefix_sums(counts: &[usize]) -> Vec<usize> {
     let mut at = 0;
     counts
         .iter()

@@ -1,16 +1,60 @@
 //! The C entry points the torch backend's compiled fast path (`oxccl/csrc/fast.cpp`) calls for
-//! the common call (one contiguous CPU tensor, in place) without going through Python.
+//! the common calls (contiguous CPU tensors: all-reduce, broadcast, reduce, all-gather and
+//! reduce-scatter into one tensor, all-to-all-single, barrier) without going through Python.
 //!
 //! Rules: a handle is a `Box<Arc<oxccl::Communicator>>` made by `Communicator._fast_handle`
 //! and freed by `oxccl_fast_release`, so it outlives a `close()` of the Python object (calls
 //! then fail as on a closed communicator, naming it); every entry point catches panics and
-//! reports failures as (kind, message) into the caller's buffer, never unwinding into C++.
+//! reports failures as (kind, message) into the caller's buffer, never unwinding into C++. A
+//! call whose arguments are wrong is not run here but handed back (2), so that the Python
+//! path raises the error it names, exactly as it would have without the fast path.
 
-use oxccl::{DataType, ReduceOp};
+use crate::buf::{Buf, Place};
+use crate::ops::{Kind, Op};
+use oxccl::{DataType, Rank, ReduceOp};
 use std::ffi::c_void;
 use std::sync::Arc;
 
 pub type Handle = Arc<oxccl::Communicator>;
+
+/// One call, as `fast.cpp` lays it out (`struct OxCall` there: the same fields, in this
+/// order). Buffers are byte ranges of host memory; counts are elements per rank.
+#[repr(C)]
+pub struct FastCall {
+    /// A `KIND_*` below.
+    pub kind: i32,
+    /// NCCL's type number.
+    pub dtype: i32,
+    /// NCCL's operator number (reductions).
+    pub op: i32,
+    /// The root (broadcast, reduce).
+    pub root: i64,
+    pub send: *const c_void,
+    pub send_bytes: usize,
+    pub recv: *mut c_void,
+    pub recv_bytes: usize,
+    /// All-to-all with counts: `size` numbers each (elements to / from each rank, packed in
+    /// rank order); null otherwise.
+    pub send_counts: *const i64,
+    pub recv_counts: *const i64,
+}
+
+/// `send` reduced into `recv` in place (one buffer: `recv`).
+pub const KIND_ALL_REDUCE: i32 = 0;
+/// `recv` of the root to every rank's `recv`, in place.
+pub const KIND_BROADCAST: i32 = 1;
+/// Every rank's `recv` reduced into the root's, in place (non-roots' `recv` is input only).
+pub const KIND_REDUCE: i32 = 2;
+/// `send` of every rank into `recv` (size × send), rank order.
+pub const KIND_ALL_GATHER: i32 = 3;
+/// Block r of the reduction of every `send` into rank r's `recv`.
+pub const KIND_REDUCE_SCATTER: i32 = 4;
+/// Block j of `send` to rank j, into its block i of `recv`.
+pub const KIND_ALL_TO_ALL: i32 = 5;
+/// As all-to-all, with per-rank counts (`send_counts`, `recv_counts`).
+pub const KIND_ALL_TO_ALL_V: i32 = 6;
+/// Returns once every rank has called it.
+pub const KIND_BARRIER: i32 = 7;
 
 /// Writes `msg` (NUL-terminated, truncated to fit) and the error kind's number into the
 /// caller's buffers; returns 1.
@@ -33,45 +77,107 @@ unsafe fn fail(e: &oxccl::Error, err: *mut u8, err_len: usize, kind: *mut i32, r
     1
 }
 
-/// In-place all-reduce of `bytes` bytes at `buf` (host memory) of NCCL type `dtype` with NCCL
-/// operator `op`. 0: done; 1: failed (see `fail`: `ranks` holds two numbers, this rank and the
-/// peer the error names, -1 for none); 2: not a type or operator oxccl has.
+/// The op `c` describes, or None where the Python path must take it (a type, operator, root or
+/// count this path does not take, or arguments the Python path rejects with an error).
 ///
 /// # Safety
-/// `h` is a live handle; `buf` holds `bytes` bytes no one else touches during the call; the
-/// error buffers as in `fail`.
+/// `c`'s count arrays, where not null, hold `size` numbers each.
+unsafe fn op_of(c: &FastCall, me: usize, size: usize) -> Option<Op> {
+    let dtype = DataType::from_nccl(c.dtype)?;
+    let host = |ptr: usize, len: usize| Buf { ptr, len, dtype, place: Place::Host };
+    let send = (c.send_bytes > 0 && !c.send.is_null()).then(|| host(c.send as usize, c.send_bytes));
+    let recv = (c.recv_bytes > 0 && !c.recv.is_null()).then(|| host(c.recv as usize, c.recv_bytes));
+    let op = || ReduceOp::from_nccl(c.op);
+    let root = || (c.root >= 0 && (c.root as u64) < size as u64).then_some(Rank(c.root as u32));
+    let one = |kind: Kind| recv.map(|r| Op::in_place(kind, r));
+    // Both buffers given and the arguments right, else the Python path (empty tensors
+    // included: it knows their rules).
+    let two =
+        |kind: Kind, at: &dyn Fn(&Buf) -> Option<usize>| Op::checked(kind, Some(send?), Some(recv?), at).ok();
+    match c.kind {
+        KIND_ALL_REDUCE => one(Kind::AllReduce(op()?)),
+        KIND_BROADCAST => one(Kind::Broadcast(root()?)),
+        KIND_REDUCE => {
+            let (op, root) = (op()?, root()?);
+            if root.idx() == me {
+                one(Kind::Reduce(op, root))
+            } else {
+                recv.map(|r| Op {
+                    kind: Kind::Reduce(op, root),
+                    dtype,
+                    send: Some(r),
+                    recv: None,
+                    in_place: false,
+                })
+            }
+        }
+        KIND_ALL_GATHER => two(Kind::AllGather, &|r| Some(r.ptr + me * (r.len / size))),
+        KIND_REDUCE_SCATTER => two(Kind::ReduceScatter(op()?), &|r| Some(r.ptr.wrapping_sub(me * r.len))),
+        KIND_ALL_TO_ALL => two(Kind::AllToAll, &|_| None),
+        KIND_ALL_TO_ALL_V => {
+            if c.send_counts.is_null() || c.recv_counts.is_null() {
+                return None;
+            }
+            // SAFETY: the caller's promise: `size` numbers each.
+            let (sc, rc) = unsafe {
+                (
+                    std::slice::from_raw_parts(c.send_counts, size),
+                    std::slice::from_raw_parts(c.recv_counts, size),
+                )
+            };
+            let counts =
+                |v: &[i64]| v.iter().map(|&n| usize::try_from(n).ok()).collect::<Option<Vec<usize>>>();
+            let (send_counts, recv_counts) = (counts(sc)?, counts(rc)?);
+            let kind = Kind::AllToAllV {
+                send_displs: crate::comm::prefix_sums(&send_counts),
+                recv_displs: crate::comm::prefix_sums(&recv_counts),
+                send_counts,
+                recv_counts,
+            };
+            two(kind, &|_| None)
+        }
+        _ => None,
+    }
+}
+
+/// Runs one call. 0: done; 1: failed (see `fail`: `ranks` holds two numbers, this rank and
+/// the peer the error names, -1 for none); 2: not taken (the Python path must run it).
+///
+/// # Safety
+/// `h` is a live handle; `c` points to a valid `FastCall` whose buffers hold their byte
+/// counts, untouched by anyone else during the call; the error buffers as in `fail`.
 #[no_mangle]
-pub unsafe extern "C" fn oxccl_fast_all_reduce(
+pub unsafe extern "C" fn oxccl_fast_call(
     h: *const c_void,
-    buf: *mut c_void,
-    bytes: usize,
-    dtype: i32,
-    op: i32,
+    c: *const FastCall,
     err: *mut u8,
     err_len: usize,
     kind: *mut i32,
     ranks: *mut i64,
 ) -> i32 {
-    let (Some(t), Some(op)) = (DataType::from_nccl(dtype), ReduceOp::from_nccl(op)) else { return 2 };
-    // SAFETY: a live handle (the caller's promise).
-    let comm: &Handle = unsafe { &*(h as *const Handle) };
+    // SAFETY: a live handle and a valid call (the caller's promise).
+    let (comm, c): (&Handle, &FastCall) = unsafe { (&*(h as *const Handle), &*c) };
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let s: &mut [u8] = if bytes == 0 {
-            &mut []
-        } else {
-            // SAFETY: the caller's promise on `buf`.
-            unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, bytes) }
-        };
+        if c.kind == KIND_BARRIER {
+            let mut one = [0u8; 1];
+            let mut g = comm.group();
+            g.all_reduce_in_place_raw(DataType::U8, &mut one, ReduceOp::Max)?;
+            return g.end().map(|()| true);
+        }
+        // SAFETY: the caller's promise on the count arrays.
+        let Some(op) = (unsafe { op_of(c, comm.rank().idx(), comm.size()) }) else { return Ok(false) };
         let mut g = comm.group();
-        g.all_reduce_in_place_raw(t, s, op)?;
-        g.end()
+        // SAFETY: the caller's promise on the buffers, for the whole call (the group ends here).
+        unsafe { op.add(&mut g)? };
+        g.end().map(|()| true)
     }));
     match r {
-        Ok(Ok(())) => 0,
+        Ok(Ok(true)) => 0,
+        Ok(Ok(false)) => 2,
         // SAFETY: the caller's buffers.
         Ok(Err(e)) => unsafe { fail(&e, err, err_len, kind, ranks) },
         Err(_) => {
-            let e = oxccl::Error::Internal("panic in the all-reduce fast path".into());
+            let e = oxccl::Error::Internal("panic in the torch backend's fast path".into());
             // SAFETY: the caller's buffers.
             unsafe { fail(&e, err, err_len, kind, ranks) }
         }
@@ -93,7 +199,7 @@ pub unsafe extern "C" fn oxccl_fast_release(h: *mut c_void) {
 /// The entry points' addresses, for the compiled fast path.
 pub fn addresses() -> Vec<(&'static str, usize)> {
     vec![
-        ("all_reduce", oxccl_fast_all_reduce as *const () as usize),
+        ("call", oxccl_fast_call as *const () as usize),
         ("release", oxccl_fast_release as *const () as usize),
     ]
 }

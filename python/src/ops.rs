@@ -34,6 +34,9 @@ pub enum Kind {
     Recv(Rank),
 }
 
+/// What was wrong with a call: the argument, and why.
+pub struct BadArg(pub &'static str, pub String);
+
 /// One checked call.
 #[derive(Clone, Debug)]
 pub struct Op {
@@ -78,19 +81,30 @@ impl Op {
         recv: Option<Buf>,
         in_place_at: impl Fn(&Buf) -> Option<usize>,
     ) -> PyResult<Op> {
+        Op::checked(kind, send, recv, in_place_at).map_err(|BadArg(arg, why)| invalid(arg, why))
+    }
+
+    /// [`Op::new`] without Python: what was wrong comes back as a [`BadArg`] (the compiled
+    /// fast path, which holds no GIL, leaves such a call to the Python path, which raises it).
+    pub fn checked(
+        kind: Kind,
+        send: Option<Buf>,
+        recv: Option<Buf>,
+        in_place_at: impl Fn(&Buf) -> Option<usize>,
+    ) -> Result<Op, BadArg> {
         let dtype = match (&send, &recv) {
             (Some(s), Some(r)) if s.dtype != r.dtype => {
-                return Err(invalid(
+                return Err(BadArg(
                     "recv",
                     format!("its data type {} differs from send's {}", r.dtype, s.dtype),
                 ))
             }
             (Some(b), _) | (None, Some(b)) => b.dtype,
-            (None, None) => return Err(invalid("send", "no buffer given")),
+            (None, None) => return Err(BadArg("send", "no buffer given".into())),
         };
         if let (Some(s), Some(r)) = (&send, &recv) {
             if s.place != r.place {
-                return Err(invalid(
+                return Err(BadArg(
                     "recv",
                     format!("it is in {:?} memory but send is in {:?}", r.place, s.place),
                 ));
@@ -107,7 +121,7 @@ impl Op {
                     op.send = None;
                     op.recv = Some(big);
                 } else {
-                    return Err(invalid(
+                    return Err(BadArg(
                         "recv",
                         format!(
                             "send ({:#x}, {} B) and recv ({:#x}, {} B) overlap, and not in NCCL's in-place layout for this call",

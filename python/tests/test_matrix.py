@@ -19,8 +19,8 @@ def matrix(nproc, fast=True):
     return cached_run(("matrix", nproc, fast), "matrix.py", nproc, env=env, timeout=200)
 
 
-# The compiled fast path (oxccl/csrc/fast.cpp: single-tensor all_reduce in C++) where it can
-# be built, and the Python path alone (OXCCL_TORCH_FAST=0).
+# The compiled fast path (oxccl/csrc/fast.cpp: the common single-tensor calls in C++) where it
+# can be built, and the Python path alone (OXCCL_TORCH_FAST=0).
 @pytest.mark.parametrize("nproc,fast", [(2, True), (4, True), (2, False)], ids=["2", "4", "2-python-path"])
 def test_matrix(nproc, fast):
     p = matrix(nproc, fast)
@@ -37,3 +37,27 @@ def test_matrix(nproc, fast):
         # types, 6 (PREMUL_SUM included) on the 6 floating types and 2 on bool.
         assert counts[(r, "broadcast")] == 13 * nproc
         assert counts[(r, "all_reduce")] == 3 * (6 * 8 + 6 * 6 + 2), counts[(r, "all_reduce")]
+
+
+# The plain calls the fast path answers (workers/matrix.py counts the Python methods they
+# reach): none reaches Python with the fast path, each reaches it once without.
+PLAIN = ["allreduce", "broadcast", "reduce", "all_gather_single", "reduce_scatter_single",
+         "all_to_all_single", "barrier"]
+
+
+@pytest.mark.parametrize("nproc,fast", [(2, True), (4, True), (2, False)], ids=["2", "4", "2-python-path"])
+def test_plain_calls_skip_python(nproc, fast):
+    p = matrix(nproc, fast)
+    assert p.returncode == 0, f"matrix.py with {nproc} ranks exited {p.returncode}:\n{p.stdout[-8000:]}"
+    built = {r: rest.strip() == "True" for r, rest in lines(p, "FASTPATH")}
+    seen = {}
+    for r, rest in lines(p, "PYPATH"):
+        k, n = rest.split()
+        seen[(r, k)] = int(n)
+    for r in range(nproc):
+        if fast and not built.get(r):
+            pytest.skip("the compiled fast path could not be built here (CI requires it: OXCCL_REQUIRE_ALL)")
+        # all_to_all_single is called twice (even, then uneven split sizes).
+        want = {k: 0 for k in PLAIN} if fast else {k: 2 if k == "all_to_all_single" else 1 for k in PLAIN}
+        got = {k: seen.get((r, k)) for k in PLAIN}
+        assert got == want, f"rank {r}: Python methods reached by plain calls {got}, expected {want}"

@@ -1,13 +1,16 @@
 // The torch backend's compiled fast path: a c10d Backend that forwards every call to its Python
 // subclass's method of the same name (as torch's trampoline for Python backends does), but
-// answers `allreduce` in C++ for the common call (one contiguous CPU tensor, an operator
-// oxccl has): straight into the extension's C entry point, with no Python on the way and the
-// GIL untouched. Every other call (and an allreduce this path does not take) goes to the
-// Python method of the same name, as for any Python backend.
+// answers the common calls in C++ (contiguous CPU tensors of a type oxccl has: allreduce,
+// broadcast and reduce of one tensor, all_gather_single, reduce_scatter_single,
+// all_to_all_single, barrier): straight into the extension's C entry point, with no Python on
+// the way and the GIL untouched. Every other call, and one the entry point hands back (an
+// argument it would reject, PREMUL_SUM, ...), goes to the Python method of the same name, as
+// for any Python backend, so that errors and rare forms have one implementation.
 //
 // Rules: the communicator handle (a reference of its own, see python/src/fast.rs) is released
 // with the backend; a failure raises the oxccl exception class the library names, with its
-// message; nothing here allocates per call beyond the Work and its future.
+// message; nothing here allocates per call beyond the Work and its future. `OxCall` is laid
+// out as python/src/fast.rs's `FastCall`, field for field.
 
 #include <torch/extension.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -21,15 +24,38 @@ namespace py = pybind11;
 
 namespace {
 
-// (handle, buffer, bytes, type, operator, error text, its size, error kind, [rank, peer])
-using AllReduceFn = int (*)(const void*, void*, size_t, int, int, char*, size_t, int*, int64_t*);
+// One call (python/src/fast.rs: FastCall and its KIND_* numbers).
+struct OxCall {
+  int32_t kind;
+  int32_t dtype;
+  int32_t op;
+  int64_t root;
+  const void* send;
+  size_t send_bytes;
+  void* recv;
+  size_t recv_bytes;
+  const int64_t* send_counts;
+  const int64_t* recv_counts;
+};
+enum : int32_t {
+  kAllReduce = 0,
+  kBroadcast = 1,
+  kReduce = 2,
+  kAllGather = 3,
+  kReduceScatter = 4,
+  kAllToAll = 5,
+  kAllToAllV = 6,
+  kBarrier = 7,
+};
+
+// (handle, call, error text, its size, error kind, [rank, peer]) → 0 done, 1 failed, 2 not taken
+using CallFn = int (*)(const void*, const OxCall*, char*, size_t, int*, int64_t*);
 using ReleaseFn = void (*)(void*);
 
 // A call complete when it returns: its future already holds the outputs.
 class DoneWork : public c10d::Work {
  public:
-  explicit DoneWork(std::vector<at::Tensor> out)
-      : c10d::Work(-1, c10d::OpType::ALLREDUCE), out_(std::move(out)) {}
+  DoneWork(std::vector<at::Tensor> out, c10d::OpType type) : c10d::Work(-1, type), out_(std::move(out)) {}
   bool isCompleted() override { return true; }
   bool isSuccess() const override { return true; }
   bool wait(std::chrono::milliseconds) override { return true; }
@@ -62,6 +88,11 @@ int type_of(at::ScalarType t) {
     case at::kFloat8_e5m2: return 11;
     default: return -1;
   }
+}
+
+// A tensor the entry point can take as it is: contiguous CPU memory of a type oxccl has.
+bool plain(const at::Tensor& t) {
+  return t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous() && type_of(t.scalar_type()) >= 0;
 }
 
 // NCCL's operator numbers (oxccl's), or -1 (PREMUL_SUM and the rest take the Python path).
@@ -155,10 +186,10 @@ class FastBackend : public c10d::Backend {
     if (release_ != nullptr && handle_ != nullptr) release_(handle_);
   }
 
-  void set_fast(uintptr_t handle, uintptr_t all_reduce, uintptr_t release, double timeout_s) {
+  void set_fast(uintptr_t handle, uintptr_t call, uintptr_t release, double timeout_s) {
     if (release_ != nullptr && handle_ != nullptr) release_(handle_);
     handle_ = reinterpret_cast<void*>(handle);
-    all_reduce_ = reinterpret_cast<AllReduceFn>(all_reduce);
+    call_ = reinterpret_cast<CallFn>(call);
     release_ = reinterpret_cast<ReleaseFn>(release);
     options_ = c10::make_intrusive<c10d::Backend::Options>(
         "oxccl", std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
@@ -175,25 +206,17 @@ class FastBackend : public c10d::Backend {
   bool supportsReconfigure() const override { return false; }
   bool supportsWindow() const override { return false; }
 
-  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
-                                           const c10d::AllreduceOptions& opts) override {
-    if (all_reduce_ != nullptr && tensors.size() == 1) {
-      at::Tensor& t = tensors[0];
-      int dt = type_of(t.scalar_type());
-      int op = op_of(opts.reduceOp);
-      if (dt >= 0 && op >= 0 && t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous()) {
-        char err[4096];
-        int kind = 0;
-        int64_t ranks[2] = {-1, -1};
-        int rc = all_reduce_(handle_, t.data_ptr(), t.nbytes(), dt, op, err, sizeof err, &kind, ranks);
-        if (rc == 0) return c10::make_intrusive<DoneWork>(tensors);
-        if (rc == 1) raise(kind, err, ranks[0], ranks[1]);
-      }
-    }
-    OX_WORK("allreduce", c10d::Backend::allreduce(tensors, opts), tensors, P(opts));
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& t, const c10d::AllreduceOptions& o) override {
+    c10::intrusive_ptr<c10d::Work> w;
+    if (t.size() == 1 && plain(t[0]) && run(one(kAllReduce, t[0], op_of(o.reduceOp), 0), c10d::OpType::ALLREDUCE, t, w))
+      return w;
+    OX_WORK("allreduce", c10d::Backend::allreduce(t, o), t, P(o));
   }
-
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& t, const c10d::BroadcastOptions& o) override {
+    c10::intrusive_ptr<c10d::Work> w;
+    if (t.size() == 1 && o.rootTensor == 0 && plain(t[0]) &&
+        run(one(kBroadcast, t[0], 0, o.rootRank), c10d::OpType::BROADCAST, t, w))
+      return w;
     OX_WORK("broadcast", c10d::Backend::broadcast(t, o), t, P(o));
   }
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& t,
@@ -201,6 +224,10 @@ class FastBackend : public c10d::Backend {
     OX_WORK("allreduce_coalesced", c10d::Backend::allreduce_coalesced(t, o), t, P(o));
   }
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& t, const c10d::ReduceOptions& o) override {
+    c10::intrusive_ptr<c10d::Work> w;
+    if (t.size() == 1 && o.rootTensor == 0 && plain(t[0]) &&
+        run(one(kReduce, t[0], op_of(o.reduceOp), o.rootRank), c10d::OpType::REDUCE, t, w))
+      return w;
     OX_WORK("reduce", c10d::Backend::reduce(t, o), t, P(o));
   }
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& out, std::vector<at::Tensor>& in,
@@ -209,6 +236,10 @@ class FastBackend : public c10d::Backend {
   }
   c10::intrusive_ptr<c10d::Work> all_gather_single(at::Tensor& out, at::Tensor& in,
                                                    const c10d::AllgatherOptions& o) override {
+    c10::intrusive_ptr<c10d::Work> w;
+    if (two(out, in) && out.numel() == in.numel() * getSize() &&
+        run(pair(kAllGather, out, in, 0), c10d::OpType::_ALLGATHER_BASE, {out}, w))
+      return w;
     OX_WORK("all_gather_single", c10d::Backend::all_gather_single(out, in, o), out, in, P(o));
   }
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& out,
@@ -236,6 +267,10 @@ class FastBackend : public c10d::Backend {
   }
   c10::intrusive_ptr<c10d::Work> reduce_scatter_single(at::Tensor& out, at::Tensor& in,
                                                        const c10d::ReduceScatterOptions& o) override {
+    c10::intrusive_ptr<c10d::Work> w;
+    if (two(out, in) && in.numel() == out.numel() * getSize() &&
+        run(pair(kReduceScatter, out, in, op_of(o.reduceOp)), c10d::OpType::_REDUCE_SCATTER_BASE, {out}, w))
+      return w;
     OX_WORK("reduce_scatter_single", c10d::Backend::reduce_scatter_single(out, in, o), out, in, P(o));
   }
   c10::intrusive_ptr<c10d::Work> reduce_scatter_single_coalesced(std::vector<at::Tensor>& out,
@@ -245,6 +280,21 @@ class FastBackend : public c10d::Backend {
   }
   c10::intrusive_ptr<c10d::Work> all_to_all_single(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& outs,
                                                    std::vector<int64_t>& ins, const c10d::AllToAllOptions& o) override {
+    c10::intrusive_ptr<c10d::Work> w;
+    if (two(out, in)) {
+      OxCall c = pair(kAllToAll, out, in, 0);
+      std::vector<int64_t> sc, rc;
+      if (!outs.empty() || !ins.empty()) {
+        c.kind = kAllToAllV;
+        if (counts(in, ins, sc) && counts(out, outs, rc)) {
+          c.send_counts = sc.data();
+          c.recv_counts = rc.data();
+        } else {
+          c.kind = -1;  // the Python path names what is wrong
+        }
+      }
+      if (run(c, c10d::OpType::ALLTOALL_BASE, {out}, w)) return w;
+    }
     OX_WORK("all_to_all_single", c10d::Backend::all_to_all_single(out, in, outs, ins, o), out, in, outs, ins, P(o));
   }
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& out, std::vector<at::Tensor>& in,
@@ -261,6 +311,10 @@ class FastBackend : public c10d::Backend {
     OX_WORK("recv_anysource", c10d::Backend::recvAnysource(t, tag), t, tag);
   }
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& o) override {
+    c10::intrusive_ptr<c10d::Work> w;
+    OxCall c{};
+    c.kind = kBarrier;
+    if (run(c, c10d::OpType::BARRIER, {}, w)) return w;
     OX_WORK("barrier", c10d::Backend::barrier(o), P(o));
   }
   void startCoalescing() override { OX_VOID("start_coalescing"); }
@@ -271,6 +325,66 @@ class FastBackend : public c10d::Backend {
   void abort() override { OX_VOID("abort"); }
 
  private:
+  // A call on one tensor, in place.
+  static OxCall one(int32_t kind, at::Tensor& t, int op, int64_t root) {
+    OxCall c{};
+    c.kind = op < 0 ? -1 : kind;
+    c.dtype = type_of(t.scalar_type());
+    c.op = op;
+    c.root = root;
+    c.recv = t.data_ptr();
+    c.recv_bytes = t.nbytes();
+    return c;
+  }
+
+  // A call from `in` into `out`.
+  static OxCall pair(int32_t kind, at::Tensor& out, at::Tensor& in, int op) {
+    OxCall c = one(kind, out, op, 0);
+    c.send = in.data_ptr();
+    c.send_bytes = in.nbytes();
+    return c;
+  }
+
+  static bool two(const at::Tensor& out, const at::Tensor& in) {
+    return plain(out) && plain(in) && out.scalar_type() == in.scalar_type();
+  }
+
+  // all_to_all_single's split sizes (rows per rank; none: even) → elements per rank, as the
+  // Python path computes them; false where they do not fit the tensor.
+  bool counts(const at::Tensor& t, const std::vector<int64_t>& splits, std::vector<int64_t>& out) const {
+    int64_t p = getSize();
+    int64_t rows = t.dim() > 0 ? t.size(0) : 0;
+    int64_t row = rows > 0 ? t.numel() / rows : 0;
+    if (splits.empty()) {
+      if (p <= 0 || rows % p != 0) return false;
+      out.assign(p, rows / p * row);
+      return true;
+    }
+    if (static_cast<int64_t>(splits.size()) != p) return false;
+    int64_t sum = 0;
+    out.clear();
+    for (int64_t s : splits) {
+      if (s < 0) return false;
+      sum += s;
+      out.push_back(s * row);
+    }
+    return sum == rows;
+  }
+
+  // Runs `c` through the extension's entry point: true, with `w` its Work, when it ran; false
+  // when the Python path must take the call; raises the call's error.
+  bool run(const OxCall& c, c10d::OpType type, std::vector<at::Tensor> outs, c10::intrusive_ptr<c10d::Work>& w) {
+    if (call_ == nullptr || c.kind < 0 || c.dtype < 0) return false;
+    char err[4096];
+    int kind = 0;
+    int64_t ranks[2] = {-1, -1};
+    int rc = call_(handle_, &c, err, sizeof err, &kind, ranks);
+    if (rc == 1) raise(kind, err, ranks[0], ranks[1]);
+    if (rc != 0) return false;
+    w = c10::make_intrusive<DoneWork>(std::move(outs), type);
+    return true;
+  }
+
   [[noreturn]] static void raise(int kind, const char* msg, int64_t rank, int64_t peer) {
     py::gil_scoped_acquire gil;
     // The class names by number come from the extension (errors::KINDS), the one list.
@@ -284,7 +398,7 @@ class FastBackend : public c10d::Backend {
   }
 
   void* handle_ = nullptr;
-  AllReduceFn all_reduce_ = nullptr;
+  CallFn call_ = nullptr;
   ReleaseFn release_ = nullptr;
   c10::intrusive_ptr<c10d::Backend::Options> options_;
 };

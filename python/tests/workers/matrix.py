@@ -300,6 +300,61 @@ def run():
     c.eq("scatter_object_list", out, [("s", me)])
     count["objects"] += 1
 
+    # Which calls reach the Python methods: one plain call of each kind the compiled fast path
+    # answers (contiguous CPU tensors, an operator oxccl has), counted by wrapping the Python
+    # methods the trampoline would call. With the fast path every count is 0; without it every
+    # one is 1 (so the counting itself is seen to work). Results are checked too.
+    seen = collections.Counter()
+    cls = oxccl.torch.OxcclBackend
+    names = ("allreduce", "broadcast", "reduce", "all_gather_single", "reduce_scatter_single",
+             "all_to_all_single", "barrier")
+    saved = {n: getattr(cls, n) for n in names}
+
+    def counted(n, f):
+        def w(*a, **k):
+            seen[n] += 1
+            return f(*a, **k)
+        return w
+
+    for n in names:
+        setattr(cls, n, counted(n, saved[n]))
+    try:
+        s = nxt()
+        x = rand_bits(7, torch.float32, me, s)
+        dist.broadcast(x, src=p - 1)
+        c.tensor("plain broadcast", x, rand_bits(7, torch.float32, p - 1, s))
+        x = torch.full((5,), float(me + 1))
+        dist.all_reduce(x)
+        c.tensor("plain all_reduce", x, torch.full((5,), float(p * (p + 1) // 2)))
+        x = torch.full((3,), me + 1, dtype=torch.int64)
+        dist.reduce(x, dst=0, op=dist.ReduceOp.MAX)
+        if me == 0:
+            c.tensor("plain reduce", x, torch.full((3,), p, dtype=torch.int64))
+        o = torch.empty(2 * p, dtype=torch.int32)
+        dist.all_gather_into_tensor(o, torch.tensor([me, -me], dtype=torch.int32))
+        c.tensor("plain all_gather_into_tensor", o,
+                 torch.tensor([v for r in range(p) for v in (r, -r)], dtype=torch.int32))
+        o = torch.empty(2, dtype=torch.float64)
+        dist.reduce_scatter_tensor(o, torch.arange(2 * p, dtype=torch.float64) + me)
+        c.tensor("plain reduce_scatter_tensor", o,
+                 torch.tensor([p * (2 * me + i) + p * (p - 1) / 2 for i in range(2)], dtype=torch.float64))
+        o = torch.empty(p, dtype=torch.int32)
+        dist.all_to_all_single(o, torch.tensor([100 * me + j for j in range(p)], dtype=torch.int32))
+        c.tensor("plain all_to_all_single", o, torch.tensor([100 * j + me for j in range(p)], dtype=torch.int32))
+        ins = [1 + (me + j) % 2 for j in range(p)]  # rows this rank sends to j
+        outs = [1 + (j + me) % 2 for j in range(p)]  # rows j sends here
+        o = torch.empty(sum(outs), 2, dtype=torch.int64)
+        inp = torch.cat([torch.full((ins[j], 2), 10 * me + j, dtype=torch.int64) for j in range(p)])
+        dist.all_to_all_single(o, inp, output_split_sizes=outs, input_split_sizes=ins)
+        c.tensor("plain all_to_all_single uneven", o,
+                 torch.cat([torch.full((outs[j], 2), 10 * j + me, dtype=torch.int64) for j in range(p)]))
+        dist.barrier()
+    finally:
+        for n in names:
+            setattr(cls, n, saved[n])
+    for n in names:
+        say(f"PYPATH rank={me} {n} {seen[n]}")
+
     # The library was used through the "oxccl" backend: its communicator exists and is open.
     fast = getattr(oxccl.torch, "_FAST", None) is not None
     say(f"FASTPATH rank={me} {fast}")
