@@ -41,6 +41,57 @@ fn all_reduce_threads_shm_and_tcp() {
     }
 }
 
+/// Large jobs over shared memory, repeated: each size class's first four jobs alternate
+/// between ordinary and streaming stores into the slots (`engine::stores`), so jobs 2 and 4
+/// of every size here write with streaming stores; every result must be exact either way.
+#[test]
+fn large_jobs_exact_with_either_kind_of_store() {
+    let cfg = Config::default().with_timeout(Some(Duration::from_secs(60)));
+    for p in [2usize, 3] {
+        with_ranks(p, cfg.clone(), move |c| {
+            let (me, p) = (c.rank().0, c.size());
+            for n in [(1 << 18) + 3 * 7, (9 << 18) + 3 * 5] {
+                let n = n / p * p;
+                for job in 0..6u32 {
+                    let send: Vec<u32> = (0..n).map(|i| (i as u32) ^ (me + job)).collect();
+                    let want =
+                        |i: usize| (0..p as u32).fold(0u32, |a, r| a.wrapping_add((i as u32) ^ (r + job)));
+                    let mut recv = vec![0u32; n];
+                    c.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+                    assert!(
+                        recv.iter().enumerate().all(|(i, v)| *v == want(i)),
+                        "all_reduce n {n} job {job}"
+                    );
+                    let m = n / p;
+                    let mut block = vec![0u32; m];
+                    let mut g = c.group();
+                    g.reduce_scatter(&send, &mut block, ReduceOp::Sum).unwrap();
+                    g.end().unwrap();
+                    let base = me as usize * m;
+                    assert!(
+                        block.iter().enumerate().all(|(i, v)| *v == want(base + i)),
+                        "reduce_scatter n {n} job {job}"
+                    );
+                    let mut all = vec![0u32; n];
+                    let mut g = c.group();
+                    g.all_gather(&block, &mut all).unwrap();
+                    g.end().unwrap();
+                    assert!(all.iter().enumerate().all(|(i, v)| *v == want(i)), "all_gather n {n} job {job}");
+                    let mut b = if me == 1 { send.clone() } else { vec![0u32; n] };
+                    let root_send = b.clone();
+                    let mut g = c.group();
+                    g.broadcast(&root_send, &mut b, Rank::new(1)).unwrap();
+                    g.end().unwrap();
+                    assert!(
+                        b.iter().enumerate().all(|(i, v)| *v == (i as u32) ^ (1 + job)),
+                        "broadcast n {n} job {job}"
+                    );
+                }
+            }
+        });
+    }
+}
+
 #[test]
 fn tcp_two_ranks_big() {
     let cfg = Config::default().with_shm_disabled(true).with_timeout(Some(Duration::from_secs(10)));

@@ -1,4 +1,5 @@
-//! Bulk copies for the direct path: ordinary copies for data that stays in cache, streaming
+//! Bulk copies for the direct path and for large jobs' writes into shared-memory slots
+//! (`engine::stores`): ordinary copies for data that stays in cache, streaming
 //! (non-temporal) stores for data too large to: they write memory without first reading the
 //! destination's lines, which is a third of the traffic of an out-of-place copy.
 //!
@@ -20,6 +21,15 @@ pub unsafe fn copy(dst: *mut u8, src: *const u8, len: usize, stream: bool) {
     let _ = stream;
     // SAFETY: forwarded from the caller's contract.
     unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+}
+
+/// Copies `src` into `dst` (of the same length) with streaming stores ([`store_fence`]'s rule
+/// applies).
+pub fn stream_copy(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(dst.len(), src.len(), "stream_copy of slices of different lengths");
+    // SAFETY: both slices are valid for their (equal) lengths, and a `&mut` slice never
+    // overlaps a shared one.
+    unsafe { copy(dst.as_mut_ptr(), src.as_ptr(), src.len(), true) }
 }
 
 /// # Safety
@@ -82,6 +92,10 @@ mod tests {
                     assert!(dst[..off].iter().all(|b| *b == 0) && dst[off + len..].iter().all(|b| *b == 0));
                 }
             }
+            let mut dst = vec![0u8; len];
+            stream_copy(&mut dst, &src[3..3 + len]);
+            store_fence();
+            assert_eq!(dst, &src[3..3 + len], "stream_copy len {len}");
         }
     }
 }

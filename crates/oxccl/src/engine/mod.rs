@@ -19,6 +19,7 @@
 
 pub(crate) mod direct;
 pub(crate) mod memops;
+pub(crate) mod stores;
 
 use crate::bootstrap::{Bootstrap, Incoming, Mailbox, PeerInfo, Waiter};
 use crate::error::{Error, Result};
@@ -34,6 +35,7 @@ use oxccl_core::plan::ConnClass;
 use oxccl_core::plan::{
     job_connections, plan_group_signed, BufId, ConnKey, Geometry, Input, Job, Lane, Loc, OpSpec, Step,
 };
+use oxccl_core::tuner::Proto;
 use oxccl_core::tuning::{SPIN_NS, SPIN_OVERSUBSCRIBED_NS, YIELD_NS};
 use oxccl_core::Rank;
 use std::collections::{HashMap, VecDeque};
@@ -149,6 +151,11 @@ pub(crate) struct Engine {
     cur: Sig,
     /// Collective calls finished successfully.
     completed: u64,
+    /// Ordinary or streaming stores into shared-memory slots, for large jobs (`stores`).
+    stores: stores::StoreChooser,
+    /// When the timed job being run first consumed a received chunk (its peers had all
+    /// arrived): its time runs from there, so that peers' late arrival is not counted.
+    first_recv: std::cell::Cell<Option<Instant>>,
 }
 
 /// The memory an engine holds for its communicator, in bytes.
@@ -178,6 +185,15 @@ struct Work {
 // SAFETY: between jobs `posts` holds stale addresses that are never dereferenced (it is
 // rebuilt before each use); everything else in it is Send.
 unsafe impl Send for Work {}
+
+/// How a job writes shared-memory slots (`stores`).
+#[derive(Clone, Copy)]
+struct StoreMode {
+    /// A chunk copied into a shared-memory slot goes with streaming stores.
+    stream: bool,
+    /// The job is timed: its first step that consumes a received chunk sets `first_recv`.
+    timed: bool,
+}
 
 struct LaneRt {
     lane: Lane,
@@ -236,6 +252,8 @@ impl Engine {
             seqs: Seqs::new(ctx.peers.len()),
             cur: Sig::NONE,
             completed: 0,
+            stores: stores::StoreChooser::default(),
+            first_recv: std::cell::Cell::new(None),
             ctx,
             direct: None,
             sends: KeyMap::default(),
@@ -465,7 +483,17 @@ impl Engine {
         }
         let mut all: smallvec::SmallVec<[RawBuf; 4]> = bufs.iter().copied().collect();
         all.push(RawBuf { ptr: self.scratch.as_mut_ptr().cast(), len: job.scratch_bytes, writable: true });
-        let res = self.exec(job, &mut work, &all, &w, what);
+        // Large jobs that write shared-memory slots: ordinary or streaming stores, whichever
+        // this engine has measured faster lately (`stores`).
+        let shm = work.sv.iter().any(|(_, c)| matches!(c, SendConn::Shm(_)));
+        let largest = bufs.iter().map(|b| b.len).max().unwrap_or(0);
+        let choice = if shm { self.stores.pick(largest) } else { None };
+        let res = self.exec(job, &mut work, &all, &w, what, choice.map(|c| c.stream));
+        if let (Some(c), Ok(())) = (choice, &res) {
+            if let Some(t0) = self.first_recv.take() {
+                self.stores.record(c, largest, t0.elapsed().as_nanos() as u64);
+            }
+        }
         if res.is_err() {
             for (_, r) in work.rv.iter_mut() {
                 r.abandon_posted();
@@ -477,7 +505,19 @@ impl Engine {
         res
     }
 
-    fn exec(&self, job: Job, work: &mut Work, bufs: &[RawBuf], w: &Waiter, what: &str) -> Result<()> {
+    /// `timed`: the job is timed for `stores`, and `Some(true)` writes shared-memory slots with
+    /// streaming stores.
+    fn exec(
+        &self,
+        job: Job,
+        work: &mut Work,
+        bufs: &[RawBuf],
+        w: &Waiter,
+        what: &str,
+        timed: Option<bool>,
+    ) -> Result<()> {
+        self.first_recv.set(None);
+        let mode = StoreMode { stream: timed == Some(true), timed: timed.is_some() };
         let Work { sv, rv, pfds, io_fds, io_idx, posts, users } = work;
         let (sv, rv) = (sv.as_mut_slice(), rv.as_mut_slice());
         // `sv` and `rv` are in key order (built from the sorted `job_connections`).
@@ -516,7 +556,7 @@ impl Engine {
                 let mut moved = false;
                 let phase = phases.front_mut().map(|p| p.as_mut_slice()).unwrap_or(&mut []);
                 for l in p2p.iter_mut().chain(phase.iter_mut()) {
-                    while self.try_step(l, sv, rv, bufs, what)? {
+                    while self.try_step(l, sv, rv, bufs, what, mode)? {
                         moved = true;
                     }
                 }
@@ -612,11 +652,12 @@ impl Engine {
         rv: &mut [(ConnKey, RecvConn)],
         bufs: &[RawBuf],
         what: &str,
+        mode: StoreMode,
     ) -> Result<bool> {
         let Some(step) = l.pending else {
             return Ok(false);
         };
-        if self.run_step(l, step, sv, rv, bufs, what)? {
+        if self.run_step(l, step, sv, rv, bufs, what, mode)? {
             l.pending = l.ahead.take().or_else(|| l.lane.steps.next());
             return Ok(true);
         }
@@ -627,7 +668,7 @@ impl Engine {
             l.ahead = l.lane.steps.next();
         }
         match l.ahead {
-            Some(a) if may_pass(&step, &a, bufs) && self.run_step(l, a, sv, rv, bufs, what)? => {
+            Some(a) if may_pass(&step, &a, bufs) && self.run_step(l, a, sv, rv, bufs, what, mode)? => {
                 l.ahead = None;
                 Ok(true)
             }
@@ -635,7 +676,9 @@ impl Engine {
         }
     }
 
-    /// Runs `step` of lane `l` if its inputs and outputs are available.
+    /// Runs `step` of lane `l` if its inputs and outputs are available (`mode`: see
+    /// [`StoreMode`]).
+    #[allow(clippy::too_many_arguments)]
     fn run_step(
         &self,
         l: &LaneRt,
@@ -644,6 +687,7 @@ impl Engine {
         rv: &mut [(ConnKey, RecvConn)],
         bufs: &[RawBuf],
         what: &str,
+        mode: StoreMode,
     ) -> Result<bool> {
         let rin = match step.input {
             Input::Recv(p) | Input::RecvReduce(p, _) => Some(l.inb[p.0 as usize]),
@@ -797,7 +841,18 @@ impl Engine {
         // SAFETY: the send slot is free (ready) and holds at least `len` bytes.
         let send_mut =
             send.filter(|_| external.is_none()).map(|p| unsafe { std::slice::from_raw_parts_mut(p, len) });
-        apply(l.lane.reduce.as_ref(), step.finalize, data, dst_mut, send_mut)?;
+        if mode.timed && rin.is_some() && self.first_recv.get().is_none() {
+            self.first_recv.set(Some(Instant::now()));
+        }
+        let streamed = mode.stream
+            && l.lane.proto == Proto::Simple
+            && matches!(sout.map(|s| &sv[s].1), Some(SendConn::Shm(_)));
+        match send_mut {
+            Some(slot) if streamed => {
+                stores::apply_streamed(l.lane.reduce.as_ref(), step.finalize, data, dst_mut, slot)?
+            }
+            send_mut => apply(l.lane.reduce.as_ref(), step.finalize, data, dst_mut, send_mut)?,
+        }
         if let Some(s) = sout {
             match external {
                 // SAFETY: the bytes are in a user buffer of this job (valid until the job ends,
