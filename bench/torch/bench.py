@@ -95,8 +95,10 @@ class MLP(torch.nn.Module):
         return self.net(x)
 
 
-def ddp_bench(groups, steps, batch):
-    """Median step times: no DDP (local), then DDP over each backend, alternating."""
+def ddp_bench(groups, steps, batch, bucket_view=False):
+    """Median step times: no DDP (local), then DDP over each backend, alternating.
+    `bucket_view`: DDP's gradient_as_bucket_view (gradients live in the buckets, so DDP copies
+    them neither in nor out), for every backend alike."""
     from torch.nn.parallel import DistributedDataParallel as DDP
     torch.manual_seed(0)
     base = MLP()
@@ -105,7 +107,7 @@ def ddp_bench(groups, steps, batch):
     for name, g in groups.items():
         m = MLP()
         m.load_state_dict(base.state_dict())
-        models[name] = DDP(m, process_group=g)
+        models[name] = DDP(m, process_group=g, gradient_as_bucket_view=bucket_view)
     opts = {k: torch.optim.SGD(m.parameters(), lr=1e-4) for k, m in models.items()}
     x = torch.randn(batch, 1024)
     y = torch.randn(batch, 1024)
@@ -165,15 +167,17 @@ def main():
                 with open(os.path.join(a.out, f"{b}-{coll}-P{p}.json"), "w") as f:
                     json.dump({"label": f"{b} P={p}", "results": res[b]}, f)
     if a.ddp_steps > 0:
-        nparams, med = ddp_bench(groups, a.ddp_steps, a.ddp_batch)
-        if rank == 0:
-            comm = {b: med[b] - med["local"] for b in groups}
-            print(f"P={p} DDP step, MLP of {nparams/1e6:.1f} M parameters, batch {a.ddp_batch}: "
-                  + ", ".join(f"{k} {v*1e3:.1f} ms" for k, v in med.items())
-                  + f"; communication gloo {comm['gloo']*1e3:.1f} ms, oxccl {comm['oxccl']*1e3:.1f} ms", flush=True)
-            with open(os.path.join(a.out, f"ddp-P{p}.json"), "w") as f:
-                json.dump({"params": nparams, "batch": a.ddp_batch, "steps": a.ddp_steps,
-                           "step_s": med, "comm_s": comm}, f)
+        # DDP as constructed by default, then with gradient_as_bucket_view=True.
+        for view, suffix in ((False, ""), (True, "-bucket-view")):
+            nparams, med = ddp_bench(groups, a.ddp_steps, a.ddp_batch, bucket_view=view)
+            if rank == 0:
+                comm = {b: med[b] - med["local"] for b in groups}
+                print(f"P={p} DDP step (gradient_as_bucket_view={view}), MLP of {nparams/1e6:.1f} M parameters, "
+                      f"batch {a.ddp_batch}: " + ", ".join(f"{k} {v*1e3:.1f} ms" for k, v in med.items())
+                      + f"; communication gloo {comm['gloo']*1e3:.1f} ms, oxccl {comm['oxccl']*1e3:.1f} ms", flush=True)
+                with open(os.path.join(a.out, f"ddp-P{p}{suffix}.json"), "w") as f:
+                    json.dump({"params": nparams, "batch": a.ddp_batch, "steps": a.ddp_steps,
+                               "bucket_view": view, "step_s": med, "comm_s": comm}, f)
     dist.destroy_process_group()
 
 

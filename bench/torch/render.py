@@ -59,17 +59,20 @@ def main():
                                check=False, stdout=subprocess.DEVNULL)
     for f in sorted(glob.glob(os.path.join(raw, "ddp-P*.json"))):
         d = json.load(open(f))
-        p = f.rsplit("-P", 1)[1].split(".")[0]
+        p = f.rsplit("-P", 1)[1].split(".")[0].split("-")[0]
         st, cm = d["step_s"], d["comm_s"]
-        lines += [f"## DDP training step, {p} ranks", "",
-                  f"MLP of {d['params'] / 1e6:.1f} M parameters, batch {d['batch']} per rank, SGD; median of "
+        view = d.get("bucket_view", False)
+        how = "DDP with gradient_as_bucket_view=True (both backends)" if view else "DDP as constructed by default"
+        lines += [f"## DDP training step, {p} ranks" + (", gradient_as_bucket_view" if view else ""), "",
+                  f"MLP of {d['params'] / 1e6:.1f} M parameters, batch {d['batch']} per rank, SGD; {how}; median of "
                   f"{d['steps']} steps each, alternating. Communication = step time − the same step without DDP.", "",
                   "| | step ms | communication ms |", "|---|---:|---:|",
                   f"| no DDP | {st['local'] * 1e3:.1f} | |",
                   f"| DDP on Gloo | {st['gloo'] * 1e3:.1f} | {cm['gloo'] * 1e3:.1f} |",
                   f"| DDP on oxccl | {st['oxccl'] * 1e3:.1f} | {cm['oxccl'] * 1e3:.1f} |", ""]
         frac = cm["oxccl"] / cm["gloo"] if cm["gloo"] > 0 else float("inf")
-        verdicts.append(f"- {'PASS' if frac <= 1 / 3 else 'FAIL'}: DDP communication, {p} ranks, ≤ 1/3 of Gloo's: "
+        verdicts.append(f"- {'PASS' if frac <= 1 / 3 else 'FAIL'}: DDP communication, {p} ranks"
+                        + (" (gradient_as_bucket_view)" if view else "") + ", ≤ 1/3 of Gloo's: "
                         f"{frac:.2f} ({cm['oxccl'] * 1e3:.1f} ms against {cm['gloo'] * 1e3:.1f} ms)")
     for f in sorted(glob.glob(os.path.join(raw, "latency-P*.txt"))):
         p = f.rsplit("-P", 1)[1].split(".")[0]

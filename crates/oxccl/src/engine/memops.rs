@@ -80,7 +80,7 @@ mod tests {
 
     #[test]
     fn copies_every_length_and_alignment() {
-        let src: Vec<u8> = (0..2000u32).map(|i| (i * 7 + 3) as u8).collect();
+        let src: Vec<u8> = (0..2010u32).map(|i| (i * 7 + 3) as u8).collect();
         for len in [0usize, 1, 15, 16, 63, 64, 255, 256, 257, 1000, 1999] {
             for off in 0..17 {
                 for stream in [false, true] {
