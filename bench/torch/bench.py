@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -108,6 +109,18 @@ def ddp_bench(groups, steps, batch, bucket_view=False):
         m = MLP()
         m.load_state_dict(base.state_dict())
         models[name] = DDP(m, process_group=g, gradient_as_bucket_view=bucket_view)
+    # DDP's own work, without communication: a comm hook that hands the bucket back as it is
+    # (DDP still fills the buckets, divides by the world size and copies the results out).
+    m = MLP()
+    m.load_state_dict(base.state_dict())
+    models["no_comm"] = DDP(m, process_group=groups["oxccl"], gradient_as_bucket_view=bucket_view)
+
+    def no_comm(_state, bucket):
+        f = torch.futures.Future()
+        f.set_result(bucket.buffer())
+        return f
+
+    models["no_comm"].register_comm_hook(None, no_comm)
     opts = {k: torch.optim.SGD(m.parameters(), lr=1e-4) for k, m in models.items()}
     x = torch.randn(batch, 1024)
     y = torch.randn(batch, 1024)
@@ -177,7 +190,9 @@ def main():
                       + f"; communication gloo {comm['gloo']*1e3:.1f} ms, oxccl {comm['oxccl']*1e3:.1f} ms", flush=True)
                 with open(os.path.join(a.out, f"ddp-P{p}{suffix}.json"), "w") as f:
                     json.dump({"params": nparams, "batch": a.ddp_batch, "steps": a.ddp_steps,
-                               "bucket_view": view, "step_s": med, "comm_s": comm}, f)
+                               "bucket_view": view, "step_s": med, "comm_s": comm,
+                               "command": f"torchrun --nproc-per-node {p} bench/torch/bench.py "
+                                          + " ".join(sys.argv[1:])}, f)
     dist.destroy_process_group()
 
 
