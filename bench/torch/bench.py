@@ -16,6 +16,7 @@ them) and ddp.json; bench/torch/render.py makes the tables and plots.
 import argparse
 import json
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -192,7 +193,7 @@ def main():
                     json.dump({"params": nparams, "batch": a.ddp_batch, "steps": a.ddp_steps,
                                "bucket_view": view, "step_s": med, "comm_s": comm,
                                "command": f"torchrun --nproc-per-node {p} bench/torch/bench.py "
-                                          + " ".join(sys.argv[1:])}, f)
+                                          + shlex.join(sys.argv[1:])}, f)
     dist.destroy_process_group()
 
 
