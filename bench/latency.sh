@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The call-path guard: builds oxccl-perf at two commits and runs them alternately, all_reduce
 # at 8 B (time) and 128 KiB (busbw), 2 and 4 ranks, heap buffers (-R 0) and registered ones
-# (-R 1), then prints each side's median and HEAD / BASE.
+# (-R 1), then prints each side's median, HEAD / BASE of the medians and the median of the
+# rounds' HEAD / BASE.
 #
 #   bash bench/latency.sh BASE [HEAD]     (HEAD: default the checked-out commit)
 #
@@ -12,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
 if [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then
   usage
   exit 0
@@ -83,11 +84,14 @@ for line in open(path):
     name, side, v = line.split()
     vals.setdefault(name, {}).setdefault(side, []).append(float(v))
 print(f"# bash bench/latency.sh {base[:12]} {head[:12]}  ({rounds} alternating rounds; medians)")
-print(f"{'case':14s} {'unit':6s} {'base':>9s} {'head':>9s} {'head/base':>10s}   runs (base | head)")
+# head/base of the medians, and the median of each round's head/base (the two sides of a round
+# ran back to back, so that ratio is the one a slow phase of the machine disturbs least).
+print(f"{'case':14s} {'unit':6s} {'base':>9s} {'head':>9s} {'head/base':>10s} {'per-round':>10s}   runs (base | head)")
 for name, d in vals.items():
     unit = "us" if name.startswith("8B") else "GB/s"
     b, h = statistics.median(d["base"]), statistics.median(d["head"])
+    pr = statistics.median(y / x for x, y in zip(d["base"], d["head"]))
     note = "(lower is better)" if unit == "us" else "(higher is better)"
     runs = " ".join(f"{x:g}" for x in d["base"]) + " | " + " ".join(f"{x:g}" for x in d["head"])
-    print(f"{name:14s} {unit:6s} {b:9.3f} {h:9.3f} {h / b:10.3f}   {runs} {note}")
+    print(f"{name:14s} {unit:6s} {b:9.3f} {h:9.3f} {h / b:10.3f} {pr:10.3f}   {runs} {note}")
 EOF
