@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::sys::ticks::TickClock;
+
 /// Calls kept by default.
 pub const DEFAULT_ENTRIES: usize = 2000;
 
@@ -29,8 +31,9 @@ struct Entry {
     id: u64,
     sig: Sig,
     what: &'static str,
-    start_us: u64,
-    end_us: Option<u64>,
+    /// In the recorder's clock's ticks (Unix microseconds only in the dump: `sys::ticks`).
+    start: u64,
+    end: Option<u64>,
     error: Option<String>,
 }
 
@@ -51,6 +54,7 @@ pub struct Recorder {
     next: AtomicU64,
     member: Member,
     dir: PathBuf,
+    clock: TickClock,
 }
 
 impl Recorder {
@@ -62,6 +66,7 @@ impl Recorder {
             next: AtomicU64::new(1),
             member,
             dir: dir.unwrap_or_else(std::env::temp_dir),
+            clock: TickClock::new(),
         });
         signal::register(&r);
         r
@@ -82,7 +87,7 @@ impl Recorder {
         if ring.len() == self.cap {
             ring.pop_front();
         }
-        ring.push_back(Entry { id, sig, what, start_us: now_us(), end_us: None, error: None });
+        ring.push_back(Entry { id, sig, what, start: self.clock.now(), end: None, error: None });
         id
     }
 
@@ -94,7 +99,7 @@ impl Recorder {
         }
         let mut ring = self.lock();
         if let Some(e) = ring.iter_mut().rev().find(|e| e.id == id) {
-            e.end_us = Some(now_us());
+            e.end = Some(self.clock.now());
             e.error = error.map(|e| e.to_string());
         }
     }
@@ -116,6 +121,7 @@ impl Recorder {
 
     fn to_json(&self, why: &str) -> String {
         let m = &self.member;
+        let unix_us = self.clock.to_unix();
         let mut s = String::new();
         let _ = write!(
             s,
@@ -139,7 +145,7 @@ impl Recorder {
         }
         s.push_str("],\"calls\":[");
         for (i, e) in self.lock().iter().enumerate() {
-            let state = match (&e.end_us, &e.error) {
+            let state = match (&e.end, &e.error) {
                 (None, _) => "running",
                 (Some(_), None) => "done",
                 (Some(_), Some(_)) => "failed",
@@ -156,8 +162,8 @@ impl Recorder {
                 e.id,
                 json_str(e.what),
                 json_str(&call),
-                e.start_us,
-                e.end_us.map_or("null".into(), |t| t.to_string()),
+                unix_us(e.start),
+                e.end.map_or("null".into(), |t| unix_us(t).to_string()),
                 e.error.as_deref().map_or("null".into(), json_str),
             );
         }

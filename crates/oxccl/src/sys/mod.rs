@@ -12,6 +12,7 @@ pub mod limits;
 pub mod nvml;
 pub mod pmix;
 pub mod shm;
+pub mod ticks;
 pub mod unix;
 
 use std::io;
