@@ -10,7 +10,7 @@
 
 use crate::buf::{self, Buf, Place};
 use crate::errors::{invalid, to_py};
-use crate::ops::{build, Kind, Op};
+use crate::ops::{self, build, Kind, Op};
 use crate::work::Work;
 use oxccl::{Rank, ReduceOp, UniqueId};
 use pyo3::prelude::*;
@@ -394,7 +394,7 @@ impl Communicator {
         let r = b("recv", recv, true, dt, &mut k)?;
         let o = match ob("send", send, false, dt, &mut k)? {
             None => Op::in_place(Kind::AllGather, r),
-            s => Op::new(Kind::AllGather, s, Some(r), |r| Some(r.ptr + me * (r.len / p)))?,
+            s => Op::new(Kind::AllGather, s, Some(r), ops::block_of_output(me, p))?,
         };
         self.call(py, o, k, async_op)
     }
@@ -415,9 +415,12 @@ impl Communicator {
         let me = self.get()?.rank().idx();
         let o = match ob("recv", recv, true, dt, &mut k)? {
             None => Op::in_place(Kind::ReduceScatter(op), b("send", send, true, dt, &mut k)?),
-            r => Op::new(Kind::ReduceScatter(op), Some(b("send", send, false, dt, &mut k)?), r, |r| {
-                Some(r.ptr.wrapping_sub(me * r.len))
-            })?,
+            r => Op::new(
+                Kind::ReduceScatter(op),
+                Some(b("send", send, false, dt, &mut k)?),
+                r,
+                ops::output_is_block(me),
+            )?,
         };
         self.call(py, o, k, async_op)
     }
@@ -488,7 +491,7 @@ impl Communicator {
         if c.rank() == root && r.is_none() {
             return Err(invalid("recv", "the root of a gather needs a recv buffer"));
         }
-        let o = Op::new(Kind::Gather(root), Some(s), r, |r| Some(r.ptr + me * (r.len / p)))?;
+        let o = Op::new(Kind::Gather(root), Some(s), r, ops::block_of_output(me, p))?;
         self.call(py, o, k, async_op)
     }
 
@@ -513,7 +516,7 @@ impl Communicator {
             return Err(invalid("send", "the root of a scatter needs a send buffer"));
         }
         let r = b("recv", recv, true, dt, &mut k)?;
-        let o = Op::new(Kind::Scatter(root), s, Some(r), |r| Some(r.ptr.wrapping_sub(me * r.len)))?;
+        let o = Op::new(Kind::Scatter(root), s, Some(r), ops::output_is_block(me))?;
         self.call(py, o, k, async_op)
     }
 
@@ -546,13 +549,7 @@ impl Communicator {
     /// Returns once every rank has called it.
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
         let comm = self.get()?;
-        py.detach(move || {
-            let mut one = [0u8; 1];
-            let mut g = comm.group();
-            g.all_reduce_in_place_raw(oxccl::DataType::U8, &mut one, ReduceOp::Max)?;
-            g.end()
-        })
-        .map_err(to_py)
+        py.detach(move || ops::barrier(&comm)).map_err(to_py)
     }
 
     /// `with comm.group():` records the calls made inside and runs them together at the end

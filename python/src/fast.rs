@@ -10,7 +10,7 @@
 //! path raises the error it names, exactly as it would have without the fast path.
 
 use crate::buf::{Buf, Place};
-use crate::ops::{Kind, Op};
+use crate::ops::{self, Kind, Op};
 use oxccl::{DataType, Rank, ReduceOp};
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -102,17 +102,12 @@ unsafe fn op_of(c: &FastCall, me: usize, size: usize) -> Option<Op> {
             if root.idx() == me {
                 one(Kind::Reduce(op, root))
             } else {
-                recv.map(|r| Op {
-                    kind: Kind::Reduce(op, root),
-                    dtype,
-                    send: Some(r),
-                    recv: None,
-                    in_place: false,
-                })
+                // A non-root's tensor is input only.
+                Op::checked(Kind::Reduce(op, root), Some(recv?), None, |_| None).ok()
             }
         }
-        KIND_ALL_GATHER => two(Kind::AllGather, &|r| Some(r.ptr + me * (r.len / size))),
-        KIND_REDUCE_SCATTER => two(Kind::ReduceScatter(op()?), &|r| Some(r.ptr.wrapping_sub(me * r.len))),
+        KIND_ALL_GATHER => two(Kind::AllGather, &ops::block_of_output(me, size)),
+        KIND_REDUCE_SCATTER => two(Kind::ReduceScatter(op()?), &ops::output_is_block(me)),
         KIND_ALL_TO_ALL => two(Kind::AllToAll, &|_| None),
         KIND_ALL_TO_ALL_V => {
             if c.send_counts.is_null() || c.recv_counts.is_null() {
@@ -159,10 +154,7 @@ pub unsafe extern "C" fn oxccl_fast_call(
     let (comm, c): (&Handle, &FastCall) = unsafe { (&*(h as *const Handle), &*c) };
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         if c.kind == KIND_BARRIER {
-            let mut one = [0u8; 1];
-            let mut g = comm.group();
-            g.all_reduce_in_place_raw(DataType::U8, &mut one, ReduceOp::Max)?;
-            return g.end().map(|()| true);
+            return ops::barrier(comm).map(|()| true);
         }
         // SAFETY: the caller's promise on the count arrays.
         let Some(op) = (unsafe { op_of(c, comm.rank().idx(), comm.size()) }) else { return Ok(false) };

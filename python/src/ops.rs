@@ -191,6 +191,26 @@ impl Op {
     }
 }
 
+/// NCCL's in-place layout for gathers (all-gather, gather): the input is rank `me`'s block of
+/// the output `r` (of `p` blocks).
+pub fn block_of_output(me: usize, p: usize) -> impl Fn(&Buf) -> Option<usize> {
+    move |r| Some(r.ptr + me * (r.len / p))
+}
+
+/// NCCL's in-place layout for scatters (reduce-scatter, scatter): the output `r` is rank `me`'s
+/// block of the input.
+pub fn output_is_block(me: usize) -> impl Fn(&Buf) -> Option<usize> {
+    move |r| Some(r.ptr.wrapping_sub(me * r.len))
+}
+
+/// Returns once every rank of `comm` has called it (a one-byte all-reduce).
+pub fn barrier(comm: &oxccl::Communicator) -> oxccl::Result<()> {
+    let mut one = [0u8; 1];
+    let mut g = comm.group();
+    g.all_reduce_in_place_raw(DataType::U8, &mut one, ReduceOp::Max)?;
+    g.end()
+}
+
 /// Adds every op to `g`.
 ///
 /// # Safety

@@ -16,15 +16,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::sys::ticks::TickClock;
+use crate::sys::ticks::{unix_us as now_us, TickClock};
 
 /// Calls kept by default.
 pub const DEFAULT_ENTRIES: usize = 2000;
-
-/// Microseconds since the Unix epoch.
-fn now_us() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
-}
 
 #[derive(Clone, Debug)]
 struct Entry {

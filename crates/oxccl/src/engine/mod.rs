@@ -485,10 +485,12 @@ impl Engine {
         all.push(RawBuf { ptr: self.scratch.as_mut_ptr().cast(), len: job.scratch_bytes, writable: true });
         // Large jobs that write shared-memory slots: ordinary or streaming stores, whichever
         // this engine has measured faster lately (`stores`).
-        let shm = work.sv.iter().any(|(_, c)| matches!(c, SendConn::Shm(_)));
         let largest = bufs.iter().map(|b| b.len).max().unwrap_or(0);
-        let choice = if shm { self.stores.pick(largest) } else { None };
-        let res = self.exec(job, &mut work, &all, &w, what, choice.map(|c| c.stream));
+        let shm = || work.sv.iter().any(|(_, c)| matches!(c, SendConn::Shm(_)));
+        let choice =
+            if largest >= stores::ADAPT_MIN_BYTES && shm() { self.stores.pick(largest) } else { None };
+        let mode = StoreMode { stream: choice.is_some_and(|c| c.stream), timed: choice.is_some() };
+        let res = self.exec(job, &mut work, &all, &w, what, mode);
         if let (Some(c), Ok(())) = (choice, &res) {
             if let Some(t0) = self.first_recv.take() {
                 self.stores.record(c, largest, t0.elapsed().as_nanos() as u64);
@@ -505,8 +507,7 @@ impl Engine {
         res
     }
 
-    /// `timed`: the job is timed for `stores`, and `Some(true)` writes shared-memory slots with
-    /// streaming stores.
+    /// `mode`: how the job writes shared-memory slots, and whether it is timed (`stores`).
     fn exec(
         &self,
         job: Job,
@@ -514,10 +515,9 @@ impl Engine {
         bufs: &[RawBuf],
         w: &Waiter,
         what: &str,
-        timed: Option<bool>,
+        mode: StoreMode,
     ) -> Result<()> {
         self.first_recv.set(None);
-        let mode = StoreMode { stream: timed == Some(true), timed: timed.is_some() };
         let Work { sv, rv, pfds, io_fds, io_idx, posts, users } = work;
         let (sv, rv) = (sv.as_mut_slice(), rv.as_mut_slice());
         // `sv` and `rv` are in key order (built from the sorted `job_connections`).

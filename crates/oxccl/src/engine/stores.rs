@@ -15,10 +15,10 @@
 //! Jobs whose largest buffer is under [`ADAPT_MIN_BYTES`] always use ordinary stores (their
 //! chunks are consumed while still cached). A job's time runs from its first step that
 //! consumes a received chunk (every peer has arrived by then: earlier waits measure the
-//! peers, not the stores) to its end. Each size class tries
-//! ordinary stores, then streaming ones (twice each), then takes the faster by its running mean time per
-//! byte, and runs every [`EXPLORE_EVERY`]-th job in the other mode, whose estimate that one
-//! job then replaces, so that a change of phase is noticed within that many jobs.
+//! peers, not the stores) to its end. Each size class tries ordinary stores, then streaming
+//! ones (twice each), then takes the faster by its running mean time per byte, and runs every
+//! [`EXPLORE_EVERY`]-th job in the other mode, whose estimate that one job then replaces, so
+//! that a change of phase is noticed within that many jobs.
 
 use super::memops;
 use oxccl_core::error::CoreError;

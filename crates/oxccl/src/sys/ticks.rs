@@ -13,7 +13,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// The shortest span the counter's rate is measured over.
 pub const MIN_SPAN_US: u64 = 10_000;
 
-fn unix_us() -> u64 {
+/// Microseconds since the Unix epoch (the system clock).
+pub fn unix_us() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
 }
 
@@ -77,19 +78,17 @@ impl TickClock {
     /// Ticks taken so far → Unix microseconds.
     pub fn to_unix(&self) -> impl Fn(u64) -> u64 {
         let (t0, us0, tsc) = (self.t0, self.us0, self.tsc);
-        let mut span = unix_us().saturating_sub(us0);
-        if tsc && span < MIN_SPAN_US {
-            std::thread::sleep(Duration::from_micros(MIN_SPAN_US - span));
-        }
-        let (t1, us1) = if tsc { (self::tsc(), unix_us()) } else { (0, 0) };
-        span = us1.saturating_sub(us0).max(1);
-        let per_us = t1.saturating_sub(t0) as f64 / span as f64;
-        move |t| {
-            if !tsc || per_us <= 0.0 {
-                return t;
+        let mut per_us = 0.0;
+        if tsc {
+            let waited = unix_us().saturating_sub(us0);
+            if waited < MIN_SPAN_US {
+                std::thread::sleep(Duration::from_micros(MIN_SPAN_US - waited));
             }
-            us0 + (t.saturating_sub(t0) as f64 / per_us) as u64
+            let (t1, us1) = (self::tsc(), unix_us());
+            per_us = t1.saturating_sub(t0) as f64 / us1.saturating_sub(us0).max(1) as f64;
         }
+        // Without a counter (or a rate), ticks already are microseconds.
+        move |t| if per_us > 0.0 { us0 + (t.saturating_sub(t0) as f64 / per_us) as u64 } else { t }
     }
 }
 
