@@ -23,6 +23,7 @@
 //! | `OXCCL_WAIT_NOTICE` | seconds between the lines a rank still waiting at init prints on stderr (what it waits for); `0` = none | `30` |
 //! | `OXCCL_HOST_ID` | overrides the host identity (ranks with equal ids share memory) | derived |
 //! | `OXCCL_DIRECT` | `0`: single-host communicators use the ring engine, not direct memory access | `1` |
+//! | `OXCCL_CMA` | `1`: the direct path reads heap buffers of more than 64 KiB straight from peers' processes (`process_vm_readv`, one copy) instead of copying them through shared memory; refused by the kernel, it says why once at `NCCL_DEBUG=INFO` | `0` |
 //! | `OXCCL_FLIGHT_RECORDER` | calls each communicator's flight recorder keeps (0: off) | `2000` |
 //! | `OXCCL_FLIGHT_DIR` | where flight recorder dumps are written | the temporary directory |
 //! | `OXCCL_BOOTSTRAP_SPARSE_FROM` | from this many ranks on, the peer table is relayed down a binary tree of ranks and control connections go to ring and tree neighbours only (`0`: never) | `128` |
@@ -124,6 +125,10 @@ pub struct Config {
     pub host_id: Option<String>,
     /// Single-host communicators run collectives by direct memory access (`OXCCL_DIRECT`).
     pub direct: bool,
+    /// The direct path reads heap buffers straight from peers' processes with
+    /// `process_vm_readv` where the kernel allows it (`OXCCL_CMA`; off by default: on the
+    /// machines measured it was no faster than the shared-memory copies).
+    pub cma: bool,
     /// Every chunk carries its call's signature and receivers compare it with their own call's
     /// (`OXCCL_CHECK_CALLS`, on by default); every rank of a communicator must agree.
     pub check_calls: bool,
@@ -167,6 +172,7 @@ impl Default for Config {
             wait_notice: Some(Duration::from_secs(tuning::WAIT_NOTICE_S)),
             host_id: None,
             direct: true,
+            cma: false,
             check_calls: true,
             flight_entries: 2000,
             flight_dir: None,
@@ -280,6 +286,9 @@ impl Config {
         if let Some(v) = get("OXCCL_DIRECT") {
             c.direct = parse_bool("OXCCL_DIRECT", &v)?;
         }
+        if let Some(v) = get("OXCCL_CMA") {
+            c.cma = parse_bool("OXCCL_CMA", &v)?;
+        }
         let algo = get("NCCL_ALGO").filter(|v| !v.trim().is_empty());
         let proto = get("NCCL_PROTO").filter(|v| !v.trim().is_empty());
         if algo.is_some() || proto.is_some() {
@@ -373,6 +382,11 @@ impl Config {
 
     pub fn with_host_id(mut self, id: &str) -> Self {
         self.host_id = Some(id.to_string());
+        self
+    }
+
+    pub fn with_cma(mut self, on: bool) -> Self {
+        self.cma = on;
         self
     }
 

@@ -54,6 +54,9 @@ pub const DIRECT_INLINE_BYTES: usize = 64 << 10;
 pub const DIRECT_ZERO_COPY_MIN_BYTES: usize = 1 << 10;
 /// Direct path: bytes reduced per block (kept in L1 while it is written to every output).
 pub const DIRECT_BLOCK_BYTES: usize = 8 << 10;
+/// Direct path, cross-memory calls: bytes pulled from each peer per block of a reduction (the
+/// blocks of all peers stay in L2 while they are reduced; each pull is one system call).
+pub const DIRECT_CMA_BLOCK_BYTES: usize = 256 << 10;
 /// Direct path: how long a waiting rank spins before it yields, when it has a core to itself
 /// and when ranks outnumber cores.
 pub const DIRECT_SPIN_NS: u64 = 20_000;

@@ -468,7 +468,7 @@ impl Communicator {
         let direct =
             if single_host && !p.config.shm_disable && p.config.direct && p.size > 1 && p.size <= 4096 {
                 let d = direct::Direct::setup(
-                    direct::Identity { me: p.rank, peers: &peers, secret: p.secret },
+                    direct::Identity { me: p.rank, peers: &peers, secret: p.secret, cma: p.config.cma },
                     p.ctl.clone(),
                     p.doorbell.clone(),
                     &mailbox,
@@ -480,6 +480,20 @@ impl Communicator {
                     "direct path: {} ranks on this host read and write each other's memory",
                     p.size
                 ));
+                match d.cross_memory() {
+                    _ if !p.config.cma => {}
+                    Ok(()) => p.log.info(format_args!(
+                    "direct path: heap buffers are read straight from peers' processes (process_vm_readv)"
+                )),
+                    Err(why) => {
+                        static ONCE: std::sync::Once = std::sync::Once::new();
+                        ONCE.call_once(|| {
+                            p.log.info(format_args!(
+                            "direct path: heap buffers go through shared memory, not process_vm_readv: {why}"
+                        ))
+                        });
+                    }
+                }
                 Some(d)
             } else {
                 None

@@ -3,6 +3,7 @@
 //! Nothing above this layer calls `libc` directly.
 
 pub mod affinity;
+pub mod cma;
 pub mod dl;
 pub mod fd;
 pub mod futex;

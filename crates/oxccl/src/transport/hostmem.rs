@@ -8,9 +8,14 @@
 //! 0       magic
 //! 64      done      (u64)  last sequence number whose direct work this rank finished
 //! 128     sleeping  (u32)  this rank is (about to be) asleep waiting for peers
+//! 192     probe     (2 × u64) the block's address in its owner's process, a nonce: peers
+//!                   read the nonce there with process_vm_readv to learn whether they may
+//!                   read the owner's memory (written once, before the block is shared)
 //! 256     post[0]   seq (u64) at +0, meta at +64: flags, nbufs, 2 × (alloc id, offset, len),
-//!                   the call's signature (3 × u64)
+//!                   the call's signature (3 × u64), 2 × the buffers' addresses in the owner
 //! 448     post[1]
+//! 640     mid       (u64)  last sequence number whose first phase this rank finished (calls
+//!                   whose second phase reads what the first wrote)
 //! 4096    inline[0] INLINE_BYTES
 //! 4096 + INLINE_BYTES  inline[1]
 //! ```
@@ -22,9 +27,10 @@
 //! 2. The owner rewrites post `s % 2` only at call `s + 2`, which it reaches only after every
 //!    peer posted `s + 1`, i.e. finished reading call `s`. No end barrier is needed for data
 //!    read from posts.
-//! 3. `done = s` (release) after the owner's part of a zero-copy call `s`; nobody returns from
-//!    a zero-copy call before every peer's `done ≥ s`, so no buffer is reused while a peer may
-//!    still read or write it.
+//! 3. `done = s` (release) after the owner's part of a zero-copy or cross-memory call `s`;
+//!    nobody returns from such a call before every peer's `done ≥ s`, so no buffer is reused
+//!    while a peer may still read or write it. `mid = s` likewise ends a first phase: nobody
+//!    reads what a peer wrote in it before that peer's `mid ≥ s`.
 //! 4. Sleeping follows the shared-memory connection rule: set `sleeping`, SeqCst fence,
 //!    re-check, sleep; a publisher fences after its store and rings the doorbell of every peer
 //!    whose `sleeping` is set.
@@ -36,7 +42,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// Bytes of one inline area.
 pub const INLINE_BYTES: usize = DIRECT_INLINE_BYTES;
 const INLINE_AT: usize = 4096;
-const MAGIC: u64 = u64::from_le_bytes(*b"OXCTL002");
+const MAGIC: u64 = u64::from_le_bytes(*b"OXCTL003");
 
 #[repr(C, align(64))]
 pub struct Line<T>(pub T);
@@ -50,6 +56,8 @@ pub struct Meta {
     pub desc: [[AtomicU64; 3]; 2],
     /// The call's signature (the contract check; zeros when it is off).
     pub sig: [AtomicU64; 3],
+    /// The send and receive buffers' addresses in the owner's process (cross-memory calls).
+    pub addr: [AtomicU64; 2],
 }
 
 #[repr(C)]
@@ -63,17 +71,24 @@ struct Header {
     magic: Line<AtomicU64>,
     done: Line<AtomicU64>,
     sleeping: Line<AtomicU32>,
-    _pad: Line<u64>,
+    probe: Line<[AtomicU64; 2]>,
     posts: [Post; 2],
+    mid: Line<AtomicU64>,
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() <= INLINE_AT);
 const _: () = assert!(std::mem::offset_of!(Header, posts) == 256 && std::mem::size_of::<Post>() == 192);
+const _: () = assert!(std::mem::offset_of!(Header, mid) == 640);
 
 /// Flag: this rank's buffers are shared allocations (zero-copy capable).
 pub const FLAG_SHARED: u32 = 1;
 /// Flag: this rank copied its contribution into its inline area.
 pub const FLAG_INLINE: u32 = 2;
+/// Flag: this rank may read every peer's memory (process_vm_readv) and posted its buffers'
+/// addresses for that.
+pub const FLAG_CMA: u32 = 4;
+
+const PROBE_NONCE_AT: usize = std::mem::offset_of!(Header, probe) + 8;
 
 /// Bytes of a control block.
 pub const CTL_BYTES: usize = INLINE_AT + 2 * INLINE_BYTES;
@@ -88,7 +103,13 @@ impl Ctl {
     pub fn create(rank: u32) -> std::io::Result<Ctl> {
         let region = ShmRegion::create(&format!("oxccl-ctl-{rank}"), CTL_BYTES)?;
         let c = Ctl { region };
-        c.hdr().magic.0.store(MAGIC, Ordering::Release);
+        let h = c.hdr();
+        // Any value unlikely to sit at that address by chance serves as the nonce.
+        let nonce =
+            crate::sys::ticks::unix_us() ^ (u64::from(std::process::id()) << 40) ^ 0x9e37_79b9_7f4a_7c15;
+        h.probe.0[0].store(c.region.ptr() as u64 + PROBE_NONCE_AT as u64, Ordering::Relaxed);
+        h.probe.0[1].store(nonce, Ordering::Relaxed);
+        h.magic.0.store(MAGIC, Ordering::Release);
         Ok(c)
     }
 
@@ -117,6 +138,17 @@ impl Ctl {
     pub fn inline(&self, seq: u64) -> *mut u8 {
         // SAFETY: INLINE_AT + 2 × INLINE_BYTES = CTL_BYTES bytes are mapped.
         unsafe { self.region.ptr().add(INLINE_AT + (seq % 2) as usize * INLINE_BYTES) }
+    }
+
+    /// Where, in the owner's process, the probe nonce lies, and the nonce (rule: the block's
+    /// `probe` line).
+    pub fn probe(&self) -> (u64, u64) {
+        let p = &self.hdr().probe.0;
+        (p[0].load(Ordering::Relaxed), p[1].load(Ordering::Relaxed))
+    }
+
+    pub fn mid(&self) -> &AtomicU64 {
+        &self.hdr().mid.0
     }
 
     pub fn done(&self) -> &AtomicU64 {

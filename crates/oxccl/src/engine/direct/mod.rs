@@ -8,6 +8,9 @@
 //! - zero-copy (every rank's buffers are shared allocations, [`crate::mem`]): each rank does its
 //!   share of the work on the peers' buffers, mapped here (each input byte read once and each
 //!   output byte written once), then waits at an end barrier;
+//! - cross-memory (heap buffers, when every rank may read every peer's memory with
+//!   `process_vm_readv`, [`cma`]): each rank pulls what it needs from the peers' buffers into
+//!   its own; no rank ever writes another's memory;
 //! - otherwise the call falls back to the ring engine, with nothing touched.
 //!
 //! Memory rules (besides the control block's, see its module):
@@ -17,6 +20,10 @@
 //! 2. The work split gives every output byte exactly one writer; a rank reads a byte that some
 //!    rank writes in the same call only if it is that writer (in-place slices), and then
 //!    through a private block buffer, so no slice is read after it was overwritten.
+//! 3. Cross-memory calls only read peers' memory; what a rank writes in a first phase for its
+//!    peers to read is read only after that rank's `mid` mark ([`crate::transport::hostmem`]).
+
+mod cma;
 
 use super::{memops, RawBuf};
 use crate::bootstrap::service::{host_call, HostRequest};
@@ -24,7 +31,7 @@ use crate::bootstrap::{Mailbox, PeerInfo, Waiter};
 use crate::error::{Error, Result};
 use crate::mem::{self, PeerAlloc};
 use crate::sys::fd::{self, EventFd};
-use crate::transport::hostmem::{Ctl, FLAG_INLINE, FLAG_SHARED, INLINE_BYTES};
+use crate::transport::hostmem::{Ctl, FLAG_CMA, FLAG_INLINE, FLAG_SHARED, INLINE_BYTES};
 use oxccl_core::contract::Sig;
 use oxccl_core::plan::hostdirect::{contribution_bytes, slice, DirectKind};
 use oxccl_core::plan::{Loc, OpSpec};
@@ -113,11 +120,13 @@ fn describe(op: &OpSpec) -> Option<Call> {
     })
 }
 
-/// Who this rank is: its rank, every peer's information, the communicator's secret.
+/// Who this rank is: its rank, every peer's information, the communicator's secret, and
+/// whether heap buffers may be read across processes (`OXCCL_CMA`).
 pub(crate) struct Identity<'a> {
     pub me: Rank,
     pub peers: &'a [PeerInfo],
     pub secret: [u8; 32],
+    pub cma: bool,
 }
 
 /// The direct engine of one rank of a single-host communicator.
@@ -134,6 +143,11 @@ pub(crate) struct Direct {
     abort: Arc<AtomicBool>,
     spin: Duration,
     block: Vec<u64>,
+    /// Every rank's process id where this rank may read every peer's memory; otherwise why not
+    /// (for the log).
+    cma: std::result::Result<Vec<i32>, String>,
+    /// Blocks read from peers by cross-memory calls (allocated on first use).
+    cma_tmp: Vec<u64>,
 }
 
 impl Direct {
@@ -160,7 +174,7 @@ impl Direct {
         abort: Arc<AtomicBool>,
         w: &Waiter,
     ) -> Result<Direct> {
-        let Identity { me, peers, secret } = id;
+        let Identity { me, peers, secret, cma } = id;
         let p = peers.len();
         let m = me.idx();
         let mut out: Vec<Option<PeerCtl>> = (0..p).map(|_| None).collect();
@@ -181,6 +195,7 @@ impl Direct {
             let (ctl, bell) = mailbox.wait_arena(Rank::new(q), w)?;
             *slot = Some(PeerCtl { ctl: Ctl::open(ctl).map_err(io(q))?, bell: EventFd::from_owned(bell) });
         }
+        let cma = if cma { cma::probe_peers(m, peers, &out) } else { Err("OXCCL_CMA=0".to_string()) };
         let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let spin =
             Duration::from_nanos(if p > cpus { DIRECT_SPIN_OVERSUBSCRIBED_NS } else { DIRECT_SPIN_NS });
@@ -197,7 +212,14 @@ impl Direct {
             abort,
             spin,
             block: vec![0u64; DIRECT_BLOCK_BYTES / 8],
+            cma,
+            cma_tmp: Vec::new(),
         })
+    }
+
+    /// Whether heap buffers are read across processes, or why not (for the log).
+    pub fn cross_memory(&self) -> std::result::Result<(), &str> {
+        self.cma.as_ref().map(|_| ()).map_err(|e| e.as_str())
     }
 
     fn ctl(&self, q: usize) -> &Ctl {
@@ -325,6 +347,7 @@ impl Direct {
         };
         let is_shared = sd.is_some() && dd.is_some();
         let inline = max_contrib <= INLINE_BYTES && !is_shared;
+        let cma = !inline && self.cma.is_ok() && cma::allowed(c.kind, (src, src_len), (dst, dst_len));
         let s = self.seq + 1;
         self.seq = s;
         {
@@ -342,13 +365,20 @@ impl Direct {
                 unsafe { std::ptr::copy_nonoverlapping(src, self.own.inline(s), mine) };
                 flags |= FLAG_INLINE;
             }
-            if is_shared {
-                flags |= FLAG_SHARED;
+            if is_shared || cma {
                 for (k, (d, len)) in [(sd, src_len), (dd, dst_len)].into_iter().enumerate() {
                     let (id, off) = d.unwrap_or((0, 0));
                     post.meta.0.desc[k][0].store(id, Ordering::Relaxed);
                     post.meta.0.desc[k][1].store(off as u64, Ordering::Relaxed);
                     post.meta.0.desc[k][2].store(len as u64, Ordering::Relaxed);
+                }
+                if is_shared {
+                    flags |= FLAG_SHARED;
+                }
+                if cma {
+                    flags |= FLAG_CMA;
+                    post.meta.0.addr[0].store(src as u64, Ordering::Relaxed);
+                    post.meta.0.addr[1].store(dst as u64, Ordering::Relaxed);
                 }
                 if let OpSpec::AllToAllV { send_counts, send_displs, .. } = op {
                     // Peers pull their segments: publish where each one is.
@@ -392,11 +422,14 @@ impl Direct {
             self.run_inline(&c, ctx.as_ref(), s, dst, dst_len)?;
             return Ok(Outcome::Done);
         }
-        if !all(FLAG_SHARED) {
+        if all(FLAG_SHARED) {
+            self.run_zero_copy(&c, op, ctx.as_ref(), s, (src, src_len), (dst, dst_len))?;
+        } else if all(FLAG_CMA) {
+            self.run_cma(&c, op, ctx.as_ref(), s, (src, src_len), (dst, dst_len), (w, what))?;
+        } else {
             // Mixed or heap buffers too large to inline: nothing was touched; take the ring.
             return Ok(Outcome::Fallback);
         }
-        self.run_zero_copy(&c, op, ctx.as_ref(), s, (src, src_len), (dst, dst_len))?;
         // Streaming stores must be visible before peers learn this rank is done.
         memops::store_fence();
         if p > 1 {
@@ -517,6 +550,15 @@ impl Direct {
             DirectKind::AllToAllV => return Err(Error::Internal("all-to-all-v is never inlined".into())),
         }
         Ok(())
+    }
+
+    /// All-to-all-v: (count, displacement) of the segment rank `q` sends this rank in call `s`.
+    fn segment_of(&self, q: usize, s: u64) -> (usize, usize) {
+        let area = self.ctl(q).inline(s) as *const u64;
+        let me = self.me;
+        // SAFETY: rank q wrote 2 × P u64 into its inline area before posting (rule 1 of
+        // hostmem); 2 × P u64 fit the area (P ≤ 4096, checked at setup).
+        unsafe { (area.add(2 * me).read() as usize, area.add(2 * me + 1).read() as usize) }
     }
 
     fn desc(&self, q: usize, s: u64, k: usize) -> Desc {
@@ -655,10 +697,7 @@ impl Direct {
                 };
                 for i in 0..p {
                     let q = (me + i) % p;
-                    let area = self.ctl(q).inline(s) as *const u64;
-                    // SAFETY: rank q wrote 2 × P u64 into its inline area before posting.
-                    let (cnt, displ) =
-                        unsafe { (area.add(2 * me).read() as usize, area.add(2 * me + 1).read() as usize) };
+                    let (cnt, displ) = self.segment_of(q, s);
                     if cnt != recv_counts[q] {
                         return Err(Error::Mismatch {
                             rank: Rank::new(me),
