@@ -240,7 +240,10 @@ impl Direct {
     }
 
     /// Waits until `ready(peer)` holds for every peer: polls without reading the clock at
-    /// first (a clock read costs as much as many polls), then yields, then sleeps.
+    /// first (a clock read costs as much as many polls), then yields, then sleeps. Never
+    /// inlined: the instruction-count test (`oxccl-perf/tests/call_cost.rs`) subtracts what
+    /// waiting costs, which depends on the peer, by this function's name.
+    #[inline(never)]
     fn wait_all(&self, w: &Waiter, what: &str, ready: impl Fn(&Ctl) -> bool) -> Result<()> {
         let all_ready = || (0..self.p).all(|q| q == self.me || ready(self.ctl(q)));
         let check_every = if self.spin < Duration::from_micros(1) { 16 } else { 256 };
