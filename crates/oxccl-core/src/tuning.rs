@@ -52,6 +52,9 @@ pub const DIRECT_INLINE_BYTES: usize = 64 << 10;
 /// Direct path: calls whose largest contribution is at most this many bytes always go
 /// inline; above it, ranks whose buffers are shared allocations post them for zero-copy.
 pub const DIRECT_ZERO_COPY_MIN_BYTES: usize = 1 << 10;
+/// Direct path: inline contributions of at least this many bytes are copied in with
+/// streaming stores, for the kinds `engine::direct` says.
+pub const DIRECT_INLINE_STREAM_MIN_BYTES: usize = 16 << 10;
 /// Direct path: bytes reduced per block (kept in L1 while it is written to every output).
 pub const DIRECT_BLOCK_BYTES: usize = 8 << 10;
 /// Direct path, cross-memory calls: bytes pulled from each peer per block of a reduction (the

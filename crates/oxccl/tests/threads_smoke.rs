@@ -159,3 +159,36 @@ fn detached_calls_complete_in_order_and_drop_their_keep_after_completion() {
         w2.wait().unwrap();
     });
 }
+
+/// Inline calls (contributions up to 64 KiB on heap buffers) whose contributions are copied
+/// in with streaming stores (all-reduce and broadcast from 16 KiB, `engine::direct`), repeated
+/// so that both inline areas are reused: every result exact, in place and out of place.
+#[test]
+fn inline_calls_exact_with_streamed_contributions() {
+    let cfg = Config::default().with_timeout(Some(Duration::from_secs(60)));
+    for p in [2usize, 3] {
+        with_ranks(p, cfg.clone(), move |c| {
+            let (me, p) = (c.rank().idx() as u32, c.size() as u32);
+            for n in [4096usize, 4097, 10_001, 16_384] {
+                for job in 0..5u32 {
+                    let x = |r: u32, i: usize| (i as u32).wrapping_mul(2_654_435_761) ^ (r << 20) ^ job;
+                    let want = |i: usize| (0..p).fold(0u32, |a, r| a.wrapping_add(x(r, i)));
+                    let send: Vec<u32> = (0..n).map(|i| x(me, i)).collect();
+                    let mut recv = vec![0u32; n];
+                    c.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+                    assert!(
+                        recv.iter().enumerate().all(|(i, v)| *v == want(i)),
+                        "all_reduce n {n} job {job}"
+                    );
+                    let mut buf = send.clone();
+                    c.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+                    assert_eq!(buf, recv, "all_reduce in place n {n} job {job}");
+                    let root = job % p;
+                    let mut b = if me == root { send.clone() } else { vec![0u32; n] };
+                    c.broadcast_in_place(&mut b, Rank::new(root as usize)).unwrap();
+                    assert!(b.iter().enumerate().all(|(i, v)| *v == x(root, i)), "broadcast n {n} job {job}");
+                }
+            }
+        });
+    }
+}

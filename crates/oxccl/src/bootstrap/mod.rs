@@ -245,10 +245,12 @@ pub(crate) fn decode_class(r: &mut Reader<'_>) -> Result<ConnClass, CoreError> {
 #[derive(Clone, Debug)]
 pub struct Waiter {
     pub rank: Rank,
-    pub deadline: Option<Instant>,
+    /// How long the wait may last (`None`: forever).
+    timeout: Option<Duration>,
     pub abort: Arc<AtomicBool>,
-    /// When the wait began (only known when there is a deadline: reading the clock costs).
-    pub started: Option<Instant>,
+    /// When the wait began: read at construction, or for a [`Waiter::lazy`] one at its first
+    /// check, and only when there is a timeout (reading the clock costs).
+    started: std::cell::Cell<Option<Instant>>,
     /// Whose word on gone peers to heed (a wait on a gone rank fails at once).
     pub mailbox: Option<Arc<Mailbox>>,
     /// When this wait, stuck on live peers, first saw another peer gone.
@@ -354,12 +356,20 @@ impl Probe {
 impl Waiter {
     /// A waiter for `rank` that gives up after `timeout` (never if `None`).
     pub fn new(rank: Rank, timeout: Option<Duration>, abort: Arc<AtomicBool>) -> Waiter {
-        let started = timeout.map(|_| Instant::now());
+        let w = Waiter::lazy(rank, timeout, abort);
+        w.started.set(timeout.map(|_| Instant::now()));
+        w
+    }
+
+    /// As [`Waiter::new`], but the timeout counts from the first check (or sleep) instead of
+    /// now: for the waits of a call, whose clock is then read only by calls that wait long
+    /// enough to check (each check follows a spin much shorter than any timeout).
+    pub fn lazy(rank: Rank, timeout: Option<Duration>, abort: Arc<AtomicBool>) -> Waiter {
         Waiter {
             rank,
-            deadline: started.zip(timeout).map(|(s, t)| s + t),
+            timeout,
             abort,
-            started,
+            started: std::cell::Cell::new(None),
             mailbox: None,
             gone_seen: std::cell::Cell::new(None),
             probe: None,
@@ -397,6 +407,20 @@ impl Waiter {
     pub fn watching(mut self, mailbox: &Arc<Mailbox>) -> Waiter {
         self.mailbox = Some(mailbox.clone());
         self
+    }
+
+    /// (start, deadline) when the wait has a timeout; the start is now if not yet known.
+    fn times(&self) -> Option<(Instant, Instant)> {
+        let t = self.timeout?;
+        let s = match self.started.get() {
+            Some(s) => s,
+            None => {
+                let now = Instant::now();
+                self.started.set(Some(now));
+                now
+            }
+        };
+        Some((s, s + t))
     }
 
     /// Runs `f`, which holds the control connections, with probing off (the deadline, abort
@@ -510,7 +534,7 @@ impl Waiter {
                 }
             }
         }
-        if let (Some(d), Some(s)) = (self.deadline, self.started) {
+        if let Some((s, d)) = self.times() {
             let now = Instant::now();
             // The peers are asked just before the deadline (a slice of the timeout, at most
             // a second), so the call fails at its deadline with their answers in hand.
@@ -543,8 +567,8 @@ impl Waiter {
         } else {
             MAX_SLEEP_MS
         });
-        match self.deadline {
-            Some(d) => d.saturating_duration_since(Instant::now()).min(max),
+        match self.times() {
+            Some((_, d)) => d.saturating_duration_since(Instant::now()).min(max),
             None => max,
         }
     }

@@ -434,7 +434,7 @@ impl Engine {
     /// A waiter for one job: the communicator's deadline, abort flag, gone peers, and probes
     /// of the awaited peers once stuck.
     fn waiter(&self) -> Waiter {
-        Waiter::new(self.ctx.me, self.ctx.timeout, self.ctx.abort.clone())
+        Waiter::lazy(self.ctx.me, self.ctx.timeout, self.ctx.abort.clone())
             .watching(&self.ctx.mailbox)
             .probing(&self.ctx.boot, self.cur, self.ctx.check_calls)
     }

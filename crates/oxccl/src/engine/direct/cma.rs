@@ -260,16 +260,7 @@ impl Direct {
                 };
                 for i in 0..p {
                     let q = (me + i) % p;
-                    let (cnt, displ) = self.segment_of(q, s);
-                    if cnt != recv_counts[q] {
-                        return Err(Error::Mismatch {
-                            rank: Rank::new(me),
-                            op: "all_to_all_v".into(),
-                            peer: Rank::new(q),
-                            got: cnt * es,
-                            want: recv_counts[q] * es,
-                        });
-                    }
+                    let (cnt, displ) = self.segment_from(q, s, recv_counts[q], es)?;
                     let at = recv_displs[q] * es;
                     need(at + cnt * es)?;
                     self.pull(q, s, 0, src, displ.saturating_mul(es), cnt * es, out(at))?;

@@ -37,8 +37,8 @@ use oxccl_core::plan::hostdirect::{contribution_bytes, slice, DirectKind};
 use oxccl_core::plan::{Loc, OpSpec};
 use oxccl_core::reduce::{finalize, reduce_many, ReduceCtx};
 use oxccl_core::tuning::{
-    DIRECT_BLOCK_BYTES, DIRECT_SPIN_NS, DIRECT_SPIN_OVERSUBSCRIBED_NS, DIRECT_STREAM_MIN_BYTES,
-    DIRECT_ZERO_COPY_MIN_BYTES, YIELD_NS,
+    DIRECT_BLOCK_BYTES, DIRECT_INLINE_STREAM_MIN_BYTES, DIRECT_SPIN_NS, DIRECT_SPIN_OVERSUBSCRIBED_NS,
+    DIRECT_STREAM_MIN_BYTES, DIRECT_ZERO_COPY_MIN_BYTES, YIELD_NS,
 };
 use oxccl_core::{DataType, Rank, ReduceOp};
 use smallvec::SmallVec;
@@ -142,6 +142,8 @@ pub(crate) struct Direct {
     doorbell: Arc<EventFd>,
     abort: Arc<AtomicBool>,
     spin: Duration,
+    /// More ranks than cores on this host.
+    oversubscribed: bool,
     block: Vec<u64>,
     /// Every rank's process id where this rank may read every peer's memory; otherwise why not
     /// (for the log).
@@ -211,10 +213,29 @@ impl Direct {
             doorbell,
             abort,
             spin,
+            oversubscribed: p > cpus,
             block: vec![0u64; DIRECT_BLOCK_BYTES / 8],
             cma,
             cma_tmp: Vec::new(),
         })
+    }
+
+    /// Whether a contribution of `bytes` to a call of `kind` goes into the inline area with
+    /// streaming stores. Ordinary stores into lines the peers read at the last use of the area
+    /// must first take them back from the peers' caches, which on the machine measured (a
+    /// 2-vCPU KVM guest) cost more than the peers then reading the lines from memory, for
+    /// the kinds where every peer reads all of a contribution: all-reduce (oxccl-perf, heap
+    /// buffers, 5 alternating rounds: 16-64 KiB 0.83-0.96 of the time at 2 ranks, 0.63-0.94
+    /// at 4) and broadcast (0.28-0.39 at 2 ranks; not at 4 ranks on 2 cores, 0.98-1.28).
+    /// Kinds whose peers read a part of each contribution (reduce-scatter, all-to-all,
+    /// reduce, gather, scatter) were 1.2-1.9 times slower with them, all-gather 1.0-1.1.
+    fn stream_inline(&self, kind: DirectKind, bytes: usize) -> bool {
+        bytes >= DIRECT_INLINE_STREAM_MIN_BYTES
+            && match kind {
+                DirectKind::AllReduce => true,
+                DirectKind::Broadcast => !self.oversubscribed,
+                _ => false,
+            }
     }
 
     /// Whether heap buffers are read across processes, or why not (for the log).
@@ -363,9 +384,17 @@ impl Direct {
                         "contribution of {mine} bytes from a {src_len}-byte buffer"
                     )));
                 }
-                // SAFETY: `src` holds `mine` bytes (checked); the inline area holds
-                // INLINE_BYTES ≥ mine and belongs to this rank (rule 1 of hostmem).
-                unsafe { std::ptr::copy_nonoverlapping(src, self.own.inline(s), mine) };
+                // `src` holds `mine` bytes (checked); the inline area holds INLINE_BYTES ≥ mine
+                // and belongs to this rank (rule 1 of hostmem).
+                if self.stream_inline(c.kind, mine) {
+                    // SAFETY: see just above.
+                    unsafe { memops::copy(self.own.inline(s), src, mine, true) };
+                    // Streaming stores are weakly ordered: fence them before the post.
+                    memops::store_fence();
+                } else {
+                    // SAFETY: see just above.
+                    unsafe { std::ptr::copy_nonoverlapping(src, self.own.inline(s), mine) };
+                }
                 flags |= FLAG_INLINE;
             }
             if is_shared || cma {
@@ -472,6 +501,19 @@ impl Direct {
         }
     }
 
+    /// Reduces the posted contributions `srcs` (each `len` bytes) straight into `dst`, which
+    /// is user memory and so never overlaps a post.
+    fn reduce_posted(ctx: &ReduceCtx, srcs: &[*const u8], dst: *mut u8, len: usize) {
+        // SAFETY: every post holds `len` bytes (rule 1 of hostmem) and `dst` holds `len`
+        // (checked by the caller); posts live in the control blocks, apart from user memory.
+        let ss: SmallVec<[&[u8]; 8]> =
+            srcs.iter().map(|p| unsafe { std::slice::from_raw_parts(*p, len) }).collect();
+        // SAFETY: as above; this rank is the only writer of its own output.
+        let out = unsafe { std::slice::from_raw_parts_mut(dst, len) };
+        reduce_many(ctx, out, &ss);
+        finalize(ctx, out);
+    }
+
     fn run_inline(
         &mut self,
         c: &Call,
@@ -502,13 +544,13 @@ impl Direct {
             DirectKind::AllReduce => {
                 need(nb)?;
                 let ctx = ctx.ok_or_else(|| Error::Internal("reduction without context".into()))?;
-                self.reduce(ctx, &inl, &[dst], nb, false);
+                Self::reduce_posted(ctx, &inl, dst, nb);
             }
             DirectKind::Reduce => {
                 if me == c.root {
                     need(nb)?;
                     let ctx = ctx.ok_or_else(|| Error::Internal("reduction without context".into()))?;
-                    self.reduce(ctx, &inl, &[dst], nb, false);
+                    Self::reduce_posted(ctx, &inl, dst, nb);
                 }
             }
             DirectKind::ReduceScatter => {
@@ -516,7 +558,7 @@ impl Direct {
                 let ctx = ctx.ok_or_else(|| Error::Internal("reduction without context".into()))?;
                 // SAFETY: each post holds P × nb bytes; block `me` is in range.
                 let srcs: SmallVec<[*const u8; 8]> = inl.iter().map(|b| unsafe { b.add(me * nb) }).collect();
-                self.reduce(ctx, &srcs, &[dst], nb, false);
+                Self::reduce_posted(ctx, &srcs, dst, nb);
             }
             DirectKind::Broadcast => {
                 need(nb)?;
@@ -555,13 +597,25 @@ impl Direct {
         Ok(())
     }
 
-    /// All-to-all-v: (count, displacement) of the segment rank `q` sends this rank in call `s`.
-    fn segment_of(&self, q: usize, s: u64) -> (usize, usize) {
+    /// All-to-all-v: (count, displacement) of the segment rank `q` sends this rank in call `s`,
+    /// whose count must be `want` (`es`: bytes per element, for the error).
+    fn segment_from(&self, q: usize, s: u64, want: usize, es: usize) -> Result<(usize, usize)> {
         let area = self.ctl(q).inline(s) as *const u64;
         let me = self.me;
         // SAFETY: rank q wrote 2 × P u64 into its inline area before posting (rule 1 of
         // hostmem); 2 × P u64 fit the area (P ≤ 4096, checked at setup).
-        unsafe { (area.add(2 * me).read() as usize, area.add(2 * me + 1).read() as usize) }
+        let (cnt, displ) =
+            unsafe { (area.add(2 * me).read() as usize, area.add(2 * me + 1).read() as usize) };
+        if cnt != want {
+            return Err(Error::Mismatch {
+                rank: Rank::new(me),
+                op: "all_to_all_v".into(),
+                peer: Rank::new(q),
+                got: cnt * es,
+                want: want * es,
+            });
+        }
+        Ok((cnt, displ))
     }
 
     fn desc(&self, q: usize, s: u64, k: usize) -> Desc {
@@ -700,16 +754,7 @@ impl Direct {
                 };
                 for i in 0..p {
                     let q = (me + i) % p;
-                    let (cnt, displ) = self.segment_of(q, s);
-                    if cnt != recv_counts[q] {
-                        return Err(Error::Mismatch {
-                            rank: Rank::new(me),
-                            op: "all_to_all_v".into(),
-                            peer: Rank::new(q),
-                            got: cnt * es,
-                            want: recv_counts[q] * es,
-                        });
-                    }
+                    let (cnt, displ) = self.segment_from(q, s, recv_counts[q], es)?;
                     let from = self.at(q, s, 0, src, displ.saturating_mul(es), cnt * es)?;
                     let to = self.at(me, s, 1, dst, recv_displs[q] * es, cnt * es)?;
                     copy(from, to, cnt * es);
