@@ -458,5 +458,14 @@ mod tests {
         let e = Config::from_lookup(env(&[("NCCL_BUFFSIZE", "10")])).unwrap_err();
         assert!(e.to_string().contains("NCCL_BUFFSIZE"), "{e}");
         assert_eq!(Config::from_lookup(env(&[("OXCCL_TIMEOUT", "0")])).unwrap().timeout, None);
+        let e = Config::from_lookup(env(&[("OXCCL_CMA", "yes please")])).unwrap_err();
+        assert!(e.to_string().contains("OXCCL_CMA"), "{e}");
+    }
+
+    #[test]
+    fn cross_memory_reads_are_asked_for() {
+        assert!(!Config::default().cma);
+        assert!(Config::from_lookup(env(&[("OXCCL_CMA", "1")])).unwrap().cma);
+        assert!(!Config::from_lookup(env(&[("OXCCL_CMA", "0")])).unwrap().cma);
     }
 }
