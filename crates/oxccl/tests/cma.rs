@@ -90,21 +90,12 @@ fn every_collective(c: Communicator) {
         // Uneven all-to-all-v: rank r sends (r + 1) * (q + 1) * 9000 elements to rank q.
         let cnt = |from: usize, to: usize| (from + 1) * (to + 1) * 9000;
         let sc: Vec<usize> = (0..p).map(|q| cnt(me, q)).collect();
-        let sd: Vec<usize> = (0..p)
-            .scan(0, |a, q| {
-                let d = *a;
-                *a += sc[q];
-                Some(d)
-            })
-            .collect();
+        let displs = |c: &[usize]| -> Vec<usize> {
+            c.iter().scan(0, |a, n| Some(std::mem::replace(a, *a + n))).collect()
+        };
+        let sd = displs(&sc);
         let rc: Vec<usize> = (0..p).map(|q| cnt(q, me)).collect();
-        let rd: Vec<usize> = (0..p)
-            .scan(0, |a, q| {
-                let d = *a;
-                *a += rc[q];
-                Some(d)
-            })
-            .collect();
+        let rd = displs(&rc);
         let vsend: Vec<u32> = (0..sc.iter().sum::<usize>()).map(|i| x(me, i, k)).collect();
         let mut vrecv = vec![0u32; rc.iter().sum::<usize>()];
         let mut g = c.group();
