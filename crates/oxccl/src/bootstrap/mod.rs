@@ -296,6 +296,16 @@ impl std::fmt::Debug for Probe {
 }
 
 impl Probe {
+    fn new(boot: &Arc<Bootstrap>, mine: Sig, check: bool) -> Probe {
+        Probe {
+            boot: boot.clone(),
+            mine,
+            check,
+            next: std::cell::Cell::new(None),
+            report: std::cell::RefCell::new(None),
+        }
+    }
+
     /// The mismatch a peer's answer shows: it is in a collective with this call's number
     /// and another signature.
     fn breach(&self, me: Rank, what: &str, peer: Rank, st: &PeerState) -> Option<Error> {
@@ -379,6 +389,25 @@ impl Waiter {
         }
     }
 
+    /// A call's waiter: [`Waiter::lazy`], also [`watching`](Self::watching) `mailbox` and
+    /// [`probing`](Self::probing) through `boot`, built in one piece (the builders move the
+    /// whole waiter at each step, which the per-call path would pay for).
+    #[allow(clippy::too_many_arguments)]
+    pub fn for_call(
+        rank: Rank,
+        timeout: Option<Duration>,
+        abort: Arc<AtomicBool>,
+        mailbox: &Arc<Mailbox>,
+        boot: &Arc<Bootstrap>,
+        mine: Sig,
+        check: bool,
+    ) -> Waiter {
+        let mut w = Waiter::lazy(rank, timeout, abort);
+        w.mailbox = Some(mailbox.clone());
+        w.probe = Some(Probe::new(boot, mine, check));
+        w
+    }
+
     /// Also says on stderr, every `every` (if set) while the wait lasts, what it waits for:
     /// waits at init must never be silent.
     pub fn announcing(mut self, every: Option<Duration>) -> Waiter {
@@ -393,13 +422,7 @@ impl Waiter {
     /// with this call's number is a mismatch (with `check`), and a timeout says who arrived
     /// and where the others are.
     pub fn probing(mut self, boot: &Arc<Bootstrap>, mine: Sig, check: bool) -> Waiter {
-        self.probe = Some(Probe {
-            boot: boot.clone(),
-            mine,
-            check,
-            next: std::cell::Cell::new(None),
-            report: std::cell::RefCell::new(None),
-        });
+        self.probe = Some(Probe::new(boot, mine, check));
         self
     }
 

@@ -598,7 +598,7 @@ impl Group<'_, Blocking> {
         if self.ops.is_empty() {
             return Ok(());
         }
-        self.comm.execute(self.ops, self.bufs, self.what)
+        self.comm.execute(&self.ops, &self.bufs, self.what)
     }
 }
 

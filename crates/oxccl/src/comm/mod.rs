@@ -785,10 +785,10 @@ impl Communicator {
     }
 
     /// Runs a group on the calling thread, after any queued asynchronous work.
-    pub(crate) fn execute(&self, ops: Ops, bufs: Bufs, what: &'static str) -> Result<()> {
+    pub(crate) fn execute(&self, ops: &[OpSpec], bufs: &[RawBuf], what: &'static str) -> Result<()> {
         self.inner.check_usable()?;
         let _turn = self.inner.take_turn();
-        self.inner.run_job(&ops, &bufs, what)
+        self.inner.run_job(ops, bufs, what)
     }
 
     /// Queues a group for the worker thread; `done` receives the result.

@@ -434,16 +434,20 @@ impl Engine {
     /// A waiter for one job: the communicator's deadline, abort flag, gone peers, and probes
     /// of the awaited peers once stuck.
     fn waiter(&self) -> Waiter {
-        Waiter::lazy(self.ctx.me, self.ctx.timeout, self.ctx.abort.clone())
-            .watching(&self.ctx.mailbox)
-            .probing(&self.ctx.boot, self.cur, self.ctx.check_calls)
+        let c = &self.ctx;
+        Waiter::for_call(c.me, c.timeout, c.abort.clone(), &c.mailbox, &c.boot, self.cur, c.check_calls)
     }
 
     fn run_ops_inner(&mut self, g: &Geometry, ops: &[OpSpec], bufs: &[RawBuf], what: &str) -> Result<()> {
         if let [op] = ops {
             if self.direct.is_some() && oxccl_core::plan::direct_allowed(g, op) {
                 let w = self.waiter();
-                let sig = if self.ctx.check_calls { Sig::of(op, self.seqs.coll) } else { Sig::NONE };
+                // `run_ops` made this very signature for a single collective (`cur`).
+                let sig = match (self.ctx.check_calls, op.is_p2p()) {
+                    (false, _) => Sig::NONE,
+                    (true, false) => self.cur,
+                    (true, true) => Sig::of(op, self.seqs.coll),
+                };
                 let d = self.direct.as_mut().ok_or_else(|| Error::Internal("direct path vanished".into()))?;
                 match d.run(op, bufs, &w, what, sig) {
                     Ok(direct::Outcome::Fallback) => {}
