@@ -125,8 +125,9 @@ impl Direct {
         self.wait_all(w, what, |c| c.mid().load(Ordering::Acquire) >= s)
     }
 
-    /// Reduces bytes `[off, off + len)` of every rank's source (`at(q)` gives each rank's
-    /// offset) into `to`, a block at a time, peers' blocks pulled into private buffers.
+    /// Reduces bytes `[at, at + len)` of every rank's source into `to`, a block at a time,
+    /// peers' blocks pulled into private buffers (in place, `to` may be this rank's source
+    /// range: each block is reduced into a private buffer before it is written).
     #[allow(clippy::too_many_arguments)]
     fn reduce_pulled(
         &mut self,
