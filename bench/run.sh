@@ -74,9 +74,10 @@ run_iperf() {
 
 # ---------------------------------------------------------------- one run of each library
 common="-b 8 -e $MAX -f 2 -n $ITERS -w 5"
-run_oxccl() { # coll P transport json
+run_oxccl() { # coll P transport buffers(heap|reg) json
   local shm=0; [ "$3" = tcp ] && shm=1
-  NCCL_SHM_DISABLE=$shm OXCCL_TIMEOUT=300 "$OXPERF" "${1}_perf" -np "$2" $common -c 1 -J "$4" >/dev/null
+  local reg=1; [ "$4" = heap ] && reg=0
+  NCCL_SHM_DISABLE=$shm OXCCL_TIMEOUT=300 "$OXPERF" "${1}_perf" -np "$2" $common -c 1 -R $reg -J "$5" >/dev/null
 }
 run_ompi() { # coll P transport json
   local btl="self,vader"; [ "$3" = tcp ] && btl="self,tcp --mca btl_tcp_if_include lo"
@@ -132,12 +133,14 @@ for ((round = 1; round <= ROUNDS; round++)); do
   echo "  machine: $(cat "$d/membw.json") iperf3: $(cat "$d/iperf3.json")"
   for P in $NPS; do
     for c in $COLLS; do
-      try "oxccl shm $c P=$P" run_oxccl "$c" "$P" shm "$d/oxccl-shm-$c-P$P.json"
+      # Heap buffers, as the peers use (the headline), then oxccl's registered shared buffers.
+      try "oxccl heap $c P=$P" run_oxccl "$c" "$P" shm heap "$d/oxccl-heap-$c-P$P.json"
+      try "oxccl registered $c P=$P" run_oxccl "$c" "$P" shm reg "$d/oxccl-reg-$c-P$P.json"
       try "openmpi shm $c P=$P" run_ompi "$c" "$P" shm "$d/openmpi-shm-$c-P$P.json"
       try "intel-mpi $c P=$P" run_impi "$c" "$P" "$d/intel-mpi-$c-P$P.json"
       try "oneccl $c P=$P" run_ccl "$c" "$P" "$d/oneccl-$c-P$P.json"
     done
-    try "oxccl tcp all_reduce P=$P" run_oxccl all_reduce "$P" tcp "$d/oxccl-tcp-all_reduce-P$P.json"
+    try "oxccl tcp all_reduce P=$P" run_oxccl all_reduce "$P" tcp heap "$d/oxccl-tcp-all_reduce-P$P.json"
     try "openmpi tcp all_reduce P=$P" run_ompi all_reduce "$P" tcp "$d/openmpi-tcp-all_reduce-P$P.json"
     try "gloo tcp all_reduce P=$P" run_gloo "$P" "$d/gloo-tcp-all_reduce-P$P.json"
   done

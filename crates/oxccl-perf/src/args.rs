@@ -151,7 +151,8 @@ pub const USAGE: &str =
   -S,--report_timestamps <0/1> timestamp each line (0)
   -R,--local_register <0/1>   buffers in oxccl shared memory, registered (1) or on the heap (0)
   -u,--unalign <elements>     misalign buffers by this many elements (0)
-  --plot <file.svg> [json...] plot busbw and time against size (this run and/or JSON files)
+  --plot <file.svg> [json...] plot busbw and time against size (this run and/or JSON files);
+                              alone: oxccl-perf --plot <file.svg> [--title <text>] <json...>
   -p -y -G -x -D -V           nccl-tests' parallel init, stream, CUDA graph and device-API
                               options: accepted with their value, not used yet
   -h,--help";

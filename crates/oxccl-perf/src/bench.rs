@@ -709,7 +709,7 @@ impl<'c> Runner<'c> {
                     Err(e) => eprintln!("oxccl-perf: cannot write {path}: {e}"),
                 }
                 if let Some(svg) = &self.o.plot {
-                    crate::plot_files(svg, std::slice::from_ref(path), &self.o.plot_inputs);
+                    crate::plot_files(svg, std::slice::from_ref(path), &self.o.plot_inputs, None);
                 }
             }
         }

@@ -22,8 +22,9 @@ use args::{Bench, Opts};
 use oxccl::{Communicator, Rank};
 use std::time::Duration;
 
-/// Writes an SVG of this run's JSON results plus `extra` JSON files.
-pub fn plot_files(svg: &str, ours: &[String], extra: &[String]) {
+/// Writes an SVG of this run's JSON results plus `extra` JSON files, titled `title` (or, when
+/// none is given, by the first file's name).
+pub fn plot_files(svg: &str, ours: &[String], extra: &[String], title: Option<&str>) {
     let mut series = Vec::new();
     for f in ours.iter().chain(extra) {
         match plot::read(f) {
@@ -31,8 +32,11 @@ pub fn plot_files(svg: &str, ours: &[String], extra: &[String]) {
             Err(e) => eprintln!("oxccl-perf: --plot: {e}"),
         }
     }
-    let title = ours.first().or(extra.first()).cloned().unwrap_or_default();
-    match std::fs::write(svg, plot::svg(&series, &format!("oxccl-perf: {title}"))) {
+    let title = match title {
+        Some(t) => t.to_string(),
+        None => format!("oxccl-perf: {}", ours.first().or(extra.first()).cloned().unwrap_or_default()),
+    };
+    match std::fs::write(svg, plot::svg(&series, &title)) {
         Ok(()) => println!("# Wrote plot {svg} ({} series)", series.len()),
         Err(e) => eprintln!("oxccl-perf: cannot write {svg}: {e}"),
     }
@@ -154,7 +158,17 @@ fn main() {
             eprintln!("{}", args::USAGE);
             std::process::exit(2);
         };
-        plot_files(svg, &[], &argv[3..]);
+        let (title, files) = match argv.get(3).map(|s| s.as_str()) {
+            Some("--title") => match argv.get(4) {
+                Some(t) => (Some(t.as_str()), &argv[5..]),
+                None => {
+                    eprintln!("oxccl-perf: --plot: --title needs a text\n{}", args::USAGE);
+                    std::process::exit(2);
+                }
+            },
+            _ => (None, &argv[3..]),
+        };
+        plot_files(svg, &[], files, title);
         return;
     }
     let from_name = argv.first().and_then(|a| Bench::parse(a));

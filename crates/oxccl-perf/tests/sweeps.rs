@@ -181,6 +181,27 @@ fn json_and_plot() {
         .unwrap();
     assert!(o.status.success());
     assert_eq!(std::fs::read_to_string(&svg2).unwrap().matches("<polyline").count(), 4);
+    // A title says what the plot shows instead of the first file's path.
+    let svg3 = dir.join("titled.svg");
+    let o = Command::new(EXE)
+        .args([
+            "--plot",
+            svg3.to_str().unwrap(),
+            "--title",
+            "all_reduce, 2 ranks, heap buffers",
+            json.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let titled = std::fs::read_to_string(&svg3).unwrap();
+    assert!(
+        titled.contains("all_reduce, 2 ranks, heap buffers") && !titled.contains(json.to_str().unwrap()),
+        "{titled}"
+    );
+    let o = Command::new(EXE).args(["--plot", svg3.to_str().unwrap(), "--title"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--title needs a text"));
     let _ = std::fs::remove_dir_all(dir);
 }
 
