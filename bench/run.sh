@@ -124,6 +124,9 @@ try() { # label command...: runs it, logging failures instead of stopping the ha
 }
 
 # ---------------------------------------------------------------- rounds (interleaved)
+# The summary is of this run's rounds only: an earlier run's files (other libraries, other
+# buffer kinds) must not mix in.
+rm -rf "$RAW"/round*
 for ((round = 1; round <= ROUNDS; round++)); do
   d=$RAW/round$round
   mkdir -p "$d"
