@@ -142,8 +142,9 @@ impl Direct {
         let p = self.p;
         let block = DIRECT_CMA_BLOCK_BYTES;
         let mut tmp = std::mem::take(&mut self.cma_tmp);
-        if tmp.len() < p * block / 8 {
-            tmp = vec![0u64; p * block / 8];
+        // One block per peer (this rank's own source is read in place).
+        if tmp.len() < (p - 1) * block / 8 {
+            tmp = vec![0u64; (p - 1) * block / 8];
         }
         let r = (|| {
             let mut off = 0;
@@ -158,8 +159,9 @@ impl Direct {
                         // SAFETY: within the source (checked just above).
                         srcs.push(unsafe { src.0.add(at + off) } as *const u8);
                     } else {
+                        let i = if q < self.me { q } else { q - 1 };
                         let t =
-                            bytemuck::cast_slice_mut::<u64, u8>(&mut tmp[q * block / 8..(q + 1) * block / 8]);
+                            bytemuck::cast_slice_mut::<u64, u8>(&mut tmp[i * block / 8..(i + 1) * block / 8]);
                         self.pull(q, s, 0, src, at + off, b, t.as_mut_ptr())?;
                         srcs.push(t.as_ptr());
                     }

@@ -199,8 +199,9 @@ impl Direct {
         }
         let cma = if cma { cma::probe_peers(m, peers, &out) } else { Err("OXCCL_CMA=0".to_string()) };
         let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let oversubscribed = p > cpus;
         let spin =
-            Duration::from_nanos(if p > cpus { DIRECT_SPIN_OVERSUBSCRIBED_NS } else { DIRECT_SPIN_NS });
+            Duration::from_nanos(if oversubscribed { DIRECT_SPIN_OVERSUBSCRIBED_NS } else { DIRECT_SPIN_NS });
         Ok(Direct {
             me: m,
             p,
@@ -213,7 +214,7 @@ impl Direct {
             doorbell,
             abort,
             spin,
-            oversubscribed: p > cpus,
+            oversubscribed,
             block: vec![0u64; DIRECT_BLOCK_BYTES / 8],
             cma,
             cma_tmp: Vec::new(),
