@@ -202,7 +202,12 @@ fn explain(a: &ExplainArgs) {
                 oxccl::sys::host::host_id(config.host_id.as_deref()),
                 config.calibrate.as_deref(),
             );
-            Model::cpu(ranks, 1, &costs, config.direct && ranks > 1, 1, 1)
+            let m = Model::cpu(ranks, 1, &costs, config.direct && !config.shm_disable && ranks > 1, 1, 1);
+            if config.shm_disable {
+                m.over_sockets()
+            } else {
+                m
+            }
         }
         (None, None) => unreachable!("clap requires --ranks without --topo"),
     };

@@ -47,6 +47,41 @@ fn forced_tree_all_reduce_is_exact_across_hosts() {
 }
 
 #[test]
+fn one_shot_over_sockets_is_exact_up_to_its_bound_and_beyond() {
+    // Over sockets (ranks on separate hosts, or shared memory off) the one-shot exchange serves
+    // all-reduce up to tuning::ONE_SHOT_NET_MAX_BYTES; the counts straddle both bounds.
+    let bound = oxccl_core::tuning::ONE_SHOT_NET_MAX_BYTES / 4;
+    let counts = [1usize, 1024, 1025, bound - 1, bound, bound + 1];
+    let off = Config::default().with_timeout(Some(Duration::from_secs(60))).with_shm_disabled(true);
+    for (n, per_host, config) in [(4usize, 1usize, with_algo(None, None)), (3, 3, off)] {
+        let out = threads(n, per_host, config, move |c| {
+            let r = c.rank().idx() as u32;
+            counts
+                .iter()
+                .map(|&count| {
+                    let send: Vec<u32> = (0..count as u32).map(|i| (i % 977) * (r + 1)).collect();
+                    let mut sum = vec![0u32; count];
+                    c.all_reduce(&send, &mut sum, ReduceOp::Sum).unwrap();
+                    let mut max = send.clone();
+                    c.all_reduce_in_place(&mut max, ReduceOp::Max).unwrap();
+                    (sum, max)
+                })
+                .collect::<Vec<_>>()
+        });
+        let p = n as u32;
+        for (rank, results) in out.iter().enumerate() {
+            for (&count, (sum, max)) in counts.iter().zip(results) {
+                for i in 0..count {
+                    let base = (i as u32) % 977;
+                    assert_eq!(sum[i], base * p * (p + 1) / 2, "n={n} rank {rank} count {count} elem {i}");
+                    assert_eq!(max[i], base * p, "n={n} rank {rank} count {count} elem {i}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn settings_that_leave_a_collective_nothing_fail_that_call_and_only_that_call() {
     let out = threads(3, 3, with_algo(Some("tree"), None), |c| {
         let send = vec![1u32; 8];

@@ -184,6 +184,8 @@ pub struct Geometry {
     /// The least data (bytes of the call's count) a collective puts on each ring; smaller
     /// calls use fewer rings (0: always all `nchannels`).
     pub channel_min_bytes: usize,
+    /// The largest all-reduce the one-shot plan takes ([`crate::tuning::one_shot_max_bytes`]).
+    pub one_shot_max_bytes: usize,
     /// Each rank's host, as a small index (ranks with equal values share a host).
     pub hosts: Arc<[u32]>,
     /// The algorithm each all-reduce takes, by size (`None`: the built-in rules — one-shot for
@@ -216,6 +218,7 @@ impl Geometry {
             nchannels,
             chunk_bytes,
             channel_min_bytes: 0,
+            one_shot_max_bytes: crate::tuning::ONE_SHOT_MAX_BYTES,
             hosts: vec![0; size].into(),
             select: None,
             deterministic: false,

@@ -12,7 +12,7 @@ use super::{ConnClass, ConnKey, DirectStream, Geometry, Lane, Loc};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::CoreError;
 use crate::reduce::ReduceCtx;
-use crate::tuning::{ONE_SHOT_MAX_BYTES, ONE_SHOT_MAX_RANKS};
+use crate::tuning::ONE_SHOT_MAX_RANKS;
 use crate::types::Rank;
 
 /// Whether an all-reduce of `count` elements takes the one-shot plan.
@@ -21,7 +21,7 @@ pub(super) fn applies(g: &Geometry, count: usize, dtype: DataType) -> bool {
     g.size > 1
         && g.size <= ONE_SHOT_MAX_RANKS
         && bytes > 0
-        && bytes <= ONE_SHOT_MAX_BYTES
+        && bytes <= g.one_shot_max_bytes
         && bytes <= g.chunk_bytes
 }
 

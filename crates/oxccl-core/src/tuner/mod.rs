@@ -639,8 +639,24 @@ impl Model {
             runnable_algos: ALGOS.to_vec(),
             runnable_protos: PROTOS.to_vec(),
             direct_gbs: direct_path.then_some((c.copy_gbs / 2.0).max(0.01)),
-            direct_max_bytes: if direct_path { usize::MAX } else { crate::tuning::ONE_SHOT_MAX_BYTES },
+            direct_max_bytes: if direct_path {
+                usize::MAX
+            } else {
+                crate::tuning::one_shot_max_bytes(nhosts > 1)
+            },
         }
+    }
+
+    /// This model for a communicator whose ranks all talk over sockets, those of one host
+    /// included (`NCCL_SHM_DISABLE=1`): a hop inside a host costs what one between hosts does,
+    /// and the one-shot exchange serves calls up to the sockets' bound.
+    pub fn over_sockets(mut self) -> Model {
+        self.intra = self.net;
+        self.intra_name = "TCP".into();
+        if self.direct_gbs.is_none() {
+            self.direct_max_bytes = crate::tuning::one_shot_max_bytes(true);
+        }
+        self
     }
 }
 

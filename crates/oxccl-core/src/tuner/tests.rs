@@ -138,6 +138,17 @@ fn cpu_models_pick_direct_on_one_host_and_price_the_network_across_hosts() {
     assert_eq!(s.all_reduce.first().map(|x| x.1), Some(Algo::Direct));
     assert_eq!(s.all_reduce.last().map(|x| x.1), Some(Algo::Ring));
     assert_eq!(s.all_reduce_algo(1 << 20), Some(Algo::Ring));
+    // The same host with shared memory off: every hop is a socket's, priced so (the
+    // explanation names TCP), and one-shot serves up to the sockets' bound.
+    let shm_model = Model::cpu(4, 1, &c, false, 1, 1);
+    let m = shm_model.clone().over_sockets();
+    assert_eq!((m.intra, m.intra_name.as_str()), (m.net, "TCP"));
+    let direct_8k = |m: &Model| m.estimate(Coll::AllReduce, 8 << 10, Algo::Direct, Proto::Simple, 1);
+    assert_eq!(direct_8k(&shm_model), None, "8 KiB is above the shared-memory one-shot bound");
+    assert!(direct_8k(&m).unwrap() > c.tcp_us, "{:?}", direct_8k(&m));
+    let s = Selector::tuned(&m, &en, crate::tuning::ONE_SHOT_NET_MAX_BYTES);
+    assert_eq!(s.all_reduce_algo(crate::tuning::ONE_SHOT_NET_MAX_BYTES), Some(Algo::Direct), "{s:?}");
+    assert_eq!(s.all_reduce_algo(crate::tuning::ONE_SHOT_NET_MAX_BYTES + 1), Some(Algo::Ring), "{s:?}");
     // 16 hosts of one rank: one-shot is out (16 ranks), the tree wins small calls on its
     // log-depth latency and the ring wins large ones.
     let m = Model::cpu(16, 16, &c, false, 1, 2);

@@ -316,6 +316,7 @@ impl Communicator {
         // the socket defaults; every rank decides from the same peer table, so all agree.
         let net = p.size > 1 && (p.config.shm_disable || peers.iter().any(|q| q.host_id != peers[0].host_id));
         let slot_bytes = p.config.slot_bytes(net);
+        let one_shot = tuning::one_shot_max_bytes(net);
         let mut geometry = Geometry {
             rank: p.rank,
             size: p.size,
@@ -324,13 +325,14 @@ impl Communicator {
             chunk_bytes: slot_bytes,
             // NCCL_MIN_NCHANNELS > 1 asks for that many rings on every call.
             channel_min_bytes: if p.config.min_channels > 1 { 0 } else { tuning::RING_MIN_BYTES_PER_CHANNEL },
+            one_shot_max_bytes: one_shot,
             hosts: host_indices(&peers).into(),
             deterministic: p.config.deterministic,
             select: None,
             cache: None,
         }
         .cached();
-        let model = Arc::new(oxccl_core::tuner::Model::cpu(
+        let model = oxccl_core::tuner::Model::cpu(
             p.size,
             geometry.hosts.iter().max().map_or(1, |h| *h as usize + 1),
             &peers[0].costs,
@@ -340,16 +342,13 @@ impl Communicator {
                 && p.size > 1,
             p.config.min_channels,
             geometry.nchannels,
-        ));
+        );
+        // Shared memory off: every pair talks over sockets, and the model prices it so.
+        let model = Arc::new(if p.config.shm_disable { model.over_sockets() } else { model });
         geometry.select = if p.config.tuner {
-            Some(Arc::new(oxccl_core::tuner::Selector::tuned(
-                &model,
-                &p.config.enabled,
-                tuning::ONE_SHOT_MAX_BYTES,
-            )))
+            Some(Arc::new(oxccl_core::tuner::Selector::tuned(&model, &p.config.enabled, one_shot)))
         } else {
-            oxccl_core::tuner::Selector::forced(&p.config.enabled, p.size, tuning::ONE_SHOT_MAX_BYTES)
-                .map(Arc::new)
+            oxccl_core::tuner::Selector::forced(&p.config.enabled, p.size, one_shot).map(Arc::new)
         };
         if p.log.on(subsys::TUNING) {
             let c = &peers[0].costs;
