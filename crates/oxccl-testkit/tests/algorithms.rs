@@ -49,11 +49,14 @@ fn forced_tree_all_reduce_is_exact_across_hosts() {
 #[test]
 fn one_shot_over_sockets_is_exact_up_to_its_bound_and_beyond() {
     // Over sockets (ranks on separate hosts, or shared memory off) the one-shot exchange serves
-    // all-reduce up to tuning::ONE_SHOT_NET_MAX_BYTES; the counts straddle both bounds.
+    // all-reduce up to tuning::ONE_SHOT_NET_MAX_BYTES (hosts of one rank, of two: shared memory
+    // inside, sockets between; one host with shared memory off); the counts straddle both bounds.
     let bound = oxccl_core::tuning::ONE_SHOT_NET_MAX_BYTES / 4;
     let counts = [1usize, 1024, 1025, bound - 1, bound, bound + 1];
     let off = Config::default().with_timeout(Some(Duration::from_secs(60))).with_shm_disabled(true);
-    for (n, per_host, config) in [(4usize, 1usize, with_algo(None, None)), (3, 3, off)] {
+    for (n, per_host, config) in
+        [(4usize, 1usize, with_algo(None, None)), (6, 2, with_algo(None, None)), (3, 3, off)]
+    {
         let out = threads(n, per_host, config, move |c| {
             let r = c.rank().idx() as u32;
             counts
