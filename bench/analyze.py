@@ -48,6 +48,10 @@ IPERF = statistics.median(machine["iperf1m"]) if machine["iperf1m"] else float("
 IPERF128 = statistics.median(machine["iperf128"]) if machine["iperf128"] else float("nan")
 
 os.makedirs(os.path.join(out, "median"), exist_ok=True)
+# The medians and plots are of this run only: an earlier run's files (kinds this run did not
+# make, such as the old oxccl-shm-*) must not be plotted beside them.
+for f in glob.glob(os.path.join(out, "median", "*.json")):
+    os.unlink(f)
 for (lib, coll, p), d in med.items():
     res = [{"size": s, "type": "float", "redop": "sum", "root": 0, "out_of_place": {"time": t, "bus_bw": b}} for s, (b, t, _) in sorted(d.items())]
     json.dump({"label": f"{lib} P={p}", "results": res}, open(os.path.join(out, "median", f"{lib}-{coll}-P{p}.json"), "w"))
