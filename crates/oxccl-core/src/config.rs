@@ -125,10 +125,9 @@ pub struct Config {
     pub host_id: Option<String>,
     /// Single-host communicators run collectives by direct memory access (`OXCCL_DIRECT`).
     pub direct: bool,
-    /// The direct path reads heap buffers straight from peers' processes with
-    /// `process_vm_readv` where the kernel allows it (`OXCCL_CMA`; off by default: on the
-    /// machines measured it was no faster than the shared-memory copies).
-    pub cma: bool,
+    /// Which heap-buffer calls the direct path runs by reading peers' processes with
+    /// `process_vm_readv`, where the kernel allows it (`OXCCL_CMA`: unset or `auto`, `1`, `0`).
+    pub cma: CrossMemory,
     /// Every chunk carries its call's signature and receivers compare it with their own call's
     /// (`OXCCL_CHECK_CALLS`, on by default); every rank of a communicator must agree.
     pub check_calls: bool,
@@ -172,7 +171,7 @@ impl Default for Config {
             wait_notice: Some(Duration::from_secs(tuning::WAIT_NOTICE_S)),
             host_id: None,
             direct: true,
-            cma: false,
+            cma: CrossMemory::Auto,
             check_calls: true,
             flight_entries: 2000,
             flight_dir: None,
@@ -188,6 +187,19 @@ impl Default for Config {
 
 fn bad(var: &str, value: &str, reason: &str) -> CoreError {
     CoreError::BadSetting { var: var.to_string(), value: value.to_string(), reason: reason.to_string() }
+}
+
+/// Which heap-buffer calls of the direct path read peers' processes (`OXCCL_CMA`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CrossMemory {
+    /// `OXCCL_CMA=0`: none; heap calls beyond the inline area take the ring.
+    Off,
+    /// Unset or `auto`: the kinds and sizes where one kernel copy beat the two shared-memory
+    /// copies when measured ([`crate::plan::hostdirect::cma_auto`]).
+    #[default]
+    Auto,
+    /// `OXCCL_CMA=1`: every collective beyond the inline area.
+    All,
 }
 
 fn parse_bool(var: &str, v: &str) -> Result<bool, CoreError> {
@@ -287,7 +299,14 @@ impl Config {
             c.direct = parse_bool("OXCCL_DIRECT", &v)?;
         }
         if let Some(v) = get("OXCCL_CMA") {
-            c.cma = parse_bool("OXCCL_CMA", &v)?;
+            c.cma = match v.trim() {
+                "auto" | "" => CrossMemory::Auto,
+                x => match parse_bool("OXCCL_CMA", x) {
+                    Ok(true) => CrossMemory::All,
+                    Ok(false) => CrossMemory::Off,
+                    Err(_) => return Err(bad("OXCCL_CMA", &v, "expected 0, 1 or auto")),
+                },
+            };
         }
         let algo = get("NCCL_ALGO").filter(|v| !v.trim().is_empty());
         let proto = get("NCCL_PROTO").filter(|v| !v.trim().is_empty());
@@ -385,8 +404,14 @@ impl Config {
         self
     }
 
+    /// `OXCCL_CMA=1` (`true`) or `=0` (`false`).
     pub fn with_cma(mut self, on: bool) -> Self {
-        self.cma = on;
+        self.cma = if on { CrossMemory::All } else { CrossMemory::Off };
+        self
+    }
+
+    pub fn with_cross_memory(mut self, c: CrossMemory) -> Self {
+        self.cma = c;
         self
     }
 
@@ -464,8 +489,11 @@ mod tests {
 
     #[test]
     fn cross_memory_reads_are_asked_for() {
-        assert!(!Config::default().cma);
-        assert!(Config::from_lookup(env(&[("OXCCL_CMA", "1")])).unwrap().cma);
-        assert!(!Config::from_lookup(env(&[("OXCCL_CMA", "0")])).unwrap().cma);
+        assert_eq!(Config::default().cma, CrossMemory::Auto);
+        assert_eq!(Config::from_lookup(env(&[("OXCCL_CMA", "auto")])).unwrap().cma, CrossMemory::Auto);
+        assert_eq!(Config::from_lookup(env(&[("OXCCL_CMA", "1")])).unwrap().cma, CrossMemory::All);
+        assert_eq!(Config::from_lookup(env(&[("OXCCL_CMA", "0")])).unwrap().cma, CrossMemory::Off);
+        let e = Config::from_lookup(env(&[("OXCCL_CMA", "sometimes")])).unwrap_err().to_string();
+        assert!(e.contains("OXCCL_CMA") && e.contains("sometimes"), "{e}");
     }
 }

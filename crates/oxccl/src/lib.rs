@@ -44,7 +44,7 @@ pub use comm::{Communicator, Detached, Group, Scope, Work};
 oxccl_testkit::test_scope!();
 pub use error::{Error, RejectReason, Result};
 pub use half::{bf16, f16};
-pub use oxccl_core::config::{Config, LogLevel};
+pub use oxccl_core::config::{Config, CrossMemory, LogLevel};
 pub use oxccl_core::fp8::{F8E4M3, F8E5M2};
 pub use oxccl_core::uniqueid::UniqueId;
 pub use oxccl_core::{CommHash, DataType, Element, Rank, ReduceOp};

@@ -1,23 +1,23 @@
-//! Cross-memory calls (`OXCCL_CMA=1`): heap buffers of more than 64 KiB read straight from
-//! peers with process_vm_readv. Ranks are threads of one process, which reads its own memory
-//! the same way. Every collective, in place and out of place, exact; ranks that disagree on
-//! the setting take the ring together.
+//! Cross-memory calls (`OXCCL_CMA=1`, and the default `auto` for the kinds it chooses): heap
+//! buffers of more than 64 KiB read straight from peers with process_vm_readv. Ranks are
+//! threads of one process, which reads its own memory the same way. Every collective, in place
+//! and out of place, exact; ranks that disagree on the setting take the ring together.
 
-use oxccl::{Communicator, Config, Rank, ReduceOp};
+use oxccl::{Communicator, Config, CrossMemory, Rank, ReduceOp};
 use std::time::Duration;
 
 oxccl_testkit::test_scope!();
 
 fn with_ranks(
     n: usize,
-    cma: impl Fn(usize) -> bool,
+    cma: impl Fn(usize) -> CrossMemory,
     f: impl Fn(Communicator) + Send + Sync + Copy + 'static,
 ) {
     let base = Config::default().with_timeout(Some(Duration::from_secs(60)));
     let id = oxccl::new_unique_id(&base).unwrap();
     let hs: Vec<_> = (0..n)
         .map(|r| {
-            let config = base.clone().with_cma(cma(r));
+            let config = base.clone().with_cross_memory(cma(r));
             std::thread::spawn(move || f(Communicator::init(&id, n, Rank::new(r), config).unwrap()))
         })
         .collect();
@@ -134,11 +134,22 @@ fn every_collective(c: Communicator) {
 #[test]
 fn every_collective_exact_on_heap_buffers_read_across() {
     for p in [2usize, 3] {
-        with_ranks(p, |_| true, every_collective);
+        with_ranks(p, |_| CrossMemory::All, every_collective);
+    }
+}
+
+#[test]
+fn every_collective_exact_with_the_default_choice() {
+    // Auto: all-to-all(v) and scatter read across at both sizes, all-gather at 1.6 MB × P,
+    // broadcast where ranks do not outnumber cores or at 1.6 MB; the rest take the ring.
+    assert_eq!(Config::default().cma, CrossMemory::Auto);
+    for p in [2usize, 3] {
+        with_ranks(p, |_| CrossMemory::Auto, every_collective);
     }
 }
 
 #[test]
 fn ranks_that_disagree_take_the_ring_together() {
-    with_ranks(3, |r| r == 1, every_collective);
+    with_ranks(3, |r| if r == 1 { CrossMemory::All } else { CrossMemory::Off }, every_collective);
+    with_ranks(3, |r| if r == 2 { CrossMemory::Off } else { CrossMemory::Auto }, every_collective);
 }

@@ -3,7 +3,8 @@
 //! connections. This module says who computes what; the runtime's direct engine maps the
 //! memory and runs it.
 //!
-//! Two modes, chosen identically on every rank:
+//! Modes, chosen identically on every rank (the runtime adds a third for heap buffers,
+//! cross-memory reads, where [`cma_auto`] or `OXCCL_CMA=1` says):
 //! - inline: each rank copies its (small) contribution into its own shared post; every rank
 //!   then computes its whole result from the posts, locally, in rank order. One flag exchange,
 //!   no writes to peers' memory.
@@ -63,9 +64,51 @@ pub enum DirectKind {
     Scatter,
 }
 
+/// Whether a heap call of `kind` takes the cross-memory mode under `OXCCL_CMA=auto` (the
+/// default): where one `process_vm_readv` copy per byte beat the two shared-memory copies
+/// (sender into a slot, receiver out of it) when measured. `bytes` is the call's size as
+/// nccl-tests counts it (all-gather: the whole output; broadcast: the buffer);
+/// `oversubscribed`: more ranks than cores.
+///
+/// Measured on a 2-vCPU KVM guest, oxccl-perf with heap buffers, `OXCCL_CMA=1` against `=0`,
+/// 4 alternating rounds, median per-round time ratio, 128 KiB–32 MiB:
+/// - all-to-all 0.50–0.90 (2 and 4 ranks), scatter 0.48–0.82: every size;
+/// - broadcast 0.55–0.76 at 2 ranks; at 4 (oversubscribed) 1.12–1.26 to 512 KiB, 0.65–0.83
+///   from 2 MiB;
+/// - all-gather 0.96–1.09 to 512 KiB, 0.75–0.93 from 2 MiB;
+/// - all-reduce 1.08–1.91, reduce-scatter 1.01–1.70, gather 0.88–1.64: never (a rank that
+///   reduces or gathers pulls serially what the ring's ranks push in parallel).
+pub fn cma_auto(kind: DirectKind, bytes: usize, oversubscribed: bool) -> bool {
+    let large = bytes >= crate::tuning::DIRECT_CMA_AUTO_MIN_BYTES;
+    match kind {
+        DirectKind::AllToAll | DirectKind::AllToAllV | DirectKind::Scatter => true,
+        DirectKind::Broadcast => !oversubscribed || large,
+        DirectKind::AllGather => large,
+        DirectKind::AllReduce | DirectKind::ReduceScatter | DirectKind::Reduce | DirectKind::Gather => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cma_auto_takes_the_measured_winners() {
+        let big = crate::tuning::DIRECT_CMA_AUTO_MIN_BYTES;
+        for over in [false, true] {
+            for b in [128 << 10, big, 64 << 20] {
+                assert!(cma_auto(DirectKind::AllToAll, b, over) && cma_auto(DirectKind::AllToAllV, b, over));
+                assert!(cma_auto(DirectKind::Scatter, b, over));
+                for k in
+                    [DirectKind::AllReduce, DirectKind::ReduceScatter, DirectKind::Reduce, DirectKind::Gather]
+                {
+                    assert!(!cma_auto(k, b, over), "{k:?} {b} {over}");
+                }
+                assert_eq!(cma_auto(DirectKind::AllGather, b, over), b >= big);
+                assert_eq!(cma_auto(DirectKind::Broadcast, b, over), !over || b >= big);
+            }
+        }
+    }
 
     #[test]
     fn slices_cover_exactly_and_align() {

@@ -32,8 +32,9 @@ use crate::error::{Error, Result};
 use crate::mem::{self, PeerAlloc};
 use crate::sys::fd::{self, EventFd};
 use crate::transport::hostmem::{Ctl, FLAG_CMA, FLAG_INLINE, FLAG_SHARED, INLINE_BYTES};
+use oxccl_core::config::CrossMemory;
 use oxccl_core::contract::Sig;
-use oxccl_core::plan::hostdirect::{contribution_bytes, slice, DirectKind};
+use oxccl_core::plan::hostdirect::{cma_auto, contribution_bytes, slice, DirectKind};
 use oxccl_core::plan::{Loc, OpSpec};
 use oxccl_core::reduce::{finalize, reduce_many, ReduceCtx};
 use oxccl_core::tuning::{
@@ -121,12 +122,12 @@ fn describe(op: &OpSpec) -> Option<Call> {
 }
 
 /// Who this rank is: its rank, every peer's information, the communicator's secret, and
-/// whether heap buffers may be read across processes (`OXCCL_CMA`).
+/// which heap-buffer calls may read across processes (`OXCCL_CMA`).
 pub(crate) struct Identity<'a> {
     pub me: Rank,
     pub peers: &'a [PeerInfo],
     pub secret: [u8; 32],
-    pub cma: bool,
+    pub cma: CrossMemory,
 }
 
 /// The direct engine of one rank of a single-host communicator.
@@ -148,6 +149,8 @@ pub(crate) struct Direct {
     /// Every rank's process id where this rank may read every peer's memory; otherwise why not
     /// (for the log).
     cma: std::result::Result<Vec<i32>, String>,
+    /// Which calls take the cross-memory mode where it is possible.
+    cma_mode: CrossMemory,
     /// Blocks read from peers by cross-memory calls (allocated on first use).
     cma_tmp: Vec<u64>,
 }
@@ -176,7 +179,7 @@ impl Direct {
         abort: Arc<AtomicBool>,
         w: &Waiter,
     ) -> Result<Direct> {
-        let Identity { me, peers, secret, cma } = id;
+        let Identity { me, peers, secret, cma: cma_mode } = id;
         let p = peers.len();
         let m = me.idx();
         let mut out: Vec<Option<PeerCtl>> = (0..p).map(|_| None).collect();
@@ -197,7 +200,11 @@ impl Direct {
             let (ctl, bell) = mailbox.wait_arena(Rank::new(q), w)?;
             *slot = Some(PeerCtl { ctl: Ctl::open(ctl).map_err(io(q))?, bell: EventFd::from_owned(bell) });
         }
-        let cma = if cma { cma::probe_peers(m, peers, &out) } else { Err("OXCCL_CMA=0".to_string()) };
+        let cma = if cma_mode != CrossMemory::Off {
+            cma::probe_peers(m, peers, &out)
+        } else {
+            Err("OXCCL_CMA=0".to_string())
+        };
         let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let oversubscribed = p > cpus;
         let spin =
@@ -217,6 +224,7 @@ impl Direct {
             oversubscribed,
             block: vec![0u64; DIRECT_BLOCK_BYTES / 8],
             cma,
+            cma_mode,
             cma_tmp: Vec::new(),
         })
     }
@@ -372,7 +380,17 @@ impl Direct {
         };
         let is_shared = sd.is_some() && dd.is_some();
         let inline = max_contrib <= INLINE_BYTES && !is_shared;
-        let cma = !inline && self.cma.is_ok() && cma::allowed(c.kind, (src, src_len), (dst, dst_len));
+        let cma = !inline
+            && self.cma.is_ok()
+            && match self.cma_mode {
+                CrossMemory::All => true,
+                CrossMemory::Auto => {
+                    let bytes = c.count * es * if c.kind == DirectKind::AllGather { p } else { 1 };
+                    cma_auto(c.kind, bytes, self.oversubscribed)
+                }
+                CrossMemory::Off => false,
+            }
+            && cma::allowed(c.kind, (src, src_len), (dst, dst_len));
         let s = self.seq + 1;
         self.seq = s;
         {
