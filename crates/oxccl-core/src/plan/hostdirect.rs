@@ -88,6 +88,15 @@ pub fn cma_auto(kind: DirectKind, bytes: usize, oversubscribed: bool) -> bool {
     }
 }
 
+/// What [`cma_auto`] takes, in words (for the log).
+pub fn cma_auto_described() -> String {
+    let mib = crate::tuning::DIRECT_CMA_AUTO_MIN_BYTES >> 20;
+    format!(
+        "all-to-all(v), scatter, broadcast (from {mib} MiB where ranks outnumber cores) and \
+         all-gather from {mib} MiB"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -464,52 +464,47 @@ impl Communicator {
             .announcing(p.config.wait_notice);
         boot.connect_all(&w).map_err(|e| told(&boot, &mailbox, e))?;
         let single_host = peers.iter().all(|q| q.host_id == peers[p.rank.idx()].host_id);
-        let direct = if single_host
-            && !p.config.shm_disable
-            && p.config.direct
-            && p.size > 1
-            && p.size <= 4096
-        {
-            let d = direct::Direct::setup(
-                direct::Identity { me: p.rank, peers: &peers, secret: p.secret, cma: p.config.cma },
-                p.ctl.clone(),
-                p.doorbell.clone(),
-                &mailbox,
-                p.abort.clone(),
-                &w,
-            )
-            .map_err(|e| told(&boot, &mailbox, e))?;
-            p.log.info(format_args!(
-                "direct path: {} ranks on this host read and write each other's memory",
-                p.size
-            ));
-            let which = match p.config.cma {
-                    CrossMemory::All => "every collective (OXCCL_CMA=1)",
-                    _ => {
-                        "all-to-all(v), scatter, broadcast (from 2 MiB where ranks outnumber cores) and all-gather \
-                         from 2 MiB (OXCCL_CMA=auto; \
-                         =1: every collective, =0: none)"
-                    }
+        let direct =
+            if single_host && !p.config.shm_disable && p.config.direct && p.size > 1 && p.size <= 4096 {
+                let d = direct::Direct::setup(
+                    direct::Identity { me: p.rank, peers: &peers, secret: p.secret, cma: p.config.cma },
+                    p.ctl.clone(),
+                    p.doorbell.clone(),
+                    &mailbox,
+                    p.abort.clone(),
+                    &w,
+                )
+                .map_err(|e| told(&boot, &mailbox, e))?;
+                p.log.info(format_args!(
+                    "direct path: {} ranks on this host read and write each other's memory",
+                    p.size
+                ));
+                let which = match p.config.cma {
+                    CrossMemory::All => "every collective (OXCCL_CMA=1)".to_string(),
+                    _ => format!(
+                        "{} (OXCCL_CMA=auto; =1: every collective, =0: none)",
+                        oxccl_core::plan::hostdirect::cma_auto_described()
+                    ),
                 };
-            match d.cross_memory() {
-                _ if p.config.cma == CrossMemory::Off => {}
-                Ok(()) => p.log.info(format_args!(
-                    "direct path: heap buffers beyond the inline area are read straight from peers' \
+                match d.cross_memory() {
+                    _ if p.config.cma == CrossMemory::Off => {}
+                    Ok(()) => p.log.info(format_args!(
+                        "direct path: heap buffers beyond the inline area are read straight from peers' \
                          processes (process_vm_readv) for {which}"
-                )),
-                Err(why) => {
-                    static ONCE: std::sync::Once = std::sync::Once::new();
-                    ONCE.call_once(|| {
-                        p.log.info(format_args!(
+                    )),
+                    Err(why) => {
+                        static ONCE: std::sync::Once = std::sync::Once::new();
+                        ONCE.call_once(|| {
+                            p.log.info(format_args!(
                             "direct path: heap buffers go through shared memory, not process_vm_readv: {why}"
                         ))
-                    });
+                        });
+                    }
                 }
-            }
-            Some(d)
-        } else {
-            None
-        };
+                Some(d)
+            } else {
+                None
+            };
         let flight = crate::flight::Recorder::new(
             p.config.flight_entries,
             crate::flight::Member {

@@ -23,7 +23,8 @@ use super::{memops, Call, Direct, PeerCtl};
 use crate::bootstrap::{PeerInfo, Waiter};
 use crate::error::{Error, Result};
 use crate::sys::cma;
-use oxccl_core::plan::hostdirect::{slice, DirectKind};
+use oxccl_core::config::CrossMemory;
+use oxccl_core::plan::hostdirect::{cma_auto, slice, DirectKind};
 use oxccl_core::plan::OpSpec;
 use oxccl_core::reduce::ReduceCtx;
 use oxccl_core::tuning::{DIRECT_CMA_BLOCK_BYTES, DIRECT_STREAM_MIN_BYTES};
@@ -50,17 +51,33 @@ pub(super) fn probe_peers(
     Ok(pids)
 }
 
-/// Whether a call of `kind` over these buffers may run cross-memory: all-to-all reads peers'
-/// inputs while they write their outputs, so it needs the two apart.
-pub(super) fn allowed(kind: DirectKind, src: (*mut u8, usize), dst: (*mut u8, usize)) -> bool {
-    let overlap = |a: (*mut u8, usize), b: (*mut u8, usize)| {
-        let (a0, b0) = (a.0 as usize, b.0 as usize);
-        a.1 > 0 && b.1 > 0 && a0 < b0 + b.1 && b0 < a0 + a.1
-    };
-    !matches!(kind, DirectKind::AllToAll | DirectKind::AllToAllV) || !overlap(src, dst)
-}
-
 impl Direct {
+    /// Whether this rank flags call `c` over these buffers for cross-memory: every peer may be
+    /// read, the setting (`OXCCL_CMA`) takes its kind and size, and, for all-to-all, which
+    /// reads peers' inputs while they write their outputs, the two do not overlap.
+    pub(super) fn flags_cma(&self, c: &Call, src: (*mut u8, usize), dst: (*mut u8, usize)) -> bool {
+        let wanted = match self.cma_mode {
+            CrossMemory::All => true,
+            CrossMemory::Auto => {
+                // Sized as nccl-tests counts a call: all-gather by its whole output.
+                let n = c.count * c.dtype.size_bytes();
+                cma_auto(
+                    c.kind,
+                    if c.kind == DirectKind::AllGather { n * self.p } else { n },
+                    self.oversubscribed,
+                )
+            }
+            CrossMemory::Off => false,
+        };
+        let overlap = |a: (*mut u8, usize), b: (*mut u8, usize)| {
+            let (a0, b0) = (a.0 as usize, b.0 as usize);
+            a.1 > 0 && b.1 > 0 && a0 < b0 + b.1 && b0 < a0 + a.1
+        };
+        wanted
+            && self.cma.is_ok()
+            && (!matches!(c.kind, DirectKind::AllToAll | DirectKind::AllToAllV) || !overlap(src, dst))
+    }
+
     /// Copies `len` bytes at offset `at` of rank `q`'s source (k = 0) or destination (k = 1)
     /// to `to`. This rank's own buffers are copied locally.
     #[allow(clippy::too_many_arguments)]

@@ -34,7 +34,7 @@ use crate::sys::fd::{self, EventFd};
 use crate::transport::hostmem::{Ctl, FLAG_CMA, FLAG_INLINE, FLAG_SHARED, INLINE_BYTES};
 use oxccl_core::config::CrossMemory;
 use oxccl_core::contract::Sig;
-use oxccl_core::plan::hostdirect::{cma_auto, contribution_bytes, slice, DirectKind};
+use oxccl_core::plan::hostdirect::{contribution_bytes, slice, DirectKind};
 use oxccl_core::plan::{Loc, OpSpec};
 use oxccl_core::reduce::{finalize, reduce_many, ReduceCtx};
 use oxccl_core::tuning::{
@@ -380,17 +380,7 @@ impl Direct {
         };
         let is_shared = sd.is_some() && dd.is_some();
         let inline = max_contrib <= INLINE_BYTES && !is_shared;
-        let cma = !inline
-            && self.cma.is_ok()
-            && match self.cma_mode {
-                CrossMemory::All => true,
-                CrossMemory::Auto => {
-                    let bytes = c.count * es * if c.kind == DirectKind::AllGather { p } else { 1 };
-                    cma_auto(c.kind, bytes, self.oversubscribed)
-                }
-                CrossMemory::Off => false,
-            }
-            && cma::allowed(c.kind, (src, src_len), (dst, dst_len));
+        let cma = !inline && self.flags_cma(&c, (src, src_len), (dst, dst_len));
         let s = self.seq + 1;
         self.seq = s;
         {
