@@ -195,10 +195,11 @@ pub enum CrossMemory {
     /// `OXCCL_CMA=0`: none; heap calls beyond the inline area take the ring.
     Off,
     /// Unset or `auto`: the kinds and sizes where one kernel copy beat the two shared-memory
-    /// copies when measured ([`crate::plan::hostdirect::cma_auto`]).
+    /// copies when measured ([`crate::plan::hostdirect::cma_auto`] beyond the inline area,
+    /// [`crate::plan::hostdirect::cma_over_inline`] within it).
     #[default]
     Auto,
-    /// `OXCCL_CMA=1`: every collective beyond the inline area.
+    /// `OXCCL_CMA=1`: every collective beyond the inline area; within it, as `Auto`.
     All,
 }
 

@@ -60,9 +60,14 @@ pub const DIRECT_BLOCK_BYTES: usize = 8 << 10;
 /// Direct path, cross-memory calls: bytes pulled from each peer per block of a reduction (the
 /// blocks of all peers stay in L2 while they are reduced; each pull is one system call).
 pub const DIRECT_CMA_BLOCK_BYTES: usize = 256 << 10;
-/// Direct path, `OXCCL_CMA=auto`: broadcast (oversubscribed) and all-gather calls of at least
-/// this many bytes read peers' heaps ([`crate::plan::hostdirect::cma_auto`] has the numbers).
+/// Direct path, `OXCCL_CMA=auto`: broadcast calls of at least this many bytes read peers'
+/// heaps even where ranks outnumber cores ([`crate::plan::hostdirect::cma_auto`] has the
+/// numbers).
 pub const DIRECT_CMA_AUTO_MIN_BYTES: usize = 2 << 20;
+/// Direct path: a heap call small enough to go inline reads peers' heaps instead where each
+/// rank would copy at least this many bytes out of some peer's post, and every rank has a core
+/// of its own ([`crate::plan::hostdirect::cma_over_inline`] has the numbers).
+pub const DIRECT_CMA_OVER_INLINE_MIN_BYTES: usize = 8 << 10;
 /// Direct path: how long a waiting rank spins before it yields, when it has a core to itself
 /// and when ranks outnumber cores.
 pub const DIRECT_SPIN_NS: u64 = 20_000;

@@ -1,5 +1,6 @@
 //! Cross-memory calls (`OXCCL_CMA=1`, and the default `auto` for the kinds it chooses): heap
-//! buffers of more than 64 KiB read straight from peers with process_vm_readv. Ranks are
+//! buffers of more than 64 KiB, and smaller ones that a rank would otherwise copy 8 KiB or more
+//! of out of one peer's inline post, read straight from peers with process_vm_readv. Ranks are
 //! threads of one process, which reads its own memory the same way. Every collective, in place
 //! and out of place, exact; ranks that disagree on the setting take the ring together.
 
@@ -33,8 +34,11 @@ fn x(r: usize, i: usize, k: u32) -> u32 {
 
 fn every_collective(c: Communicator) {
     let (me, p) = (c.rank().idx(), c.size());
-    // Contributions of 160 KB and of 1.6 MB (several reduction blocks), odd element counts.
-    for (k, n) in [(0u32, 40_003usize), (1, 400_009)] {
+    // Contributions of 8.2 KB and 24 KB (within the inline area, on 2 ranks: all-gather,
+    // gather, broadcast and reduce pull at both, all-to-all, scatter and reduce-scatter, whose
+    // contribution is P blocks, too, all-reduce at 24 KB), 160 KB and
+    // 1.6 MB (several reduction blocks); odd element counts.
+    for (k, n) in [(2u32, 2_053usize), (3, 6_007), (0, 40_003), (1, 400_009)] {
         let send: Vec<u32> = (0..n).map(|i| x(me, i, k)).collect();
         let sum = |i: usize| (0..p).fold(0u32, |a, r| a.wrapping_add(x(r, i, k)));
         let ctx = |what: &str| format!("{what} n {n} rank {me} of {p}");
@@ -87,8 +91,9 @@ fn every_collective(c: Communicator) {
         c.all_to_all_in_place(&mut a2a_ip).unwrap();
         assert_eq!(a2a_ip, a2a, "{}", ctx("all_to_all in place"));
 
-        // Uneven all-to-all-v: rank r sends (r + 1) * (q + 1) * 9000 elements to rank q.
-        let cnt = |from: usize, to: usize| (from + 1) * (to + 1) * 9000;
+        // Uneven all-to-all-v: rank r sends (r + 1) * (q + 1) * unit elements to rank q.
+        let unit = if n < 10_000 { 1500 } else { 9000 };
+        let cnt = |from: usize, to: usize| (from + 1) * (to + 1) * unit;
         let sc: Vec<usize> = (0..p).map(|q| cnt(me, q)).collect();
         let displs = |c: &[usize]| -> Vec<usize> {
             c.iter().scan(0, |a, n| Some(std::mem::replace(a, *a + n))).collect()
@@ -140,8 +145,9 @@ fn every_collective_exact_on_heap_buffers_read_across() {
 
 #[test]
 fn every_collective_exact_with_the_default_choice() {
-    // Auto: all-to-all(v) and scatter read across at both sizes, all-gather at 1.6 MB × P,
-    // broadcast where ranks do not outnumber cores or at 1.6 MB; the rest take the ring.
+    // Auto: beyond the inline area, all-to-all(v), scatter and all-gather read across,
+    // broadcast where ranks do not outnumber cores or at 1.6 MB, the rest take the ring;
+    // within it, where ranks do not outnumber cores, the calls named at `every_collective`.
     assert_eq!(Config::default().cma, CrossMemory::Auto);
     for p in [2usize, 3] {
         with_ranks(p, |_| CrossMemory::Auto, every_collective);

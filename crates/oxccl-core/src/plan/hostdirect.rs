@@ -64,36 +64,74 @@ pub enum DirectKind {
     Scatter,
 }
 
-/// Whether a heap call of `kind` takes the cross-memory mode under `OXCCL_CMA=auto` (the
-/// default): where one `process_vm_readv` copy per byte beat the two shared-memory copies
-/// (sender into a slot, receiver out of it) when measured. `bytes` is the call's size as
-/// nccl-tests counts it (all-gather: the whole output; broadcast: the buffer);
-/// `oversubscribed`: more ranks than cores.
+/// Whether a heap call of `kind` too large to go inline takes the cross-memory mode under
+/// `OXCCL_CMA=auto` (the default): where one `process_vm_readv` copy per byte beat the two
+/// shared-memory copies (sender into a slot, receiver out of it) when measured. `bytes` is
+/// the call's size as nccl-tests counts it (all-gather: the whole output; broadcast: the
+/// buffer); `oversubscribed`: more ranks than cores.
 ///
-/// Measured on a 2-vCPU KVM guest, oxccl-perf with heap buffers, `OXCCL_CMA=1` against `=0`,
-/// 4 alternating rounds, median per-round time ratio, 128 KiB–32 MiB:
+/// Measured on 2-vCPU KVM guests, oxccl-perf with heap buffers, `OXCCL_CMA=1` against `=0`,
+/// 128 KiB–32 MiB, ratios of times (below 1: cross-memory is faster). An AMD EPYC guest, 4
+/// alternating rounds, median per-round ratio:
 /// - all-to-all 0.50–0.90 (2 and 4 ranks), scatter 0.48–0.82: every size;
 /// - broadcast 0.55–0.76 at 2 ranks; at 4 (oversubscribed) 1.12–1.26 to 512 KiB, 0.65–0.83
 ///   from 2 MiB;
 /// - all-gather 0.96–1.09 to 512 KiB, 0.75–0.93 from 2 MiB;
 /// - all-reduce 1.08–1.91, reduce-scatter 1.01–1.70, gather 0.88–1.64: never (a rank that
 ///   reduces or gathers pulls serially what the ring's ranks push in parallel).
+///
+/// An Intel Xeon guest (AMX, 2026-12-05): all-gather 0.40–0.66 at 256 KiB–1 MiB with 2 and 4
+/// ranks, so all-gather takes it at every size.
 pub fn cma_auto(kind: DirectKind, bytes: usize, oversubscribed: bool) -> bool {
     let large = bytes >= crate::tuning::DIRECT_CMA_AUTO_MIN_BYTES;
     match kind {
-        DirectKind::AllToAll | DirectKind::AllToAllV | DirectKind::Scatter => true,
+        DirectKind::AllToAll | DirectKind::AllToAllV | DirectKind::Scatter | DirectKind::AllGather => true,
         DirectKind::Broadcast => !oversubscribed || large,
-        DirectKind::AllGather => large,
         DirectKind::AllReduce | DirectKind::ReduceScatter | DirectKind::Reduce | DirectKind::Gather => false,
     }
+}
+
+/// Whether a heap call whose contributions fit the inline area (the largest is
+/// `contribution` bytes, over `nranks` ranks) is pulled across memory instead, under
+/// `OXCCL_CMA=auto` or `=1`: where every rank has a core of its own and some rank would copy
+/// at least [`DIRECT_CMA_OVER_INLINE_MIN_BYTES`](crate::tuning::DIRECT_CMA_OVER_INLINE_MIN_BYTES)
+/// out of one peer's post. The inline copy in writes lines that the readers hold and each
+/// reader then fetches them from the writer's cache: two transfers between cores per line,
+/// where a pull makes one.
+///
+/// Measured on an Intel Xeon 2-vCPU KVM guest (2026-12-05), oxccl-perf, 2 ranks, heap, times
+/// in µs, inline against cross-memory: all-gather 16 KiB 3.65 / 2.39, 64 KiB 11.90 / 4.50,
+/// 128 KiB 17.9 / 6.5 (8 KiB 2.19 / 2.20); all-to-all 16 KiB 3.56 / 2.40, 64 KiB 10.7 / 4.1;
+/// broadcast 8 KiB 2.43 / 1.61, 64 KiB 20.5 / 3.9; scatter 8 KiB 1.79 / 1.43; gather 16 KiB
+/// 2.35 / 1.90; reduce-scatter 32 KiB 5.78 / 4.07, 64 KiB 10.5 / 4.8; all-reduce 16 KiB
+/// 7.83 / 6.51, 32 KiB 14.1 / 9.4; reduce 32 KiB 6.41 / 4.05. With 4 ranks on the 2 cores
+/// inline won or tied at every inline size (a pull waits for a system call that a spinning
+/// peer delays).
+pub fn cma_over_inline(kind: DirectKind, contribution: usize, nranks: usize, oversubscribed: bool) -> bool {
+    if oversubscribed {
+        return false;
+    }
+    let per_peer = match kind {
+        DirectKind::AllGather | DirectKind::Gather | DirectKind::Broadcast | DirectKind::Reduce => {
+            contribution
+        }
+        DirectKind::AllToAll
+        | DirectKind::AllToAllV
+        | DirectKind::Scatter
+        | DirectKind::ReduceScatter
+        | DirectKind::AllReduce => contribution / nranks.max(1),
+    };
+    per_peer >= crate::tuning::DIRECT_CMA_OVER_INLINE_MIN_BYTES
 }
 
 /// What [`cma_auto`] takes, in words (for the log).
 pub fn cma_auto_described() -> String {
     let mib = crate::tuning::DIRECT_CMA_AUTO_MIN_BYTES >> 20;
+    let kib = crate::tuning::DIRECT_CMA_OVER_INLINE_MIN_BYTES >> 10;
     format!(
-        "all-to-all(v), scatter, broadcast (from {mib} MiB where ranks outnumber cores) and \
-         all-gather from {mib} MiB"
+        "all-to-all(v), scatter, all-gather and broadcast (from {mib} MiB where ranks outnumber \
+         cores) beyond the inline area; every collective within it where a rank would copy \
+         {kib} KiB or more from one peer and ranks have cores of their own"
     )
 }
 
@@ -113,8 +151,27 @@ mod tests {
                 {
                     assert!(!cma_auto(k, b, over), "{k:?} {b} {over}");
                 }
-                assert_eq!(cma_auto(DirectKind::AllGather, b, over), b >= big);
+                assert!(cma_auto(DirectKind::AllGather, b, over));
                 assert_eq!(cma_auto(DirectKind::Broadcast, b, over), !over || b >= big);
+            }
+        }
+    }
+
+    #[test]
+    fn cma_over_inline_counts_what_one_peer_gives() {
+        let min = crate::tuning::DIRECT_CMA_OVER_INLINE_MIN_BYTES;
+        for p in [2usize, 3, 8] {
+            for k in [DirectKind::AllGather, DirectKind::Gather, DirectKind::Broadcast, DirectKind::Reduce] {
+                assert!(cma_over_inline(k, min, p, false), "{k:?} {p}");
+                assert!(!cma_over_inline(k, min - 1, p, false), "{k:?} {p}");
+                assert!(!cma_over_inline(k, 64 << 10, p, true), "{k:?} {p} oversubscribed");
+            }
+            for k in
+                [DirectKind::AllToAll, DirectKind::Scatter, DirectKind::ReduceScatter, DirectKind::AllReduce]
+            {
+                assert!(cma_over_inline(k, min * p, p, false), "{k:?} {p}");
+                assert!(!cma_over_inline(k, min * p - 1, p, false), "{k:?} {p}");
+                assert!(!cma_over_inline(k, 64 << 10, p, true), "{k:?} {p} oversubscribed");
             }
         }
     }

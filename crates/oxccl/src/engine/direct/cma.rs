@@ -24,7 +24,7 @@ use crate::bootstrap::{PeerInfo, Waiter};
 use crate::error::{Error, Result};
 use crate::sys::cma;
 use oxccl_core::config::CrossMemory;
-use oxccl_core::plan::hostdirect::{cma_auto, slice, DirectKind};
+use oxccl_core::plan::hostdirect::{cma_auto, cma_over_inline, slice, DirectKind};
 use oxccl_core::plan::OpSpec;
 use oxccl_core::reduce::ReduceCtx;
 use oxccl_core::tuning::{DIRECT_CMA_BLOCK_BYTES, DIRECT_STREAM_MIN_BYTES};
@@ -55,8 +55,19 @@ impl Direct {
     /// Whether this rank flags call `c` over these buffers for cross-memory: every peer may be
     /// read, the setting (`OXCCL_CMA`) takes its kind and size, and, for all-to-all, which
     /// reads peers' inputs while they write their outputs, the two do not overlap.
-    pub(super) fn flags_cma(&self, c: &Call, src: (*mut u8, usize), dst: (*mut u8, usize)) -> bool {
+    /// `contribution`: the largest rank's (what decides inline); `fits_inline`: whether the
+    /// call could go inline, which it then does unless `cma_over_inline` prefers a pull.
+    pub(super) fn flags_cma(
+        &self,
+        c: &Call,
+        contribution: usize,
+        fits_inline: bool,
+        src: (*mut u8, usize),
+        dst: (*mut u8, usize),
+    ) -> bool {
         let wanted = match self.cma_mode {
+            CrossMemory::Off => false,
+            _ if fits_inline => cma_over_inline(c.kind, contribution, self.p, self.oversubscribed),
             CrossMemory::All => true,
             CrossMemory::Auto => {
                 // Sized as nccl-tests counts a call: all-gather by its whole output.
@@ -67,7 +78,6 @@ impl Direct {
                     self.oversubscribed,
                 )
             }
-            CrossMemory::Off => false,
         };
         let overlap = |a: (*mut u8, usize), b: (*mut u8, usize)| {
             let (a0, b0) = (a.0 as usize, b.0 as usize);

@@ -3,8 +3,9 @@
 //!
 //! A call posts in this rank's control block ([`crate::transport::hostmem`]) and waits until
 //! every peer has posted the same sequence number. Then, identically on every rank:
-//! - inline (every contribution fits the inline area): each rank computes its result from the
-//!   posted copies, locally, in rank order; nothing else is exchanged;
+//! - inline (every contribution fits the inline area, and pulling it would not be cheaper,
+//!   `plan::hostdirect::cma_over_inline`): each rank computes its result from the posted
+//!   copies, locally, in rank order; nothing else is exchanged;
 //! - zero-copy (every rank's buffers are shared allocations, [`crate::mem`]): each rank does its
 //!   share of the work on the peers' buffers, mapped here (each input byte read once and each
 //!   output byte written once), then waits at an end barrier;
@@ -371,7 +372,8 @@ impl Direct {
         let max_contrib =
             (0..p).map(|q| contribution_bytes(c.kind, c.count, es, p, q == c.root)).max().unwrap_or(0);
         // Small calls always go inline; mid-sized ones inline unless this rank's buffers are
-        // shared (then zero-copy, if every rank's are); large ones zero-copy or the ring.
+        // shared (then zero-copy, if every rank's are) or a pull from peers' heaps is cheaper
+        // (`cma_over_inline`); large ones zero-copy, cross-memory or the ring.
         let shared = |ptr: *mut u8, len: usize| if len == 0 { Some((0, 0)) } else { mem::lookup(ptr, len) };
         let (sd, dd) = if max_contrib <= DIRECT_ZERO_COPY_MIN_BYTES {
             (None, None)
@@ -379,8 +381,11 @@ impl Direct {
             (shared(src, src_len), shared(dst, dst_len))
         };
         let is_shared = sd.is_some() && dd.is_some();
-        let inline = max_contrib <= INLINE_BYTES && !is_shared;
-        let cma = !inline && self.flags_cma(&c, (src, src_len), (dst, dst_len));
+        let fits_inline = max_contrib <= INLINE_BYTES && !is_shared;
+        // (Contributions of at most a kilobyte always go inline: no need to ask.)
+        let cma = max_contrib > DIRECT_ZERO_COPY_MIN_BYTES
+            && self.flags_cma(&c, max_contrib, fits_inline, (src, src_len), (dst, dst_len));
+        let inline = fits_inline && !cma;
         let s = self.seq + 1;
         self.seq = s;
         {
