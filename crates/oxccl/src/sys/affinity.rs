@@ -2,6 +2,14 @@
 
 use std::io;
 
+/// The CPU the calling thread runs on at this instant (it may move at any time: a hint), or
+/// `None` where the kernel does not say. Cheap: glibc reads it from the thread's rseq area.
+pub fn running_on() -> Option<u32> {
+    // SAFETY: sched_getcpu takes no arguments and touches no memory of ours.
+    let c = unsafe { libc::sched_getcpu() };
+    u32::try_from(c).ok()
+}
+
 /// Parses a CPU list as sysfs and `/proc` write it (`0-3,8,10-11`).
 pub fn parse_cpulist(s: &str) -> Vec<usize> {
     let mut v = Vec::new();

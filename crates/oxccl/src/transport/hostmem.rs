@@ -16,6 +16,9 @@
 //! 448     post[1]
 //! 640     mid       (u64)  last sequence number whose first phase this rank finished (calls
 //!                   whose second phase reads what the first wrote)
+//! 704     cpu       (u32)  the CPU this rank ran on when it last began to wait, plus one (0:
+//!                   unknown); a hint for peers, which yield their core at once to a rank
+//!                   they wait for that shares it, instead of spinning it away
 //! 4096    inline[0] INLINE_BYTES
 //! 4096 + INLINE_BYTES  inline[1]
 //! ```
@@ -34,6 +37,9 @@
 //! 4. Sleeping follows the shared-memory connection rule: set `sleeping`, SeqCst fence,
 //!    re-check, sleep; a publisher fences after its store and rings the doorbell of every peer
 //!    whose `sleeping` is set.
+//! 5. `cpu` is a hint, written by the owner at the start of each wait (relaxed) and read by
+//!    peers while they poll: a stale or torn view only makes a peer yield once too often or
+//!    spin once too long, never decides anything a call's result depends on.
 
 use crate::sys::shm::ShmRegion;
 use oxccl_core::tuning::DIRECT_INLINE_BYTES;
@@ -42,7 +48,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// Bytes of one inline area.
 pub const INLINE_BYTES: usize = DIRECT_INLINE_BYTES;
 const INLINE_AT: usize = 4096;
-const MAGIC: u64 = u64::from_le_bytes(*b"OXCTL003");
+const MAGIC: u64 = u64::from_le_bytes(*b"OXCTL004");
 
 #[repr(C, align(64))]
 pub struct Line<T>(pub T);
@@ -74,11 +80,13 @@ struct Header {
     probe: Line<[AtomicU64; 2]>,
     posts: [Post; 2],
     mid: Line<AtomicU64>,
+    cpu: Line<AtomicU32>,
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() <= INLINE_AT);
 const _: () = assert!(std::mem::offset_of!(Header, posts) == 256 && std::mem::size_of::<Post>() == 192);
 const _: () = assert!(std::mem::offset_of!(Header, mid) == 640);
+const _: () = assert!(std::mem::offset_of!(Header, cpu) == 704);
 
 /// Flag: this rank's buffers are shared allocations (zero-copy capable).
 pub const FLAG_SHARED: u32 = 1;
@@ -157,6 +165,11 @@ impl Ctl {
 
     pub fn sleeping(&self) -> &AtomicU32 {
         &self.hdr().sleeping.0
+    }
+
+    /// The CPU hint (the layout's `cpu` line): 0 unknown, else the CPU number plus one.
+    pub fn cpu(&self) -> &AtomicU32 {
+        &self.hdr().cpu.0
     }
 
     /// A duplicate of the block's descriptor, for a peer.
