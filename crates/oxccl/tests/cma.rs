@@ -49,6 +49,16 @@ fn every_collective(c: Communicator) {
         let mut buf = send.clone();
         c.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
         assert_eq!(buf, out, "{}", ctx("all_reduce in place"));
+        // Rank 0 in place, the others not: every rank must still take one mode.
+        let mut mixed = send.clone();
+        if me == 0 {
+            c.all_reduce_in_place(&mut mixed, ReduceOp::Sum).unwrap();
+        } else {
+            let mut o = vec![0u32; n];
+            c.all_reduce(&send, &mut o, ReduceOp::Sum).unwrap();
+            mixed = o;
+        }
+        assert_eq!(mixed, out, "{}", ctx("all_reduce, rank 0 in place"));
 
         for root in [0, p - 1] {
             let mut out = vec![7u32; n];

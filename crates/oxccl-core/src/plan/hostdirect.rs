@@ -64,6 +64,35 @@ pub enum DirectKind {
     Scatter,
 }
 
+/// What the cross-memory choices depend on besides the call; fixed per communicator and the
+/// same on every rank of the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Host {
+    pub nranks: usize,
+    /// More ranks than cores.
+    pub oversubscribed: bool,
+    /// Bytes of one core's L2 cache (of CPU 0, so that every rank sees the same).
+    pub l2_bytes: usize,
+}
+
+impl Host {
+    /// The L2 size assumed where the machine does not say.
+    pub const L2_UNKNOWN: usize = 512 << 10;
+}
+
+/// Whether a two-rank cross-memory all-reduce of `bytes` has each rank reduce both whole
+/// inputs (`true`) instead of its half of them followed by a pull of the other half of the
+/// peer's result. The same bytes cross between the cores either way; the whole reduction saves
+/// the middle wait and reads only inputs, which stay where their owner left them (in a
+/// benchmark, which never rewrites its inputs, in both caches), but reads and writes twice
+/// what the split does in each rank's own cache, so it stops paying once both inputs and the
+/// output outgrow the L2: below half of it. Measured on an Intel Xeon 2-vCPU guest (2 MiB L2,
+/// 2026-12-05), oxccl-perf, heap, `OXCCL_CMA=1`, 4 alternating rounds, whole ÷ split: 16-64 KiB
+/// 0.51, 128 KiB 0.51, 256 KiB 0.68, 512 KiB 0.86, 1 MiB 1.20, 2-4 MiB 1.26-1.31.
+pub fn all_reduce_whole(bytes: usize, h: &Host) -> bool {
+    h.nranks == 2 && bytes < h.l2_bytes / 2
+}
+
 /// Whether a heap call of `kind` too large to go inline takes the cross-memory mode under
 /// `OXCCL_CMA=auto` (the default): where one `process_vm_readv` copy per byte beat the two
 /// shared-memory copies (sender into a slot, receiver out of it) when measured. `bytes` is
@@ -81,13 +110,15 @@ pub enum DirectKind {
 ///   reduces or gathers pulls serially what the ring's ranks push in parallel).
 ///
 /// An Intel Xeon guest (AMX, 2026-12-05): all-gather 0.40–0.66 at 256 KiB–1 MiB with 2 and 4
-/// ranks, so all-gather takes it at every size.
-pub fn cma_auto(kind: DirectKind, bytes: usize, oversubscribed: bool) -> bool {
+/// ranks, so all-gather takes it at every size; a two-rank all-reduce where [`all_reduce_whole`]
+/// holds, against the ring: 128 KiB 0.54, 256 KiB 0.58, 512 KiB 0.80.
+pub fn cma_auto(kind: DirectKind, bytes: usize, h: &Host) -> bool {
     let large = bytes >= crate::tuning::DIRECT_CMA_AUTO_MIN_BYTES;
     match kind {
         DirectKind::AllToAll | DirectKind::AllToAllV | DirectKind::Scatter | DirectKind::AllGather => true,
-        DirectKind::Broadcast => !oversubscribed || large,
-        DirectKind::AllReduce | DirectKind::ReduceScatter | DirectKind::Reduce | DirectKind::Gather => false,
+        DirectKind::Broadcast => !h.oversubscribed || large,
+        DirectKind::AllReduce => all_reduce_whole(bytes, h),
+        DirectKind::ReduceScatter | DirectKind::Reduce | DirectKind::Gather => false,
     }
 }
 
@@ -107,10 +138,11 @@ pub fn cma_auto(kind: DirectKind, bytes: usize, oversubscribed: bool) -> bool {
 /// 7.83 / 6.51, 32 KiB 14.1 / 9.4; reduce 32 KiB 6.41 / 4.05. With 4 ranks on the 2 cores
 /// inline won or tied at every inline size (a pull waits for a system call that a spinning
 /// peer delays).
-pub fn cma_over_inline(kind: DirectKind, contribution: usize, nranks: usize, oversubscribed: bool) -> bool {
-    if oversubscribed {
+pub fn cma_over_inline(kind: DirectKind, contribution: usize, h: &Host) -> bool {
+    if h.oversubscribed {
         return false;
     }
+    let nranks = h.nranks;
     let per_peer = match kind {
         DirectKind::AllGather | DirectKind::Gather | DirectKind::Broadcast | DirectKind::Reduce => {
             contribution
@@ -129,9 +161,10 @@ pub fn cma_auto_described() -> String {
     let mib = crate::tuning::DIRECT_CMA_AUTO_MIN_BYTES >> 20;
     let kib = crate::tuning::DIRECT_CMA_OVER_INLINE_MIN_BYTES >> 10;
     format!(
-        "all-to-all(v), scatter, all-gather and broadcast (from {mib} MiB where ranks outnumber \
-         cores) beyond the inline area; every collective within it where a rank would copy \
-         {kib} KiB or more from one peer and ranks have cores of their own"
+        "all-to-all(v), scatter, all-gather, broadcast (from {mib} MiB where ranks outnumber \
+         cores) and two-rank all-reduce below half the L2 beyond the inline area; every \
+         collective within it where a rank would copy {kib} KiB or more from one peer and ranks \
+         have cores of their own"
     )
 }
 
@@ -139,39 +172,55 @@ pub fn cma_auto_described() -> String {
 mod tests {
     use super::*;
 
+    fn host(nranks: usize, oversubscribed: bool) -> Host {
+        Host { nranks, oversubscribed, l2_bytes: 2 << 20 }
+    }
+
     #[test]
     fn cma_auto_takes_the_measured_winners() {
         let big = crate::tuning::DIRECT_CMA_AUTO_MIN_BYTES;
         for over in [false, true] {
-            for b in [128 << 10, big, 64 << 20] {
-                assert!(cma_auto(DirectKind::AllToAll, b, over) && cma_auto(DirectKind::AllToAllV, b, over));
-                assert!(cma_auto(DirectKind::Scatter, b, over));
-                for k in
-                    [DirectKind::AllReduce, DirectKind::ReduceScatter, DirectKind::Reduce, DirectKind::Gather]
-                {
-                    assert!(!cma_auto(k, b, over), "{k:?} {b} {over}");
+            for p in [2usize, 4] {
+                let h = host(p, over);
+                for b in [128 << 10, big, 64 << 20] {
+                    assert!(cma_auto(DirectKind::AllToAll, b, &h) && cma_auto(DirectKind::AllToAllV, b, &h));
+                    assert!(cma_auto(DirectKind::Scatter, b, &h));
+                    for k in [DirectKind::ReduceScatter, DirectKind::Reduce, DirectKind::Gather] {
+                        assert!(!cma_auto(k, b, &h), "{k:?} {b} {over}");
+                    }
+                    assert!(cma_auto(DirectKind::AllGather, b, &h));
+                    assert_eq!(cma_auto(DirectKind::Broadcast, b, &h), !over || b >= big);
+                    // All-reduce: two ranks, below half the L2 (1 MiB here).
+                    assert_eq!(cma_auto(DirectKind::AllReduce, b, &h), p == 2 && b < 1 << 20, "{p} {b}");
                 }
-                assert!(cma_auto(DirectKind::AllGather, b, over));
-                assert_eq!(cma_auto(DirectKind::Broadcast, b, over), !over || b >= big);
             }
         }
+    }
+
+    #[test]
+    fn whole_all_reduce_needs_two_ranks_and_room_in_l2() {
+        let h = Host { nranks: 2, oversubscribed: false, l2_bytes: 512 << 10 };
+        assert!(all_reduce_whole((256 << 10) - 4, &h));
+        assert!(!all_reduce_whole(256 << 10, &h));
+        assert!(!all_reduce_whole(1024, &Host { nranks: 3, ..h }));
     }
 
     #[test]
     fn cma_over_inline_counts_what_one_peer_gives() {
         let min = crate::tuning::DIRECT_CMA_OVER_INLINE_MIN_BYTES;
         for p in [2usize, 3, 8] {
+            let (h, over) = (host(p, false), host(p, true));
             for k in [DirectKind::AllGather, DirectKind::Gather, DirectKind::Broadcast, DirectKind::Reduce] {
-                assert!(cma_over_inline(k, min, p, false), "{k:?} {p}");
-                assert!(!cma_over_inline(k, min - 1, p, false), "{k:?} {p}");
-                assert!(!cma_over_inline(k, 64 << 10, p, true), "{k:?} {p} oversubscribed");
+                assert!(cma_over_inline(k, min, &h), "{k:?} {p}");
+                assert!(!cma_over_inline(k, min - 1, &h), "{k:?} {p}");
+                assert!(!cma_over_inline(k, 64 << 10, &over), "{k:?} {p} oversubscribed");
             }
             for k in
                 [DirectKind::AllToAll, DirectKind::Scatter, DirectKind::ReduceScatter, DirectKind::AllReduce]
             {
-                assert!(cma_over_inline(k, min * p, p, false), "{k:?} {p}");
-                assert!(!cma_over_inline(k, min * p - 1, p, false), "{k:?} {p}");
-                assert!(!cma_over_inline(k, 64 << 10, p, true), "{k:?} {p} oversubscribed");
+                assert!(cma_over_inline(k, min * p, &h), "{k:?} {p}");
+                assert!(!cma_over_inline(k, min * p - 1, &h), "{k:?} {p}");
+                assert!(!cma_over_inline(k, 64 << 10, &over), "{k:?} {p} oversubscribed");
             }
         }
     }

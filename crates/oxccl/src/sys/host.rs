@@ -1,5 +1,5 @@
-//! Who and where this process is: host name, pid, and the host identity that decides which
-//! peers share memory.
+//! Who and where this process is: host name, pid, the host identity that decides which peers
+//! share memory, and the L2 cache size that the direct path sizes its work by.
 //!
 //! The identity hashes the host name, the kernel's boot id and the network namespace: ranks in
 //! different containers or network namespaces of one machine count as different hosts (they
@@ -42,4 +42,45 @@ pub fn host_id(override_id: Option<&str>) -> u64 {
 pub fn thread_id() -> u64 {
     // SAFETY: gettid has no arguments and cannot fail.
     unsafe { libc::gettid() as u64 }
+}
+
+/// Bytes of CPU 0's L2 cache, from sysfs (`None` where it does not say). CPU 0 for every
+/// caller, so that every rank of a host reads the same number.
+pub fn l2_cache_bytes() -> Option<usize> {
+    let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
+    dir.flatten().find_map(|e| {
+        let read = |f: &str| std::fs::read_to_string(e.path().join(f)).ok();
+        let kind = read("type")?;
+        if read("level")?.trim() != "2" || kind.trim() == "Instruction" {
+            return None;
+        }
+        parse_cache_size(&read("size")?)
+    })
+}
+
+/// Parses a sysfs cache size (`2048K`, `1M`, `512`).
+pub fn parse_cache_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, shift) = match s.as_bytes().last()? {
+        b'K' => (&s[..s.len() - 1], 10),
+        b'M' => (&s[..s.len() - 1], 20),
+        b'G' => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    num.parse::<usize>().ok()?.checked_mul(1 << shift)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_sizes_parse_as_sysfs_writes_them() {
+        assert_eq!(parse_cache_size("2048K\n"), Some(2 << 20));
+        assert_eq!(parse_cache_size("1M"), Some(1 << 20));
+        assert_eq!(parse_cache_size("512"), Some(512));
+        assert_eq!(parse_cache_size(""), None);
+        assert_eq!(parse_cache_size("K"), None);
+        assert_eq!(parse_cache_size("12Q"), None);
+    }
 }

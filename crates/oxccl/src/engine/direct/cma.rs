@@ -7,8 +7,10 @@
 //! the puller's own.
 //!
 //! Work split (the same on every rank, after the post exchange):
-//! - all-reduce: rank r reduces its slice (`plan::hostdirect::slice`) from every rank's input
-//!   into its own output, marks `mid`, then pulls every other slice from its owner's output;
+//! - all-reduce: with two ranks whose buffers do not overlap, each reduces both whole inputs
+//!   into its own output; otherwise rank r reduces its slice (`plan::hostdirect::slice`) from
+//!   every rank's input into its own output, marks `mid`, then pulls every other slice from
+//!   its owner's output;
 //! - reduce-scatter: rank r reduces block r from every rank's input into its output;
 //! - reduce: the root reduces everything; broadcast, scatter: non-roots pull from the root;
 //!   gather: the root pulls from everyone; all-gather, all-to-all(v): everyone pulls its part.
@@ -24,7 +26,7 @@ use crate::bootstrap::{PeerInfo, Waiter};
 use crate::error::{Error, Result};
 use crate::sys::cma;
 use oxccl_core::config::CrossMemory;
-use oxccl_core::plan::hostdirect::{cma_auto, cma_over_inline, slice, DirectKind};
+use oxccl_core::plan::hostdirect::{all_reduce_whole, cma_auto, cma_over_inline, slice, DirectKind};
 use oxccl_core::plan::OpSpec;
 use oxccl_core::reduce::ReduceCtx;
 use oxccl_core::tuning::{DIRECT_CMA_BLOCK_BYTES, DIRECT_STREAM_MIN_BYTES};
@@ -67,25 +69,26 @@ impl Direct {
     ) -> bool {
         let wanted = match self.cma_mode {
             CrossMemory::Off => false,
-            _ if fits_inline => cma_over_inline(c.kind, contribution, self.p, self.oversubscribed),
+            _ if fits_inline => cma_over_inline(c.kind, contribution, &self.host),
             CrossMemory::All => true,
             CrossMemory::Auto => {
                 // Sized as nccl-tests counts a call: all-gather by its whole output.
                 let n = c.count * c.dtype.size_bytes();
-                cma_auto(
-                    c.kind,
-                    if c.kind == DirectKind::AllGather { n * self.p } else { n },
-                    self.oversubscribed,
-                )
+                cma_auto(c.kind, if c.kind == DirectKind::AllGather { n * self.p } else { n }, &self.host)
             }
         };
         let overlap = |a: (*mut u8, usize), b: (*mut u8, usize)| {
             let (a0, b0) = (a.0 as usize, b.0 as usize);
             a.1 > 0 && b.1 > 0 && a0 < b0 + b.1 && b0 < a0 + a.1
         };
-        wanted
-            && self.cma.is_ok()
-            && (!matches!(c.kind, DirectKind::AllToAll | DirectKind::AllToAllV) || !overlap(src, dst))
+        // All-to-all reads peers' inputs while they write their outputs; an all-reduce in place
+        // would have to split its work (`run_cma`), which won only where the setting says all.
+        let overlap_refused = match c.kind {
+            DirectKind::AllToAll | DirectKind::AllToAllV => true,
+            DirectKind::AllReduce => self.cma_mode == CrossMemory::Auto,
+            _ => false,
+        };
+        wanted && self.cma.is_ok() && !(overlap_refused && overlap(src, dst))
     }
 
     /// Copies `len` bytes at offset `at` of rank `q`'s source (k = 0) or destination (k = 1)
@@ -140,6 +143,18 @@ impl Direct {
             let e =
                 std::io::Error::new(e.kind(), format!("{e}, reading {len} bytes at {:#x}", base + at as u64));
             Error::io(me, "read a peer's buffer (process_vm_readv)", Some(Rank::new(q)), e)
+        })
+    }
+
+    /// Whether some rank's send and receive buffers of call `s` overlap (from the posted
+    /// addresses and lengths: the same answer on every rank).
+    fn any_in_place(&self, s: u64) -> bool {
+        (0..self.p).any(|q| {
+            let m = &self.ctl(q).post(s).meta.0;
+            let a = m.addr[0].load(Ordering::Relaxed);
+            let b = m.addr[1].load(Ordering::Relaxed);
+            let (la, lb) = (self.desc(q, s, 0).len, self.desc(q, s, 1).len);
+            la > 0 && lb > 0 && a < b.saturating_add(lb) && b < a.saturating_add(la)
         })
     }
 
@@ -231,6 +246,15 @@ impl Direct {
         // Where byte `at` of this rank's output lies (`need` checked the range first).
         let out = |at: usize| dst.0.wrapping_add(at);
         match c.kind {
+            DirectKind::AllReduce if all_reduce_whole(nb, &self.host) && !self.any_in_place(s) => {
+                // Two ranks: each reduces the whole of both inputs into its own output. The
+                // same bytes cross between the cores as with the split below (the peer's whole
+                // input instead of half its input and half its output), with no `mid` wait,
+                // and only inputs are read, which nothing writes during the call. Every rank
+                // folds in rank order, so the results agree bit for bit.
+                need(nb)?;
+                self.reduce_pulled(&need_ctx()?, s, src, 0, nb, dst.0, stream)?;
+            }
             DirectKind::AllReduce => {
                 need(nb)?;
                 let r = slice(n, p, me, es);

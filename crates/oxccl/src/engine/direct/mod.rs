@@ -35,7 +35,7 @@ use crate::sys::fd::{self, EventFd};
 use crate::transport::hostmem::{Ctl, FLAG_CMA, FLAG_INLINE, FLAG_SHARED, INLINE_BYTES};
 use oxccl_core::config::CrossMemory;
 use oxccl_core::contract::Sig;
-use oxccl_core::plan::hostdirect::{contribution_bytes, slice, DirectKind};
+use oxccl_core::plan::hostdirect::{contribution_bytes, slice, DirectKind, Host};
 use oxccl_core::plan::{Loc, OpSpec};
 use oxccl_core::reduce::{finalize, reduce_many, ReduceCtx};
 use oxccl_core::tuning::{
@@ -144,8 +144,8 @@ pub(crate) struct Direct {
     doorbell: Arc<EventFd>,
     abort: Arc<AtomicBool>,
     spin: Duration,
-    /// More ranks than cores on this host.
-    oversubscribed: bool,
+    /// Ranks, cores and cache: what the cross-memory choices depend on.
+    host: Host,
     block: Vec<u64>,
     /// Every rank's process id where this rank may read every peer's memory; otherwise why not
     /// (for the log).
@@ -222,7 +222,11 @@ impl Direct {
             doorbell,
             abort,
             spin,
-            oversubscribed,
+            host: Host {
+                nranks: p,
+                oversubscribed,
+                l2_bytes: crate::sys::host::l2_cache_bytes().unwrap_or(Host::L2_UNKNOWN),
+            },
             block: vec![0u64; DIRECT_BLOCK_BYTES / 8],
             cma,
             cma_mode,
@@ -243,7 +247,7 @@ impl Direct {
         bytes >= DIRECT_INLINE_STREAM_MIN_BYTES
             && match kind {
                 DirectKind::AllReduce => true,
-                DirectKind::Broadcast => !self.oversubscribed,
+                DirectKind::Broadcast => !self.host.oversubscribed,
                 _ => false,
             }
     }
