@@ -465,8 +465,61 @@ impl Direct {
             }
             post.seq.0.store(s, Ordering::Release);
         }
-        self.wake();
-        self.wait_all(w, what, |ctl| ctl.post(s).seq.0.load(Ordering::Acquire) == s)?;
+        // Sleeping peers are rung once the posts are in and, inline, the result is made, where
+        // this rank's post stored more than a kilobyte or ranks outnumber cores: the fence of
+        // `wake` waits until this rank's stores (an inline copy) have left for the peers that
+        // hold their lines, which then overlaps the wait and the reduction instead of
+        // preceding them. (A small post drains at once and ringing first measured faster.)
+        // Safe: a peer asleep in this call's post wait has posted already, so this rank's own
+        // wait never waits on it, and rule 4 of hostmem only needs the ring after the post.
+        let ring_late = max_contrib > DIRECT_ZERO_COPY_MIN_BYTES || self.host.oversubscribed;
+        if !ring_late {
+            self.wake();
+        }
+        let posted = self.wait_all(w, what, |ctl| ctl.post(s).seq.0.load(Ordering::Acquire) == s);
+        let r = posted.and_then(|()| {
+            self.after_posts(&c, op, ctx.as_ref(), s, sig, (src, src_len), (dst, dst_len), (w, what))
+        });
+        match r {
+            Ok(None) => {} // rung by `after_posts` before the work
+            Ok(Some(outcome)) => {
+                if ring_late {
+                    self.wake();
+                }
+                return Ok(outcome);
+            }
+            Err(e) => {
+                self.wake();
+                return Err(e);
+            }
+        }
+        // Streaming stores must be visible before peers learn this rank is done.
+        memops::store_fence();
+        if p > 1 {
+            self.own.done().store(s, Ordering::Release);
+            self.wake();
+            self.wait_all(w, what, |ctl| ctl.done().load(Ordering::Acquire) >= s)?;
+        }
+        Ok(Outcome::Done)
+    }
+
+    /// The part of a call between the post exchange and the end mark: the contract check and
+    /// the mode's work. `Some`: the call is over (inline, or it must take the ring) and the
+    /// caller rings sleeping peers; `None`: this rang them before the work, and the end mark
+    /// follows.
+    #[allow(clippy::too_many_arguments)]
+    fn after_posts(
+        &mut self,
+        c: &Call,
+        op: &OpSpec,
+        ctx: Option<&ReduceCtx>,
+        s: u64,
+        sig: Sig,
+        src: (*mut u8, usize),
+        dst: (*mut u8, usize),
+        (w, what): (&Waiter, &str),
+    ) -> Result<Option<Outcome>> {
+        let (p, me) = (self.p, self.me);
         // The contract check: every peer's post is of this very call (before any of its data
         // or buffers is used).
         if sig.checked() {
@@ -486,25 +539,22 @@ impl Direct {
         }
         let all = |f: u32| (0..p).all(|q| self.ctl(q).post(s).meta.0.flags.load(Ordering::Relaxed) & f != 0);
         if all(FLAG_INLINE) {
-            self.run_inline(&c, ctx.as_ref(), s, dst, dst_len)?;
-            return Ok(Outcome::Done);
+            self.run_inline(c, ctx, s, dst.0, dst.1)?;
+            return Ok(Some(Outcome::Done));
         }
         if all(FLAG_SHARED) {
-            self.run_zero_copy(&c, op, ctx.as_ref(), s, (src, src_len), (dst, dst_len))?;
+            // Peers are rung before the work, whose waits may take long (a second time if
+            // `run` rang them after posting: harmless).
+            self.wake();
+            self.run_zero_copy(c, op, ctx, s, src, dst)?;
         } else if all(FLAG_CMA) {
-            self.run_cma(&c, op, ctx.as_ref(), s, (src, src_len), (dst, dst_len), (w, what))?;
+            self.wake();
+            self.run_cma(c, op, ctx, s, src, dst, (w, what))?;
         } else {
             // Mixed or heap buffers too large to inline: nothing was touched; take the ring.
-            return Ok(Outcome::Fallback);
+            return Ok(Some(Outcome::Fallback));
         }
-        // Streaming stores must be visible before peers learn this rank is done.
-        memops::store_fence();
-        if p > 1 {
-            self.own.done().store(s, Ordering::Release);
-            self.wake();
-            self.wait_all(w, what, |ctl| ctl.done().load(Ordering::Acquire) >= s)?;
-        }
-        Ok(Outcome::Done)
+        Ok(None)
     }
 
     /// Reduces `srcs` (each `len` bytes) into every one of `dsts`, a block at a time, with
