@@ -245,7 +245,7 @@ impl Engine {
         // Ranks of this host beyond its cores take turns on them: a waiting rank that spins
         // long only delays the one it waits for.
         let local = ctx.peers.iter().filter(|q| q.host_id == ctx.host_id).count();
-        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let cpus = crate::sys::affinity::host_cpus();
         let spin = Duration::from_nanos(if local > cpus { SPIN_OVERSUBSCRIBED_NS } else { SPIN_NS });
         Engine {
             spin,

@@ -1,4 +1,5 @@
-//! CPU affinity: the CPUs this process was launched on, and binding a thread to a set.
+//! CPU affinity: the CPUs this process was launched on, how many the processes of this host
+//! share (what "more ranks than cores" counts against), and binding a thread to a set.
 
 use std::io;
 
@@ -8,6 +9,39 @@ pub fn running_on() -> Option<u32> {
     // SAFETY: sched_getcpu takes no arguments and touches no memory of ours.
     let c = unsafe { libc::sched_getcpu() };
     u32::try_from(c).ok()
+}
+
+/// How many CPUs the processes of this host may share: the CPU set of this process's cgroup
+/// (v2 `cpuset.cpus.effective`, v1 `cpuset.effective_cpus`), else the online CPUs, else this
+/// thread's affinity. Not this thread's affinity first: a launcher that binds each rank to a
+/// core of its own (`mpirun --bind-to core`, Slurm's `--cpu-bind`) leaves one CPU in each mask,
+/// and ranks would take themselves for more than the cores. Every rank of a container reads the
+/// same number.
+pub fn host_cpus() -> usize {
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    host_cpus_from(read("/proc/self/cgroup").as_deref(), read)
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+}
+
+/// [`host_cpus`] over a `/proc/self/cgroup` text and a file reader (`None`: nothing said).
+pub fn host_cpus_from(cgroup: Option<&str>, read: impl Fn(&str) -> Option<String>) -> Option<usize> {
+    let count = |text: Option<String>| text.map(|t| parse_cpulist(&t).len()).filter(|n| *n > 0);
+    for line in cgroup.unwrap_or("").lines() {
+        let mut f = line.splitn(3, ':');
+        let (_, ctrl, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or("").trim());
+        let path = path.trim_end_matches('/');
+        let found = if ctrl.is_empty() {
+            count(read(&format!("/sys/fs/cgroup{path}/cpuset.cpus.effective")))
+        } else if ctrl.split(',').any(|c| c == "cpuset") {
+            count(read(&format!("/sys/fs/cgroup/cpuset{path}/cpuset.effective_cpus")))
+        } else {
+            None
+        };
+        if found.is_some() {
+            return found;
+        }
+    }
+    count(read("/sys/devices/system/cpu/online"))
 }
 
 /// Parses a CPU list as sysfs and `/proc` write it (`0-3,8,10-11`).
@@ -73,6 +107,24 @@ pub fn bind_current(cpus: &[usize]) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn host_cpus_read_the_cgroup_then_the_online_list() {
+        use std::collections::HashMap;
+        let files: HashMap<&str, &str> = [
+            ("/sys/fs/cgroup/job/cpuset.cpus.effective", "0-3\n"),
+            ("/sys/fs/cgroup/cpuset/ctr/cpuset.effective_cpus", "2,5\n"),
+            ("/sys/devices/system/cpu/online", "0-7\n"),
+        ]
+        .into();
+        let read = |p: &str| files.get(p).map(|s| s.to_string());
+        assert_eq!(host_cpus_from(Some("0::/job\n"), read), Some(4));
+        assert_eq!(host_cpus_from(Some("3:cpuset:/ctr\n1:cpu:/\n"), read), Some(2));
+        // A cgroup that says nothing (or none at all): the online CPUs.
+        assert_eq!(host_cpus_from(Some("0::/other\n"), read), Some(8));
+        assert_eq!(host_cpus_from(None, read), Some(8));
+        assert_eq!(host_cpus_from(None, |_| None), None);
+    }
+
     use super::*;
 
     #[test]

@@ -206,7 +206,7 @@ impl Direct {
         } else {
             Err("OXCCL_CMA=0".to_string())
         };
-        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let cpus = crate::sys::affinity::host_cpus();
         let oversubscribed = p > cpus;
         let spin =
             Duration::from_nanos(if oversubscribed { DIRECT_SPIN_OVERSUBSCRIBED_NS } else { DIRECT_SPIN_NS });
