@@ -11,12 +11,14 @@
 //! 192     probe     (2 × u64) the block's address in its owner's process, a nonce: peers
 //!                   read the nonce there with process_vm_readv to learn whether they may
 //!                   read the owner's memory (written once, before the block is shared)
-//! 256     post[0]   seq (u64) at +0, meta at +64: flags, nbufs, 2 × (alloc id, offset, len),
-//!                   the call's signature (3 × u64), 2 × the buffers' addresses in the owner
-//! 448     post[1]
-//! 640     mid       (u64)  last sequence number whose first phase this rank finished (calls
+//! 256     post[0]   head at +0: seq (u64), flags, nbufs, the call's signature (3 × u64), an
+//!                   inline contribution of at most 24 bytes (all a small call's peers read, in
+//!                   one line); meta at +64: 2 × (alloc id, offset, len), 2 × the buffers'
+//!                   addresses in the owner
+//! 384     post[1]
+//! 512     mid       (u64)  last sequence number whose first phase this rank finished (calls
 //!                   whose second phase reads what the first wrote)
-//! 704     cpu       (u32)  the CPU this rank ran on when it last began to wait, plus one (0:
+//! 576     cpu       (u32)  the CPU this rank ran on when it last began to wait, plus one (0:
 //!                   unknown); a hint for peers, which yield their core at once to a rank
 //!                   they wait for that shares it, instead of spinning it away
 //! 4096    inline[0] INLINE_BYTES
@@ -25,8 +27,9 @@
 //!
 //! Rules:
 //! 1. Only the owner writes its block. A call with sequence number `s` uses post and inline
-//!    area `s % 2`: the owner writes meta and inline data, then publishes with a release store
-//!    of `seq = s`; a peer reads them only after an acquire load shows `seq == s`.
+//!    area `s % 2` (a contribution of at most 24 bytes: the post's head instead of the area):
+//!    the owner writes meta and inline data, then publishes with a release store of `seq = s`;
+//!    a peer reads them only after an acquire load shows `seq == s`.
 //! 2. The owner rewrites post `s % 2` only at call `s + 2`, which it reaches only after every
 //!    peer posted `s + 1`, i.e. finished reading call `s`. No end barrier is needed for data
 //!    read from posts.
@@ -48,27 +51,39 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// Bytes of one inline area.
 pub const INLINE_BYTES: usize = DIRECT_INLINE_BYTES;
 const INLINE_AT: usize = 4096;
-const MAGIC: u64 = u64::from_le_bytes(*b"OXCTL004");
+const MAGIC: u64 = u64::from_le_bytes(*b"OXCTL005");
 
 #[repr(C, align(64))]
 pub struct Line<T>(pub T);
 
-/// What a post says beyond its sequence number.
+/// Bytes of a contribution that travel in the post's first line, next to its sequence
+/// number, instead of in the inline area: a peer then fetches one line for the whole post.
+pub const SMALL_BYTES: usize = 24;
+
+/// The first line of a post: what every call's peers read.
 #[repr(C)]
-pub struct Meta {
+pub struct Head {
+    pub seq: AtomicU64,
     pub flags: AtomicU32,
     pub nbufs: AtomicU32,
-    /// (allocation id, offset, length) of the send and receive buffers; id 0: not shared.
-    pub desc: [[AtomicU64; 3]; 2],
     /// The call's signature (the contract check; zeros when it is off).
     pub sig: [AtomicU64; 3],
+    /// An inline contribution of at most [`SMALL_BYTES`].
+    pub small: [AtomicU64; 3],
+}
+
+/// What a post says for zero-copy and cross-memory calls.
+#[repr(C)]
+pub struct Meta {
+    /// (allocation id, offset, length) of the send and receive buffers; id 0: not shared.
+    pub desc: [[AtomicU64; 3]; 2],
     /// The send and receive buffers' addresses in the owner's process (cross-memory calls).
     pub addr: [AtomicU64; 2],
 }
 
 #[repr(C)]
 pub struct Post {
-    pub seq: Line<AtomicU64>,
+    pub head: Line<Head>,
     pub meta: Line<Meta>,
 }
 
@@ -84,9 +99,10 @@ struct Header {
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() <= INLINE_AT);
-const _: () = assert!(std::mem::offset_of!(Header, posts) == 256 && std::mem::size_of::<Post>() == 192);
-const _: () = assert!(std::mem::offset_of!(Header, mid) == 640);
-const _: () = assert!(std::mem::offset_of!(Header, cpu) == 704);
+const _: () = assert!(std::mem::size_of::<Head>() == 64 && std::mem::size_of::<Meta>() == 64);
+const _: () = assert!(std::mem::offset_of!(Header, posts) == 256 && std::mem::size_of::<Post>() == 128);
+const _: () = assert!(std::mem::offset_of!(Header, mid) == 512);
+const _: () = assert!(std::mem::offset_of!(Header, cpu) == 576);
 
 /// Flag: this rank's buffers are shared allocations (zero-copy capable).
 pub const FLAG_SHARED: u32 = 1;
@@ -140,6 +156,16 @@ impl Ctl {
 
     pub fn post(&self, seq: u64) -> &Post {
         &self.hdr().posts[(seq % 2) as usize]
+    }
+
+    /// Where call `seq`'s inline contributions lie when the largest is `bytes`: the post's
+    /// head for at most [`SMALL_BYTES`], else the inline area (every rank decides alike).
+    pub fn inline_for(&self, seq: u64, bytes: usize) -> *mut u8 {
+        if bytes <= SMALL_BYTES {
+            self.post(seq).head.0.small.as_ptr() as *mut u8
+        } else {
+            self.inline(seq)
+        }
     }
 
     /// The inline area of call `seq`.

@@ -82,6 +82,14 @@ struct Call {
     dst: Loc,
 }
 
+impl Call {
+    /// The largest rank's contribution in bytes (what decides inline, and where it lies).
+    fn largest_contribution(&self, p: usize) -> usize {
+        let es = self.dtype.size_bytes();
+        (0..p).map(|q| contribution_bytes(self.kind, self.count, es, p, q == self.root)).max().unwrap_or(0)
+    }
+}
+
 fn describe(op: &OpSpec) -> Option<Call> {
     let c = |kind, count, dtype, op, root: Option<Rank>, src, dst| Call {
         kind,
@@ -390,8 +398,7 @@ impl Direct {
         // SAFETY: offsets come from the validated OpSpec and lie within their buffers.
         let (src, dst) = unsafe { (sbuf.ptr.add(soff.min(sbuf.len)), dbuf.ptr.add(doff.min(dbuf.len))) };
         let (src_len, dst_len) = (sbuf.len.saturating_sub(soff), dbuf.len.saturating_sub(doff));
-        let max_contrib =
-            (0..p).map(|q| contribution_bytes(c.kind, c.count, es, p, q == c.root)).max().unwrap_or(0);
+        let max_contrib = c.largest_contribution(p);
         // Small calls always go inline; mid-sized ones inline unless this rank's buffers are
         // shared (then zero-copy, if every rank's are) or a pull from peers' heaps is cheaper
         // (`cma_over_inline`); large ones zero-copy, cross-memory or the ring.
@@ -420,15 +427,16 @@ impl Direct {
                     )));
                 }
                 // `src` holds `mine` bytes (checked); the inline area holds INLINE_BYTES ≥ mine
-                // and belongs to this rank (rule 1 of hostmem).
+                // (the post's head SMALL_BYTES ≥ max_contrib ≥ mine, where it is used) and
+                // belongs to this rank (rule 1 of hostmem).
                 if self.stream_inline(c.kind, mine) {
                     // SAFETY: see just above.
-                    unsafe { memops::copy(self.own.inline(s), src, mine, true) };
+                    unsafe { memops::copy(self.own.inline_for(s, max_contrib), src, mine, true) };
                     // Streaming stores are weakly ordered: fence them before the post.
                     memops::store_fence();
                 } else {
                     // SAFETY: see just above.
-                    unsafe { std::ptr::copy_nonoverlapping(src, self.own.inline(s), mine) };
+                    unsafe { std::ptr::copy_nonoverlapping(src, self.own.inline_for(s, max_contrib), mine) };
                 }
                 flags |= FLAG_INLINE;
             }
@@ -459,11 +467,11 @@ impl Direct {
                     }
                 }
             }
-            post.meta.0.flags.store(flags, Ordering::Relaxed);
+            post.head.0.flags.store(flags, Ordering::Relaxed);
             for (k, x) in sig.to_words().iter().enumerate() {
-                post.meta.0.sig[k].store(*x, Ordering::Relaxed);
+                post.head.0.sig[k].store(*x, Ordering::Relaxed);
             }
-            post.seq.0.store(s, Ordering::Release);
+            post.head.0.seq.store(s, Ordering::Release);
         }
         // Sleeping peers are rung once the posts are in and, inline, the result is made, where
         // this rank's post stored more than a kilobyte or ranks outnumber cores: the fence of
@@ -476,23 +484,32 @@ impl Direct {
         if !ring_late {
             self.wake();
         }
-        let posted = self.wait_all(w, what, |ctl| ctl.post(s).seq.0.load(Ordering::Acquire) == s);
-        let r = posted.and_then(|()| {
-            self.after_posts(&c, op, ctx.as_ref(), s, sig, (src, src_len), (dst, dst_len), (w, what))
-        });
-        match r {
-            Ok(None) => {} // rung by `after_posts` before the work
-            Ok(Some(outcome)) => {
-                if ring_late {
-                    self.wake();
-                }
-                return Ok(outcome);
-            }
-            Err(e) => {
-                self.wake();
-                return Err(e);
-            }
+        let posted = self.wait_all(w, what, |ctl| ctl.post(s).head.0.seq.load(Ordering::Acquire) == s);
+        if let Err(e) = posted.and_then(|()| self.check_signatures(s, sig, what)) {
+            self.wake();
+            return Err(e);
         }
+        let all = |f: u32| (0..p).all(|q| self.ctl(q).post(s).head.0.flags.load(Ordering::Relaxed) & f != 0);
+        if all(FLAG_INLINE) {
+            let r = self.run_inline(&c, ctx.as_ref(), s, max_contrib, dst, dst_len);
+            if ring_late || r.is_err() {
+                self.wake();
+            }
+            return r.map(|()| Outcome::Done);
+        }
+        if ring_late {
+            // Before the work, whose waits may take long.
+            self.wake();
+        }
+        let r = if all(FLAG_SHARED) {
+            self.run_zero_copy(&c, op, ctx.as_ref(), s, (src, src_len), (dst, dst_len))
+        } else if all(FLAG_CMA) {
+            self.run_cma(&c, op, ctx.as_ref(), s, (src, src_len), (dst, dst_len), (w, what))
+        } else {
+            // Mixed or heap buffers too large to inline: nothing was touched; take the ring.
+            return Ok(Outcome::Fallback);
+        };
+        r?;
         // Streaming stores must be visible before peers learn this rank is done.
         memops::store_fence();
         if p > 1 {
@@ -503,58 +520,26 @@ impl Direct {
         Ok(Outcome::Done)
     }
 
-    /// The part of a call between the post exchange and the end mark: the contract check and
-    /// the mode's work. `Some`: the call is over (inline, or it must take the ring) and the
-    /// caller rings sleeping peers; `None`: this rang them before the work, and the end mark
-    /// follows.
-    #[allow(clippy::too_many_arguments)]
-    fn after_posts(
-        &mut self,
-        c: &Call,
-        op: &OpSpec,
-        ctx: Option<&ReduceCtx>,
-        s: u64,
-        sig: Sig,
-        src: (*mut u8, usize),
-        dst: (*mut u8, usize),
-        (w, what): (&Waiter, &str),
-    ) -> Result<Option<Outcome>> {
-        let (p, me) = (self.p, self.me);
-        // The contract check: every peer's post is of this very call (before any of its data
-        // or buffers is used).
-        if sig.checked() {
-            for q in (0..p).filter(|q| *q != me) {
-                let m = &self.ctl(q).post(s).meta.0.sig;
-                let theirs = [0, 1, 2].map(|k| m[k].load(Ordering::Relaxed));
-                if !sig.accepts(&theirs) {
-                    return Err(Error::CallMismatch {
-                        rank: Rank::new(me),
-                        op: what.to_string(),
-                        peer: Rank::new(q),
-                        mine: sig,
-                        theirs: Sig::from_words(theirs),
-                    });
-                }
+    /// The contract check: every peer's post is of this very call (before any of its data or
+    /// buffers is used).
+    fn check_signatures(&self, s: u64, sig: Sig, what: &str) -> Result<()> {
+        if !sig.checked() {
+            return Ok(());
+        }
+        for q in (0..self.p).filter(|q| *q != self.me) {
+            let m = &self.ctl(q).post(s).head.0.sig;
+            let theirs = [0, 1, 2].map(|k| m[k].load(Ordering::Relaxed));
+            if !sig.accepts(&theirs) {
+                return Err(Error::CallMismatch {
+                    rank: Rank::new(self.me),
+                    op: what.to_string(),
+                    peer: Rank::new(q),
+                    mine: sig,
+                    theirs: Sig::from_words(theirs),
+                });
             }
         }
-        let all = |f: u32| (0..p).all(|q| self.ctl(q).post(s).meta.0.flags.load(Ordering::Relaxed) & f != 0);
-        if all(FLAG_INLINE) {
-            self.run_inline(c, ctx, s, dst.0, dst.1)?;
-            return Ok(Some(Outcome::Done));
-        }
-        if all(FLAG_SHARED) {
-            // Peers are rung before the work, whose waits may take long (a second time if
-            // `run` rang them after posting: harmless).
-            self.wake();
-            self.run_zero_copy(c, op, ctx, s, src, dst)?;
-        } else if all(FLAG_CMA) {
-            self.wake();
-            self.run_cma(c, op, ctx, s, src, dst, (w, what))?;
-        } else {
-            // Mixed or heap buffers too large to inline: nothing was touched; take the ring.
-            return Ok(Some(Outcome::Fallback));
-        }
-        Ok(None)
+        Ok(())
     }
 
     /// Reduces `srcs` (each `len` bytes) into every one of `dsts`, a block at a time, with
@@ -599,18 +584,23 @@ impl Direct {
         finalize(ctx, out);
     }
 
+    /// The inline mode: `max_contrib` is the call's largest contribution (where posts hold
+    /// them, `Ctl::inline_for`).
+    #[allow(clippy::too_many_arguments)]
     fn run_inline(
         &mut self,
         c: &Call,
         ctx: Option<&ReduceCtx>,
         s: u64,
+        max_contrib: usize,
         dst: *mut u8,
         dst_len: usize,
     ) -> Result<()> {
         let (p, me) = (self.p, self.me);
         let es = c.dtype.size_bytes();
         let nb = c.count * es;
-        let inl: SmallVec<[*const u8; 8]> = (0..p).map(|q| self.ctl(q).inline(s) as *const u8).collect();
+        let inl: SmallVec<[*const u8; 8]> =
+            (0..p).map(|q| self.ctl(q).inline_for(s, max_contrib) as *const u8).collect();
         let need = |n: usize| {
             if n > dst_len {
                 Err(Error::Internal(format!("result of {n} bytes for a {dst_len}-byte buffer")))
