@@ -162,7 +162,7 @@ pub fn cma_auto_described() -> String {
     let kib = crate::tuning::DIRECT_CMA_OVER_INLINE_MIN_BYTES >> 10;
     format!(
         "all-to-all(v), scatter, all-gather, broadcast (from {mib} MiB where ranks outnumber \
-         cores) and two-rank all-reduce below half the L2 beyond the inline area; every \
+         cores) and two-rank all-reduce below half the L2 beyond the inline area, and every \
          collective within it where a rank would copy {kib} KiB or more from one peer and ranks \
          have cores of their own"
     )

@@ -480,7 +480,9 @@ impl Communicator {
                     p.size
                 ));
                 let which = match p.config.cma {
-                    CrossMemory::All => "every collective (OXCCL_CMA=1)".to_string(),
+                    CrossMemory::All => "every collective beyond the inline area, and within it as auto \
+                                         does (OXCCL_CMA=1)"
+                        .to_string(),
                     _ => format!(
                         "{} (OXCCL_CMA=auto; =1: every collective, =0: none)",
                         oxccl_core::plan::hostdirect::cma_auto_described()
@@ -489,8 +491,8 @@ impl Communicator {
                 match d.cross_memory() {
                     _ if p.config.cma == CrossMemory::Off => {}
                     Ok(()) => p.log.info(format_args!(
-                        "direct path: heap buffers beyond the inline area are read straight from peers' \
-                         processes (process_vm_readv) for {which}"
+                        "direct path: heap buffers are read straight from peers' processes \
+                         (process_vm_readv) for {which}"
                     )),
                     Err(why) => {
                         static ONCE: std::sync::Once = std::sync::Once::new();
