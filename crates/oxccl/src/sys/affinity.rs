@@ -107,6 +107,8 @@ pub fn bind_current(cpus: &[usize]) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn host_cpus_read_the_cgroup_then_the_online_list() {
         use std::collections::HashMap;
@@ -124,8 +126,6 @@ mod tests {
         assert_eq!(host_cpus_from(None, read), Some(8));
         assert_eq!(host_cpus_from(None, |_| None), None);
     }
-
-    use super::*;
 
     #[test]
     fn cpu_lists_round_trip_and_binding_to_the_launch_set_works() {

@@ -53,6 +53,11 @@ pub(super) fn probe_peers(
     Ok(pids)
 }
 
+/// Whether two non-empty address ranges `(start, len)` overlap.
+fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
+    a.1 > 0 && b.1 > 0 && a.0 < b.0.saturating_add(b.1) && b.0 < a.0.saturating_add(a.1)
+}
+
 impl Direct {
     /// Whether this rank flags call `c` over these buffers for cross-memory: every peer may be
     /// read, the setting (`OXCCL_CMA`) takes its kind and size, and, for all-to-all, which
@@ -78,8 +83,7 @@ impl Direct {
             }
         };
         let overlap = |a: (*mut u8, usize), b: (*mut u8, usize)| {
-            let (a0, b0) = (a.0 as usize, b.0 as usize);
-            a.1 > 0 && b.1 > 0 && a0 < b0 + b.1 && b0 < a0 + a.1
+            overlaps((a.0 as u64, a.1 as u64), (b.0 as u64, b.1 as u64))
         };
         // All-to-all reads peers' inputs while they write their outputs; an all-reduce in place
         // would have to split its work (`run_cma`), which won only where the setting says all.
@@ -151,10 +155,8 @@ impl Direct {
     fn any_in_place(&self, s: u64) -> bool {
         (0..self.p).any(|q| {
             let m = &self.ctl(q).post(s).meta.0;
-            let a = m.addr[0].load(Ordering::Relaxed);
-            let b = m.addr[1].load(Ordering::Relaxed);
-            let (la, lb) = (self.desc(q, s, 0).len, self.desc(q, s, 1).len);
-            la > 0 && lb > 0 && a < b.saturating_add(lb) && b < a.saturating_add(la)
+            let at = |k: usize| (m.addr[k].load(Ordering::Relaxed), self.desc(q, s, k).len);
+            overlaps(at(0), at(1))
         })
     }
 

@@ -429,14 +429,15 @@ impl Direct {
                 // `src` holds `mine` bytes (checked); the inline area holds INLINE_BYTES ≥ mine
                 // (the post's head SMALL_BYTES ≥ max_contrib ≥ mine, where it is used) and
                 // belongs to this rank (rule 1 of hostmem).
+                let area = self.own.inline_for(s, max_contrib);
                 if self.stream_inline(c.kind, mine) {
                     // SAFETY: see just above.
-                    unsafe { memops::copy(self.own.inline_for(s, max_contrib), src, mine, true) };
+                    unsafe { memops::copy(area, src, mine, true) };
                     // Streaming stores are weakly ordered: fence them before the post.
                     memops::store_fence();
                 } else {
                     // SAFETY: see just above.
-                    unsafe { std::ptr::copy_nonoverlapping(src, self.own.inline_for(s, max_contrib), mine) };
+                    unsafe { std::ptr::copy_nonoverlapping(src, area, mine) };
                 }
                 flags |= FLAG_INLINE;
             }
