@@ -596,13 +596,22 @@ fn mismatched_send_and_receive_sizes_are_reported() {
     for shm_off in [false, true] {
         let r = threads(2, quick().with_shm_disabled(shm_off), |c| {
             if c.rank() == Rank(0) {
-                c.send(&[1u32; 16], Rank(1)).map(|_| ())
+                // The small send returns once its data is handed over (eager); the sender's
+                // next call hears of the receiver's failure, with both messages.
+                c.send(&[1u32; 16], Rank(1)).unwrap();
+                let t = std::time::Instant::now();
+                let r = c.all_reduce_in_place(&mut [1u32; 3], ReduceOp::Sum).map(|_| ());
+                assert!(t.elapsed() < Duration::from_secs(10), "the next call took {:?}", t.elapsed());
+                r
             } else {
                 let mut b = vec![0u32; 20];
                 c.recv(&mut b, Rank(0)).map(|_| ())
             }
         });
-        assert!(r[0].is_ok(), "{:?}", r[0]);
+        let text = r[0].as_ref().expect_err("the sender's next call must fail").to_string();
+        for m in ["send/recv message #0 (uint32 × 20)", "send/recv message #0 (uint32 × 16)", "rank 1"] {
+            assert!(text.contains(m), "NCCL_SHM_DISABLE={shm_off}: {text}");
+        }
         // The contract check names both messages (16 and 20 elements of uint32).
         match &r[1] {
             Err(e @ Error::CallMismatch { rank: Rank(1), peer: Rank(0), mine, theirs, .. }) => {
@@ -612,6 +621,42 @@ fn mismatched_send_and_receive_sizes_are_reported() {
                 assert!(text.contains("send/recv message #0 (uint32 × 16)"), "{text}");
             }
             other => panic!("NCCL_SHM_DISABLE={shm_off}: expected a mismatch, got {other:?}"),
+        }
+    }
+}
+
+/// Groups that differ only after their first collective (rank 1's second call is a broadcast
+/// where rank 0's is an all-reduce of the same type and count) fail on both ranks, well
+/// before the communicator's timeout, naming both second calls.
+#[test]
+fn groups_differing_in_a_later_collective_are_reported() {
+    for shm_off in [false, true] {
+        let cfg = Config::default().with_timeout(Some(Duration::from_secs(20))).with_shm_disabled(shm_off);
+        let r = threads(2, cfg, |c| {
+            let (mut a, mut b) = (vec![1f64; 4], vec![1f64; 4]);
+            let t = std::time::Instant::now();
+            let mut g = c.group();
+            g.all_reduce_in_place(&mut a, ReduceOp::Sum).unwrap();
+            if c.rank() == Rank(1) {
+                g.broadcast_in_place(&mut b, Rank(0)).unwrap();
+            } else {
+                g.all_reduce_in_place(&mut b, ReduceOp::Sum).unwrap();
+            }
+            (g.end(), t.elapsed())
+        });
+        let ar = "all_reduce call #1 (double × 4, sum)";
+        let bc = "broadcast call #1 (double × 4, root 0)";
+        for (me, (res, took)) in r.iter().enumerate() {
+            let (mine, theirs) = if me == 0 { (ar, bc) } else { (bc, ar) };
+            match res {
+                Err(e @ Error::CallMismatch { .. }) => {
+                    let text = e.to_string();
+                    let want = format!("rank {me} is in {mine} but rank {} is in {theirs}", 1 - me);
+                    assert!(text.contains(&want), "NCCL_SHM_DISABLE={shm_off}: {text}");
+                }
+                other => panic!("NCCL_SHM_DISABLE={shm_off}, rank {me}: expected a mismatch, got {other:?}"),
+            }
+            assert!(*took < Duration::from_secs(10), "rank {me} took {took:?}");
         }
     }
 }

@@ -36,7 +36,7 @@ pub(crate) use greet::{greeting, join_root, show_bytes};
 pub use service::{Incoming, Mailbox, PeerState, Service, Word};
 
 /// Protocol version of every bootstrap message.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// Frame kinds.
 pub(crate) mod kind {
@@ -83,6 +83,9 @@ pub const PROBE_AFTER_MS: u64 = 200;
 pub const PROBE_EVERY_MS: u64 = 1000;
 /// How long a probe waits for its answer.
 pub const PROBE_ANSWER_MS: u64 = 200;
+/// The largest probe answer (`STATE` frame) accepted: a peer state with a group's
+/// [`service::MAX_REST`] later calls.
+const MAX_STATE_FRAME: usize = 64 + 24 * service::MAX_REST;
 /// How long a closing rank waits, over all its control connections together, for the peers
 /// to close their ends after its goodbye.
 pub const CLOSE_DRAIN_MS: u64 = 1000;
@@ -306,18 +309,18 @@ impl Probe {
         }
     }
 
-    /// The mismatch a peer's answer shows: it is in a collective with this call's number
-    /// and another signature.
-    fn breach(&self, me: Rank, what: &str, peer: Rank, st: &PeerState) -> Option<Error> {
+    /// The mismatch a peer's answer shows: it is in a collective with the number of one of
+    /// this call's (`mine`, or a later collective of its group: `rest`, from this rank's own
+    /// progress) and another signature.
+    fn breach(&self, me: Rank, what: &str, peer: Rank, st: &PeerState, rest: &[Sig]) -> Option<Error> {
         let coll = |s: &Sig| s.checked() && s.kind != CallKind::P2p;
-        let differs = self.check && coll(&self.mine) && st.busy && coll(&st.sig);
-        (differs && st.sig.seq == self.mine.seq && st.sig != self.mine).then(|| Error::CallMismatch {
-            rank: me,
-            op: what.to_string(),
-            peer,
-            mine: self.mine,
-            theirs: st.sig,
-        })
+        if !(self.check && coll(&self.mine) && st.busy && coll(&st.sig)) {
+            return None;
+        }
+        let mine = std::iter::once(&self.mine).chain(rest.iter().filter(|s| coll(s)));
+        mine.flat_map(|m| st.calls().map(move |t| (m, t)))
+            .find(|(m, t)| coll(t) && t.seq == m.seq && t != m)
+            .map(|(m, t)| Error::CallMismatch { rank: me, op: what.to_string(), peer, mine: *m, theirs: *t })
     }
 
     /// Every peer's state, as the timeout's message gives it: who arrived at this call,
@@ -520,10 +523,15 @@ impl Waiter {
                 if self.mailbox.as_ref().is_none_or(|m| !waiting_for.iter().any(|r| m.has_left(*r))) {
                     self.left_seen.set(None);
                 }
+                // The later collectives of this rank's own group, as its peers see them.
+                let rest = match &self.mailbox {
+                    Some(m) => m.progress.snapshot().rest,
+                    None => Vec::new(),
+                };
                 for &peer in waiting_for.iter().take(16) {
                     match p.boot.probe(peer, Duration::from_millis(PROBE_ANSWER_MS)) {
                         Probed::Answer(st) => {
-                            if let Some(e) = p.breach(self.rank, what, peer, &st) {
+                            if let Some(e) = p.breach(self.rank, what, peer, &st, &rest) {
                                 return Err(e);
                             }
                         }
@@ -1268,7 +1276,7 @@ impl Hello {
 }
 
 /// What a probe learned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Probed {
     Answer(PeerState),
     /// No answer in time (or no connection to ask on).
@@ -1664,7 +1672,7 @@ impl Bootstrap {
             // Whole frames first; only STATE frames are expected, older answers are skipped.
             while buf.len() >= 8 {
                 let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-                if len > 256 || buf[4] != kind::STATE {
+                if len > MAX_STATE_FRAME || buf[4] != kind::STATE {
                     buf.clear();
                     return Probed::NoAnswer;
                 }

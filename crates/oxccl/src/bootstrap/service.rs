@@ -209,13 +209,18 @@ pub enum Word {
 
 /// Where a rank's calls stand: the call it is in (its signature) and how many collective
 /// calls it has finished. Written by the rank's engine at each call's start and end (a few
-/// relaxed stores), read by its service thread to answer a peer's probe.
+/// relaxed stores), read by its service thread to answer a peer's probe. A group of several
+/// collectives also lists the ones after its first (`rest`, under a lock: groups only).
 #[derive(Default)]
 pub struct Progress {
     sig: [AtomicU64; 3],
     busy: AtomicBool,
     done: AtomicU64,
+    rest: Mutex<Vec<Sig>>,
 }
+
+/// The most collectives after a group's first that a probe answer lists.
+pub const MAX_REST: usize = 64;
 
 impl Progress {
     /// A call with signature `sig` begins.
@@ -227,6 +232,15 @@ impl Progress {
         self.busy.store(true, Ordering::Release);
     }
 
+    /// The collectives of the group about to [`begin`](Self::begin) after its first, numbered
+    /// on from it. A list belongs to the call whose number precedes its first entry's, so a
+    /// single call (never listed) needs no store here: an older list cannot match it.
+    pub fn group_rest(&self, rest: impl Iterator<Item = Sig>) {
+        let mut r = self.rest.lock().unwrap_or_else(|e| e.into_inner());
+        r.clear();
+        r.extend(rest.take(MAX_REST));
+    }
+
     /// The call ended; `done` collective calls are finished.
     #[inline]
     pub fn end(&self, done: u64) {
@@ -236,16 +250,22 @@ impl Progress {
 
     pub fn snapshot(&self) -> PeerState {
         let busy = self.busy.load(Ordering::Acquire);
-        PeerState {
-            busy,
-            sig: Sig::from_words([0, 1, 2].map(|i| self.sig[i].load(Ordering::Relaxed))),
-            done: self.done.load(Ordering::Relaxed),
-        }
+        let sig = Sig::from_words([0, 1, 2].map(|i| self.sig[i].load(Ordering::Relaxed)));
+        let rest = {
+            let r = self.rest.lock().unwrap_or_else(|e| e.into_inner());
+            let ours = busy && r.first().is_some_and(|f| f.seq == sig.seq.wrapping_add(1));
+            if ours {
+                r.clone()
+            } else {
+                Vec::new()
+            }
+        };
+        PeerState { busy, sig, done: self.done.load(Ordering::Relaxed), rest }
     }
 }
 
 /// A peer's answer to a probe.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerState {
     /// Whether it is inside a call (`sig`), or idle between calls.
     pub busy: bool,
@@ -253,9 +273,16 @@ pub struct PeerState {
     pub sig: Sig,
     /// Collective calls it has finished (its last finished one is number `done − 1`).
     pub done: u64,
+    /// In a group of several collectives: those after `sig`, in order (at most [`MAX_REST`]).
+    pub rest: Vec<Sig>,
 }
 
 impl PeerState {
+    /// Every collective the peer is in, with its call number: `sig` and `rest`.
+    pub fn calls(&self) -> impl Iterator<Item = &Sig> {
+        std::iter::once(&self.sig).chain(&self.rest)
+    }
+
     pub fn encode(&self, nonce: u64) -> Vec<u8> {
         let mut w = Writer::new();
         w.u64(nonce).u8(self.busy as u8);
@@ -263,6 +290,13 @@ impl PeerState {
             w.u64(x);
         }
         w.u64(self.done);
+        let rest = &self.rest[..self.rest.len().min(MAX_REST)];
+        w.u32(rest.len() as u32);
+        for s in rest {
+            for x in s.to_words() {
+                w.u64(x);
+            }
+        }
         w.finish()
     }
 
@@ -272,8 +306,19 @@ impl PeerState {
         let busy = r.u8()? != 0;
         let sig = Sig::from_words([r.u64()?, r.u64()?, r.u64()?]);
         let done = r.u64()?;
+        let n = r.u32()? as usize;
+        if n > MAX_REST {
+            return Err(CoreError::Malformed {
+                what: "probe answer",
+                reason: format!("{n} calls listed after the first, at most {MAX_REST} expected"),
+            });
+        }
+        let mut rest = Vec::with_capacity(n);
+        for _ in 0..n {
+            rest.push(Sig::from_words([r.u64()?, r.u64()?, r.u64()?]));
+        }
         r.finish()?;
-        Ok((nonce, PeerState { busy, sig, done }))
+        Ok((nonce, PeerState { busy, sig, done, rest }))
     }
 }
 
@@ -1137,5 +1182,44 @@ pub(crate) fn host_call(name: &[u8; 16], req: &HostRequest, fds: &[i32]) -> std:
         Ok(Ok(())) => Ok(got),
         Ok(Err(why)) => Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, why)),
         Err(e) => Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oxccl_core::contract::CallKind;
+
+    fn sig(seq: u64, kind: CallKind) -> Sig {
+        Sig { seq, kind, dtype: 7, op: Sig::NO_OP, root: 0, count: 4 }
+    }
+
+    #[test]
+    fn a_groups_later_calls_go_with_its_probe_answers_only() {
+        let p = Progress::default();
+        // A group of three collectives, numbered 5, 6, 7.
+        p.group_rest([sig(6, CallKind::AllReduce), sig(7, CallKind::Broadcast)].into_iter());
+        p.begin(&sig(5, CallKind::AllReduce));
+        let st = p.snapshot();
+        assert_eq!(st.calls().map(|s| s.seq).collect::<Vec<_>>(), [5, 6, 7]);
+        let (nonce, back) = PeerState::decode(&st.encode(99)).unwrap();
+        assert_eq!((nonce, &back), (99, &st));
+        // Idle, and then in a later single call: the old list is not this call's.
+        p.end(8);
+        assert!(p.snapshot().rest.is_empty());
+        p.begin(&sig(8, CallKind::Gather));
+        assert_eq!(p.snapshot().calls().count(), 1);
+        // Answers list at most MAX_REST later calls, and a longer list does not decode.
+        let long = PeerState { rest: vec![sig(1, CallKind::AllGather); MAX_REST + 3], ..st };
+        let (_, cut) = PeerState::decode(&long.encode(1)).unwrap();
+        assert_eq!(cut.rest.len(), MAX_REST);
+        let mut w = Writer::new();
+        w.u64(1).u8(1);
+        for x in [0u64; 4] {
+            w.u64(x);
+        }
+        w.u32(MAX_REST as u32 + 1);
+        let e = PeerState::decode(&w.finish()).unwrap_err();
+        assert!(e.to_string().contains("at most 64"), "{e}");
     }
 }

@@ -420,6 +420,9 @@ impl Engine {
             Some(op) => Sig::of(op, 0),
             None => Sig::NONE,
         };
+        if ops.len() > 1 {
+            self.list_group_rest(ops);
+        }
         self.ctx.mailbox.progress.begin(&self.cur);
         let id = self.ctx.flight.begin(self.cur, what);
         let r = self.run_ops_inner(g, ops, bufs, what);
@@ -429,6 +432,19 @@ impl Engine {
         }
         self.ctx.mailbox.progress.end(self.completed);
         r
+    }
+
+    /// A group of several collectives lists the later ones too, so that a peer whose group
+    /// differs in any of them is told (a probe compares every call number both are in). Out
+    /// of line: single calls, the common case, never come here.
+    #[inline(never)]
+    fn list_group_rest(&self, ops: &[OpSpec]) {
+        if self.cur.kind == oxccl_core::contract::CallKind::P2p {
+            return;
+        }
+        let first = self.seqs.coll;
+        let later = ops.iter().filter(|o| !o.is_p2p()).skip(1);
+        self.ctx.mailbox.progress.group_rest(later.zip(first + 1..).map(|(op, n)| Sig::of(op, n)));
     }
 
     /// A waiter for one job: the communicator's deadline, abort flag, gone peers, and probes
