@@ -575,10 +575,13 @@ impl Direct {
     /// Reduces the posted contributions `srcs` (each `len` bytes) straight into `dst`, which
     /// is user memory and so never overlaps a post.
     fn reduce_posted(ctx: &ReduceCtx, srcs: &[*const u8], dst: *mut u8, len: usize) {
-        // SAFETY: every post holds `len` bytes (rule 1 of hostmem) and `dst` holds `len`
-        // (checked by the caller); posts live in the control blocks, apart from user memory.
-        let ss: SmallVec<[&[u8]; 8]> =
-            srcs.iter().map(|p| unsafe { std::slice::from_raw_parts(*p, len) }).collect();
+        // Pushed one by one, as the posts are in `run_inline` (a `collect` may stay out of line).
+        let mut ss = SmallVec::<[&[u8]; 8]>::new();
+        for p in srcs {
+            // SAFETY: every post holds `len` bytes (rule 1 of hostmem) and `dst` holds `len`
+            // (checked by the caller); posts live in the control blocks, apart from user memory.
+            ss.push(unsafe { std::slice::from_raw_parts(*p, len) });
+        }
         // SAFETY: as above; this rank is the only writer of its own output.
         let out = unsafe { std::slice::from_raw_parts_mut(dst, len) };
         reduce_many(ctx, out, &ss);
@@ -600,8 +603,12 @@ impl Direct {
         let (p, me) = (self.p, self.me);
         let es = c.dtype.size_bytes();
         let nb = c.count * es;
-        let inl: SmallVec<[*const u8; 8]> =
-            (0..p).map(|q| self.ctl(q).inline_for(s, max_contrib) as *const u8).collect();
+        // Pushed one by one: a `collect` goes through SmallVec's generic `extend`, which the
+        // compiler may keep out of line (tens of instructions of the 8-byte call, callgrind).
+        let mut inl = SmallVec::<[*const u8; 8]>::new();
+        for q in 0..p {
+            inl.push(self.ctl(q).inline_for(s, max_contrib) as *const u8);
+        }
         let need = |n: usize| {
             if n > dst_len {
                 Err(Error::Internal(format!("result of {n} bytes for a {dst_len}-byte buffer")))
