@@ -106,9 +106,10 @@ def _done(outputs):
 
 class Work(dist._Work):
     """The Work of a call still running (a send or receive on the worker thread): `wait()`
-    (raising the call's error) and `get_future()` (completed in issue order by a helper
-    thread; its value is the list of output tensors). torch shows the caller only these two:
-    its `is_completed()` stays False."""
+    (raising the call's error), `is_completed()`, and `get_future()` (completed in issue order
+    by a helper thread; its value is the list of output tensors). The compiled fast path hands
+    it to torch in a holder that answers all three (torch's own holder forwards only wait and
+    get_future)."""
 
     # Tells the compiled fast path to keep this Python object alive with the Work it hands torch
     # (torch's own Works, which `_done` makes, are handed over as they are).
@@ -125,6 +126,9 @@ class Work(dist._Work):
         if self._work is not None:
             self._work.wait()
         return True
+
+    def is_completed(self):
+        return self._work is None or self._work.is_completed()
 
     def get_future(self):
         if self._fut is None:

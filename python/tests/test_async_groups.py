@@ -17,14 +17,10 @@ def test_async_futures_and_subgroups(nproc):
     check_summary(p, nproc, min_checks=80)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Work.is_completed() of an isend/irecv stays False after wait() (collectives say True): a "
-    "send or receive still running when its method returns is a Python Work (its wait() raises "
-    "the call's error), and torch hands the caller a wrapper of a Python Work that forwards only "
-    "wait() and get_future(); torch's own future-wrapping Work would answer is_completed but its "
-    "wait() does not raise a failed call's error, which would make a failed recv look "
-    "successful. Gloo's and NCCL's say True"))
 def test_work_is_completed_after_wait():
+    """Work.is_completed() is True after wait() (collectives) and after the future completed
+    (isend/irecv, whose Work torch would otherwise hold in a wrapper that forwards only wait()
+    and get_future()), as Gloo's and NCCL's say."""
     probes(launch(2), "work_is_completed", expect_min=2 * 5)
 
 

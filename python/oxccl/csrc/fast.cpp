@@ -150,9 +150,32 @@ py::object P(const c10d::AllgatherOptions&) { return ns(); }
 py::object P(const c10d::AllToAllOptions&) { return ns(); }
 py::object P(const c10d::BarrierOptions&) { return ns(); }
 
+// A Python Work (a send or receive still running) kept alive with its Python object, as torch's
+// PyWorkHolder keeps one, but also answering isCompleted from the object's is_completed():
+// torch's holder forwards only wait and getFuture, so a caller would see False forever.
+class OxWorkHolder : public c10d::Work {
+ public:
+  explicit OxWorkHolder(py::object w)
+      : work_(w.cast<c10::intrusive_ptr<c10d::Work>>()), py_(std::move(w)) {}
+  ~OxWorkHolder() override {
+    py::gil_scoped_acquire gil;
+    py_ = py::object();
+  }
+  bool wait(std::chrono::milliseconds timeout) override { return work_->wait(timeout); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return work_->getFuture(); }
+  bool isCompleted() override {
+    py::gil_scoped_acquire gil;
+    return py_.attr("is_completed")().cast<bool>();
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  py::object py_;
+};
+
 // Calls the Python method `pyname` of this object's Python class, if it defines one, with the
 // GIL held, and returns its Work: torch's own Work as it is (so is_completed and result answer),
-// a Python Work kept alive with its Python object; else the base's.
+// a Python Work kept alive with its Python object (OxWorkHolder); else the base's.
 #define OX_WORK(pyname, base_call, ...)                                                       \
   do {                                                                                        \
     py::gil_scoped_acquire gil;                                                               \
@@ -162,7 +185,7 @@ py::object P(const c10d::BarrierOptions&) { return ns(); }
       if (ox_r_.is_none()) return c10::intrusive_ptr<c10d::Work>();                           \
       if (!py::hasattr(ox_r_, "_oxccl_python_work"))                                          \
         return ox_r_.cast<c10::intrusive_ptr<c10d::Work>>();                                  \
-      return c10::make_intrusive<c10d::PyProcessGroup::PyWorkHolder>(std::move(ox_r_));       \
+      return c10::make_intrusive<OxWorkHolder>(std::move(ox_r_));                             \
     }                                                                                         \
     return base_call;                                                                         \
   } while (false)

@@ -6,9 +6,11 @@ class); other communicators are unharmed.
 
 Each case runs on a communicator of its own (comm.split of a healthy parent, or a new
 torch.distributed group). Prints `MISMATCH rank=R <case> <class>: <message>` for each case,
-and `PROBE` lines for two known bugs (test_errors.py: test_group_kind_mismatch, another
-collective as a group's second call, on a communicator with a 4 s timeout since it hangs;
-test_sendrecv_small_mismatch_sender).
+and `PROBE` lines for two cases that test_errors.py reads on their own:
+test_group_kind_mismatch (another collective as a group's second call, on a communicator
+with a timeout, so that a regression fails as a timeout instead of hanging) and
+test_sendrecv_small_mismatch_sender (a send that returned before the receiver saw the
+mismatch: the sender's next call raises).
 """
 
 import os
@@ -99,12 +101,12 @@ def run():
 
     case("in a group", in_group, "all_reduce call #1 (double × 5" if one else "all_reduce call #1 (double × 4",
          "all_reduce call #1 (double × 4" if one else "all_reduce call #1 (double × 5")
-    # Another collective as the second call of a group: known to hang (no MismatchError), so
-    # on a communicator with a 4 s timeout, which turns the hang into oxccl.TimeoutError
-    # (test_group_kind_mismatch).
+    # Another collective as the second call of a group (same type and count): both ranks
+    # raise MismatchError naming both second calls, well before the 20 s timeout that keeps a
+    # regression from hanging (test_group_kind_mismatch).
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), p, False,
                           timeout=timedelta(seconds=60))
-    ct = oxccl.Communicator.from_store(store, me, p, key="oxccl-test/mismatch/group-kind", timeout=4.0)
+    ct = oxccl.Communicator.from_store(store, me, p, key="oxccl-test/mismatch/group-kind", timeout=20.0)
     t0 = time.monotonic()
     try:
         with ct.group():
@@ -117,7 +119,7 @@ def run():
     except oxccl.Error as e:
         msg = f"{type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}"
         probe("group_kind_mismatch", isinstance(e, oxccl.MismatchError) and "broadcast call #1" in str(e)
-              and "all_reduce call #1" in str(e), msg)
+              and "all_reduce call #1" in str(e) and time.monotonic() - t0 < 10, msg)
     store.set(f"oxccl-test/mismatch/group-kind-done/{me}", b"1")
     for r in range(p):
         store.get(f"oxccl-test/mismatch/group-kind-done/{r}")
@@ -142,16 +144,22 @@ def run():
         t0 = time.monotonic()
         if me == 0:
             both = (f"float × {n})", f"float × {n + 2})")
+            got, at = None, "send"
             try:
                 sub.send(np.ones(n, np.float32), 1)
-                got, msg = None, "the send returned without an error"
+                # A small send returns once its data is handed over (an eager send, as in NCCL
+                # and MPI), before the receiver compares: the sender's next call raises.
+                at = "next call"
+                sub.all_reduce(np.ones(3, np.float32))
+                msg = "the send and the sender's next call returned without an error"
             except oxccl.Error as e:
-                got, msg = e, f"{type(e).__name__}: {e}"
+                got, msg = e, f"{type(e).__name__} at the {at}: {e}"
                 say(f"MISMATCH rank={me} send/recv {label} {msg}")
             ok = got is not None and all(b in str(got) for b in both)
             if label == "large":
-                c.true(f"send/recv {label}: the sender raises an oxccl.Error naming both calls", ok, msg)
-            else:  # known to return without an error: test_sendrecv_small_mismatch_sender
+                c.true(f"send/recv {label}: the send raises an oxccl.Error naming both calls",
+                       ok and at == "send", msg)
+            else:  # test_sendrecv_small_mismatch_sender
                 probe("sendrecv_small_sender", ok, msg)
         elif me == 1:
             c.raises(f"send/recv {label}: the receiver", lambda: sub.recv(np.zeros(n + 2, np.float32), 0),
