@@ -7,10 +7,11 @@ parameters.
 
 One process group of each backend in one run (the default group is Gloo, the second is a
 `new_group(backend="oxccl")` over the same ranks); every size is timed alternately, Gloo then
-oxccl, for --rounds rounds, and the median round is reported. Sizes follow nccl-tests: the
-largest buffer of the call (all-gather's output, reduce-scatter's input). Rank 0 writes one
-JSON file per backend and collective in nccl-tests' `-J` layout (`oxccl-perf --plot` reads
-them) and ddp.json; bench/torch/render.py makes the tables and plots.
+oxccl, for --rounds rounds, after 5 untimed calls of each (nccl-tests' default warm-up), and
+the median round is reported. Sizes follow nccl-tests: the largest buffer of the call
+(all-gather's output, reduce-scatter's input). Rank 0 writes one JSON file per backend and
+collective in nccl-tests' `-J` layout (`oxccl-perf --plot` reads them) and ddp.json;
+bench/torch/render.py makes the tables and plots.
 """
 
 import argparse
@@ -25,6 +26,9 @@ import torch
 import torch.distributed as dist
 
 import oxccl.torch  # noqa: F401  registers the backend "oxccl"
+
+# Untimed calls per size and backend before timing: nccl-tests' default (-w 5).
+WARMUP = 5
 
 COLLS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "all_to_all_single")
 
@@ -161,7 +165,8 @@ def main():
             fn = make(coll, size, p)
             n = iters_for(size)
             for g in groups.values():
-                fn(g)  # warm-up (connections, first touch)
+                for _ in range(WARMUP):
+                    fn(g)  # warm-up (connections, first touch, adaptive choices)
             t = {b: [] for b in groups}
             for _ in range(a.rounds):
                 for b, g in groups.items():
