@@ -55,6 +55,10 @@ fn classify(e: &Error) -> (&'static str, Option<u32>, Option<u32>) {
         Error::Mismatch { rank, peer, .. } | Error::CallMismatch { rank, peer, .. } => {
             ("MismatchError", Some(rank.0), Some(peer.0))
         }
+        // The peer found the two calls differ first and said so (its reason names both).
+        Error::PeerFailed { rank, peer, reason, .. } if reason.contains("calls differ") => {
+            ("MismatchError", Some(rank.0), Some(peer.0))
+        }
         Error::PeerClosed { rank, peer, .. } | Error::PeerFailed { rank, peer, .. } => {
             ("PeerGoneError", Some(rank.0), Some(peer.0))
         }
@@ -72,14 +76,15 @@ fn classify(e: &Error) -> (&'static str, Option<u32>, Option<u32>) {
     }
 }
 
-/// A communicator that failed earlier keeps the kind of its first failure.
+/// A communicator that failed earlier keeps the kind of its first failure (a peer's failure
+/// that was a mismatch it found is a mismatch, as `classify` has it).
 fn broken_kind(first: &str) -> &'static str {
-    if first.contains("closed its connection") || first.contains(") failed:") {
+    if first.contains("calls differ") || first.contains("the two ranks' calls differ") {
+        "MismatchError"
+    } else if first.contains("closed its connection") || first.contains(") failed:") {
         "PeerGoneError"
     } else if first.contains("timed out") {
         "TimeoutError"
-    } else if first.contains("calls differ") || first.contains("the two ranks' calls differ") {
-        "MismatchError"
     } else if first.contains("aborted") {
         "AbortedError"
     } else {

@@ -627,7 +627,8 @@ fn mismatched_send_and_receive_sizes_are_reported() {
 
 /// Groups that differ only after their first collective (rank 1's second call is a broadcast
 /// where rank 0's is an all-reduce of the same type and count) fail on both ranks, well
-/// before the communicator's timeout, naming both second calls.
+/// before the communicator's timeout, naming both second calls: each finds the mismatch
+/// itself, or hears first from the peer that found it (`PeerFailed` with the peer's finding).
 #[test]
 fn groups_differing_in_a_later_collective_are_reported() {
     for shm_off in [false, true] {
@@ -648,11 +649,16 @@ fn groups_differing_in_a_later_collective_are_reported() {
         let bc = "broadcast call #1 (double × 4, root 0)";
         for (me, (res, took)) in r.iter().enumerate() {
             let (mine, theirs) = if me == 0 { (ar, bc) } else { (bc, ar) };
+            let peer = 1 - me;
             match res {
                 Err(e @ Error::CallMismatch { .. }) => {
                     let text = e.to_string();
-                    let want = format!("rank {me} is in {mine} but rank {} is in {theirs}", 1 - me);
+                    let want = format!("rank {me} is in {mine} but rank {peer} is in {theirs}");
                     assert!(text.contains(&want), "NCCL_SHM_DISABLE={shm_off}: {text}");
+                }
+                Err(Error::PeerFailed { peer: p, reason, .. }) if p.idx() == peer => {
+                    let want = format!("rank {peer} is in {theirs} but rank {me} is in {mine}");
+                    assert!(reason.contains(&want), "NCCL_SHM_DISABLE={shm_off}: {reason}");
                 }
                 other => panic!("NCCL_SHM_DISABLE={shm_off}, rank {me}: expected a mismatch, got {other:?}"),
             }
