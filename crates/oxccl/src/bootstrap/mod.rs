@@ -311,15 +311,15 @@ impl Probe {
 
     /// The mismatch a peer's answer shows: it is in a collective with the number of one of
     /// this call's (`mine`, or a later collective of its group: `rest`, from this rank's own
-    /// progress) and another signature.
+    /// progress; both lists hold collectives only) and another signature.
     fn breach(&self, me: Rank, what: &str, peer: Rank, st: &PeerState, rest: &[Sig]) -> Option<Error> {
         let coll = |s: &Sig| s.checked() && s.kind != CallKind::P2p;
         if !(self.check && coll(&self.mine) && st.busy && coll(&st.sig)) {
             return None;
         }
-        let mine = std::iter::once(&self.mine).chain(rest.iter().filter(|s| coll(s)));
+        let mine = std::iter::once(&self.mine).chain(rest);
         mine.flat_map(|m| st.calls().map(move |t| (m, t)))
-            .find(|(m, t)| coll(t) && t.seq == m.seq && t != m)
+            .find(|(m, t)| t.seq == m.seq && t != m)
             .map(|(m, t)| Error::CallMismatch { rank: me, op: what.to_string(), peer, mine: *m, theirs: *t })
     }
 
