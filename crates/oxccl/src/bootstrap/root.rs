@@ -19,6 +19,10 @@
 //! 6. Every accepted connection is greeted at once ([`super::greeting`]), before its request
 //!    is read: a joiner that reached another program instead learns it within
 //!    `GREET_WAIT_MS`, from what that program said or did not say.
+//! 7. After a failure rank 0 is told last, whenever it arrives: its process runs this thread
+//!    and ends once rank 0 knows. A rank 0 whose own start fails in that process (it too may
+//!    run out of descriptors) waits in [`failure_here`] until this thread is done telling the
+//!    others, and reports the same reason.
 
 use super::{
     encode_reject, encode_table, kind, relay_links, write_frame, Join, JoinStatus, PeerInfo, Route,
@@ -40,9 +44,9 @@ const MAX_JOIN_BYTES: usize = 4096;
 const FAIL_LINGER: Duration = Duration::from_secs(60);
 /// After a failure, how long rank 0 (whose process runs the root, and ends once told) waits
 /// for the other ranks to arrive and be told, unless all of them have been told before. Ranks
-/// of a large job on a loaded host may still be starting when the root fails (CI saw 7 of 79
-/// told when rank 0 was told as soon as no join was under way for a moment, and 16 of 79 in a
-/// fresh-clone run with 3 s here; the wait costs only a job that has already failed).
+/// of a large job on a loaded host may still be starting when the root fails; the wait costs
+/// only a job that has already failed. (CI runs that told only 4 to 16 of 79 ranks most
+/// likely had rank 0 arrive after the failure, which then was told at once: rule 7 holds it.)
 const RANK0_LAST_FOR: Duration = Duration::from_secs(10);
 const STATUS_EVERY: Duration = Duration::from_millis(200);
 /// A status frame is a few hundred bytes; a rank that cannot take it this fast is skipped.
@@ -76,6 +80,44 @@ pub(crate) fn spawn(listener: TcpListener, secret: [u8; 32], log: Logger) -> std
     listener.set_nonblocking(true)?;
     std::thread::Builder::new().name("oxccl-root".into()).spawn(move || run(listener, secret, log))?;
     Ok(())
+}
+
+/// A failed root of this process: its reason, and whether it is done telling the other ranks.
+struct Failure {
+    secret: [u8; 32],
+    why: RejectReason,
+    done: bool,
+}
+
+static FAILURES: std::sync::Mutex<Vec<Failure>> = std::sync::Mutex::new(Vec::new());
+static FAILURE_DONE: std::sync::Condvar = std::sync::Condvar::new();
+
+fn note_failure(secret: &[u8; 32], why: &RejectReason, done: bool) {
+    let mut all = FAILURES.lock().unwrap_or_else(|p| p.into_inner());
+    match all.iter_mut().find(|f| same_secret(&f.secret, secret)) {
+        Some(f) => f.done |= done,
+        None => all.push(Failure { secret: *secret, why: why.clone(), done }),
+    }
+    if done {
+        FAILURE_DONE.notify_all();
+    }
+}
+
+/// Whether the root of `secret` runs in this process and failed: then its reason, once it is
+/// done telling the other ranks (at most `RANK0_LAST_FOR` after it failed, and a second more
+/// here). Rank 0 calls this when its start fails, so that its process (the root's) does not
+/// end while ranks are still to be told, and so that it reports the cause all of them heard.
+pub(crate) fn failure_here(secret: &[u8; 32]) -> Option<RejectReason> {
+    let until = Instant::now() + RANK0_LAST_FOR + Duration::from_secs(1);
+    let mut all = FAILURES.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let f = all.iter().find(|f| same_secret(&f.secret, secret))?;
+        let left = until.saturating_duration_since(Instant::now());
+        if f.done || left.is_zero() {
+            return Some(f.why.clone());
+        }
+        all = FAILURE_DONE.wait_timeout(all, left).unwrap_or_else(|p| p.into_inner()).0;
+    }
 }
 
 fn reject(s: &mut TcpStream, reason: &RejectReason) {
@@ -188,10 +230,13 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
     // The ranks told of the failure (rank 0 is told last, once every other rank was, or after
     // RANK0_LAST_FOR).
     let mut told: std::collections::BTreeSet<u32> = std::collections::BTreeSet::new();
+    // The world size, rank 0's claim else the first (for whom to tell after a failure).
+    let mut size: Option<(bool, u32)> = None;
     let (mut changed, mut last_status) = (false, Instant::now());
     loop {
-        if let Some((_, at)) = &failed {
+        if let Some((why, at)) = &failed {
             if at.elapsed() > FAIL_LINGER {
+                note_failure(&secret, why, true);
                 return;
             }
         }
@@ -278,7 +323,19 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                 reject(&mut p.s, &RejectReason::WrongSecret);
                 continue;
             }
+            if size.is_none_or(|(zero, _)| !zero) {
+                size = Some((j.rank == 0, j.nranks));
+            }
             if let Some((why, _)) = &failed {
+                if j.rank == 0 && !joined.contains_key(&0) {
+                    // Told last, below (rule 7).
+                    let _ = p.s.set_nonblocking(false);
+                    joined.insert(
+                        0,
+                        Joined { s: p.s, nranks: j.nranks, sparse_from: j.sparse_from, info: j.info },
+                    );
+                    continue;
+                }
                 reject(&mut p.s, why);
                 told.insert(j.rank);
                 continue;
@@ -332,9 +389,11 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                 reject(&mut j.s, why);
                 told.insert(r);
             }
+            let others = size.map_or(0, |(_, n)| n as usize).saturating_sub(1);
+            let done = told.len() >= others || at.elapsed() > RANK0_LAST_FOR;
+            note_failure(&secret, why, done);
             if let Some(mut z) = zero {
-                let others = (z.nranks as usize).saturating_sub(1);
-                if told.len() >= others || at.elapsed() > RANK0_LAST_FOR {
+                if done {
                     reject(&mut z.s, why);
                 } else {
                     joined.insert(0, z);

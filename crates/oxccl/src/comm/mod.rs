@@ -227,6 +227,18 @@ struct Parts {
 impl Communicator {
     /// Joins the communicator of `id` as `rank` of `size`.
     pub fn init(id: &UniqueId, size: usize, rank: Rank, config: Config) -> Result<Communicator> {
+        Communicator::start(id, size, rank, config).map_err(|e| {
+            // The rendezvous root may run in this process (rank 0's) and have failed: this
+            // process must last until the root has told the other ranks, and the root's reason
+            // is the cause (this rank's own failure may be only its consequence).
+            match crate::bootstrap::root::failure_here(&id.secret) {
+                Some(reason) => Error::Rejected { rank, reason },
+                None => e,
+            }
+        })
+    }
+
+    fn start(id: &UniqueId, size: usize, rank: Rank, config: Config) -> Result<Communicator> {
         if size == 0 {
             return Err(CoreError::InvalidArgument {
                 arg: "size",
