@@ -829,16 +829,14 @@ mod staged {
     /// the proxy stopped releasing CUDA objects itself (PyTorch's 4-process check, staged:
     /// 16 of 16 runs passed after that, 2 of 2 hung before, on the lent H200).
     fn blocking() -> bool {
-        static B: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *B.get_or_init(|| std::env::var("OXCCL_ASYNC_STREAMS").is_ok_and(|v| v.trim() == "0"))
+        !oxccl::env::device().async_streams
     }
 
     /// Stream-ordered calls a communicator keeps in flight before a new one waits.
     const MAX_IN_FLIGHT: usize = 8;
 
     fn trace() -> bool {
-        static T: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *T.get_or_init(|| std::env::var("OXCCL_TRACE_STREAMS").is_ok_and(|v| v == "1"))
+        oxccl::env::device().trace_streams
     }
 
     /// One trace line to stderr in a single write, so lines of processes that share the

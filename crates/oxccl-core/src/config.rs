@@ -28,6 +28,21 @@
 //! | `OXCCL_FLIGHT_DIR` | where flight recorder dumps are written | the temporary directory |
 //! | `OXCCL_BOOTSTRAP_SPARSE_FROM` | from this many ranks on, the peer table is relayed down a binary tree of ranks and control connections go to ring and tree neighbours only (`0`: never) | `128` |
 //! | `OXCCL_CHECK_CALLS` | `0`: chunks carry no call signatures and none are compared (the contract check is off; for measuring its cost) | `1` |
+//!
+//! Device buffers and the C ABI's streams ([`DeviceSettings`], process-wide: the runtime reads
+//! them once per process):
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `OXCCL_DEVICE_LL` | `0`: small device all-reduces do not run as LL (nor where `NCCL_PROTO` leaves LL out for all-reduce) | `1` |
+//! | `OXCCL_DEVICE_LL128` | `0`: nor as LL128 (nor where `NCCL_PROTO` leaves LL128 out) | `1` |
+//! | `OXCCL_LL_ALONE` | `0`: a lone small device all-reduce goes through the host meeting too | `1` |
+//! | `OXCCL_DEVICE_ENGINE` | `events`: threads of one process on one device use the event engine | `auto` |
+//! | `OXCCL_CUDA_IPC` | `0`: processes stage device calls through host memory instead of mapping each other's buffers | `1` |
+//! | `OXCCL_STREAM_WAIT` | `kernel`: a stream waits for a staged call by a one-thread polling kernel, not `cuStreamWaitValue32` | `driver` |
+//! | `OXCCL_NVRTC` | the `libnvrtc.so` to load first | the loader's search |
+//! | `OXCCL_ASYNC_STREAMS` | `0`: a staged call on device buffers returns only once completed | `1` |
+//! | `OXCCL_TRACE_STREAMS` | `1`: a line on stderr for each stream-ordered call's steps | `0` |
 
 use crate::error::CoreError;
 use crate::ifname::{Family, IfSpec};
@@ -153,6 +168,84 @@ pub struct Config {
     /// every rank learns every rank's at init, so all choose the same device engine. Unset:
     /// not known (a rank without CUDA, or a Rust caller that did not say).
     pub cuda_device: Option<i32>,
+    /// Device buffers and the C ABI's streams (process-wide settings).
+    pub device: DeviceSettings,
+}
+
+/// The settings of device buffers and of the C ABI's stream-ordered calls. They hold for the
+/// whole process: the runtime reads them once ([`Config::from_lookup`] parses them with the
+/// rest, so a bad value fails a communicator's init, naming the variable).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceSettings {
+    /// Small all-reduces on device buffers may run as LL: `OXCCL_DEVICE_LL` not `0` and
+    /// `NCCL_PROTO` allowing LL for all-reduce.
+    pub ll: bool,
+    /// The same for LL128 (`OXCCL_DEVICE_LL128`, `NCCL_PROTO`).
+    pub ll128: bool,
+    /// A lone small device all-reduce runs as LL without the host meeting (`OXCCL_LL_ALONE`).
+    pub ll_alone: bool,
+    /// Threads of one process on one device use the event engine (`OXCCL_DEVICE_ENGINE=events`).
+    pub engine_events: bool,
+    /// Processes may map each other's device buffers by CUDA IPC (`OXCCL_CUDA_IPC`).
+    pub cuda_ipc: bool,
+    /// A stream waits for a staged call by a polling kernel (`OXCCL_STREAM_WAIT=kernel`).
+    pub stream_wait_kernel: bool,
+    /// The NVRTC library to try first (`OXCCL_NVRTC`).
+    pub nvrtc: Option<String>,
+    /// Staged calls return once enqueued (`OXCCL_ASYNC_STREAMS`, on by default).
+    pub async_streams: bool,
+    /// Stream-ordered calls trace their steps on stderr (`OXCCL_TRACE_STREAMS=1`).
+    pub trace_streams: bool,
+}
+
+impl Default for DeviceSettings {
+    fn default() -> Self {
+        DeviceSettings {
+            ll: true,
+            ll128: true,
+            ll_alone: true,
+            engine_events: false,
+            cuda_ipc: true,
+            stream_wait_kernel: false,
+            nvrtc: None,
+            async_streams: true,
+            trace_streams: false,
+        }
+    }
+}
+
+impl DeviceSettings {
+    /// The device settings `get` describes; `enabled` is the parsed `NCCL_ALGO`/`NCCL_PROTO`.
+    fn from_lookup(
+        get: &impl Fn(&str) -> Option<String>,
+        enabled: &crate::tuner::Enabled,
+    ) -> Result<DeviceSettings, CoreError> {
+        use crate::tuner::{Coll, Proto};
+        let flag = |var: &str, default: bool| match get(var) {
+            Some(v) if !v.trim().is_empty() => parse_bool(var, &v),
+            _ => Ok(default),
+        };
+        let choice = |var: &str, default: &str, on: &str| -> Result<bool, CoreError> {
+            match get(var).map(|v| v.trim().to_ascii_lowercase()) {
+                None => Ok(false),
+                Some(v) if v.is_empty() || v == default => Ok(false),
+                Some(v) if v == on => Ok(true),
+                Some(v) => Err(bad(var, &v, &format!("expected {on} or {default}"))),
+            }
+        };
+        let all_reduce = |p: Proto| enabled.proto[Coll::AllReduce as usize][p as usize];
+        Ok(DeviceSettings {
+            ll: flag("OXCCL_DEVICE_LL", true)? && all_reduce(Proto::LL),
+            ll128: flag("OXCCL_DEVICE_LL128", true)? && all_reduce(Proto::LL128),
+            ll_alone: flag("OXCCL_LL_ALONE", true)?,
+            engine_events: choice("OXCCL_DEVICE_ENGINE", "auto", "events")?,
+            cuda_ipc: flag("OXCCL_CUDA_IPC", true)?,
+            stream_wait_kernel: choice("OXCCL_STREAM_WAIT", "driver", "kernel")?,
+            nvrtc: get("OXCCL_NVRTC").filter(|v| !v.is_empty()),
+            async_streams: flag("OXCCL_ASYNC_STREAMS", true)?,
+            trace_streams: flag("OXCCL_TRACE_STREAMS", false)?,
+        })
+    }
 }
 
 impl Default for Config {
@@ -181,6 +274,7 @@ impl Default for Config {
             calibrate: None,
             bootstrap_sparse_from: tuning::BOOTSTRAP_SPARSE_FROM,
             cuda_device: None,
+            device: DeviceSettings::default(),
         }
     }
 }
@@ -324,6 +418,7 @@ impl Config {
         if let Some(v) = get("OXCCL_HOST_ID").filter(|v| !v.is_empty()) {
             c.host_id = Some(v);
         }
+        c.device = DeviceSettings::from_lookup(&get, &c.enabled)?;
         c.validate()?;
         Ok(c)
     }
@@ -496,5 +591,63 @@ mod tests {
         assert_eq!(Config::from_lookup(env(&[("OXCCL_CMA", "0")])).unwrap().cma, CrossMemory::Off);
         let e = Config::from_lookup(env(&[("OXCCL_CMA", "sometimes")])).unwrap_err().to_string();
         assert!(e.contains("OXCCL_CMA") && e.contains("sometimes"), "{e}");
+    }
+
+    #[test]
+    fn nccl_proto_and_the_device_flags_decide_whether_ll_and_ll128_run() {
+        let dev = |vars: &[(&str, &str)]| Config::from_lookup(env(vars)).unwrap().device;
+        let proto = |v: &str| {
+            let d = dev(&[("NCCL_PROTO", v)]);
+            (d.ll, d.ll128)
+        };
+        assert_eq!((dev(&[]).ll, dev(&[]).ll128), (true, true));
+        assert_eq!(proto(""), (true, true));
+        assert_eq!(proto("LL,Simple"), (true, false));
+        assert_eq!(proto("ll128,ll"), (true, true));
+        assert_eq!(proto("Simple"), (false, false));
+        assert_eq!(proto("LL128"), (false, true));
+        assert_eq!(proto("simple, ll128"), (false, true));
+        assert_eq!(proto("^LL"), (false, true));
+        assert_eq!(proto("^LL128"), (true, false));
+        // Per collective: only all-reduce's list counts on device buffers.
+        assert_eq!(proto("allreduce:Simple;broadcast:LL"), (false, false));
+        assert_eq!(proto("broadcast:Simple"), (true, true));
+        assert!(!dev(&[("OXCCL_DEVICE_LL", "0")]).ll);
+        assert!(dev(&[("OXCCL_DEVICE_LL", "0")]).ll128);
+        assert!(!dev(&[("OXCCL_DEVICE_LL128", "0")]).ll128);
+        assert!(!dev(&[("OXCCL_LL_ALONE", "0")]).ll_alone);
+    }
+
+    #[test]
+    fn device_settings_parse_once_and_name_a_bad_value() {
+        let d = Config::from_lookup(env(&[])).unwrap().device;
+        assert_eq!(d, DeviceSettings::default());
+        let d = Config::from_lookup(env(&[
+            ("OXCCL_DEVICE_ENGINE", "events"),
+            ("OXCCL_CUDA_IPC", "0"),
+            ("OXCCL_STREAM_WAIT", "kernel"),
+            ("OXCCL_NVRTC", "/opt/nvrtc/libnvrtc.so.13"),
+            ("OXCCL_ASYNC_STREAMS", "0"),
+            ("OXCCL_TRACE_STREAMS", "1"),
+        ]))
+        .unwrap()
+        .device;
+        assert!(
+            d.engine_events && !d.cuda_ipc && d.stream_wait_kernel && !d.async_streams && d.trace_streams
+        );
+        assert_eq!(d.nvrtc.as_deref(), Some("/opt/nvrtc/libnvrtc.so.13"));
+        let d = Config::from_lookup(env(&[("OXCCL_DEVICE_ENGINE", "auto"), ("OXCCL_STREAM_WAIT", "driver")]))
+            .unwrap()
+            .device;
+        assert!(!d.engine_events && !d.stream_wait_kernel);
+        for (var, v) in [
+            ("OXCCL_DEVICE_ENGINE", "event"),
+            ("OXCCL_STREAM_WAIT", "spin"),
+            ("OXCCL_CUDA_IPC", "maybe"),
+            ("OXCCL_ASYNC_STREAMS", "2"),
+        ] {
+            let e = Config::from_lookup(env(&[(var, v)])).unwrap_err().to_string();
+            assert!(e.contains(var) && e.contains(v), "{var}={v}: {e}");
+        }
     }
 }

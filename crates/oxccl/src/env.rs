@@ -15,6 +15,14 @@ pub fn config() -> Result<Config> {
     Ok(Config::from_lookup(get)?)
 }
 
+/// The process-wide settings (device buffers, the C ABI's streams), read once per process.
+/// An environment with a bad setting gives the defaults here: no call gets that far, since
+/// every communicator's init parses the same environment and fails naming the variable.
+pub fn device() -> &'static oxccl_core::config::DeviceSettings {
+    static D: std::sync::OnceLock<oxccl_core::config::DeviceSettings> = std::sync::OnceLock::new();
+    D.get_or_init(|| config().map(|c| c.device).unwrap_or_default())
+}
+
 /// What the launcher (torchrun, Slurm, Open MPI, PMI, oxccl's own) says about this process:
 /// `None` when no launcher started it. A process with only PMIx's variables (`PMIX_RANK`,
 /// `PMIX_NAMESPACE`: PRRTE, say) learns its rank and the job's size from the PMIx server.

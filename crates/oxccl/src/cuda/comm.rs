@@ -85,12 +85,12 @@ fn all_peers_reachable(devices: &[i32], mine: i32) -> bool {
 /// `OXCCL_DEVICE_ENGINE=events`: threads of one process on one device use the event engine
 /// instead of the thread group (so its in-process path runs on one GPU too).
 pub fn events_forced() -> bool {
-    std::env::var("OXCCL_DEVICE_ENGINE").is_ok_and(|v| v.trim() == "events")
+    crate::env::device().engine_events
 }
 
 /// `OXCCL_CUDA_IPC=0` keeps processes off CUDA IPC (their device calls are staged).
 pub fn ipc_allowed() -> bool {
-    std::env::var("OXCCL_CUDA_IPC").map_or(true, |v| v.trim() != "0")
+    crate::env::device().cuda_ipc
 }
 
 impl<'c> DevComm<'c> {

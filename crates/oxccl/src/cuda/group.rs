@@ -125,33 +125,16 @@ impl Drop for IssuedOnDrop<'_> {
     }
 }
 
-/// Whether the environment allows the LL protocol on device buffers: `OXCCL_DEVICE_LL=0`
-/// forbids it, and so does an `NCCL_PROTO` that leaves `LL` out (`Simple`, `^LL`).
+/// Whether the settings allow the LL protocol on device buffers: `OXCCL_DEVICE_LL=0`
+/// forbids it, and so does an `NCCL_PROTO` that leaves `LL` out for all-reduce (`Simple`, `^LL`).
 pub fn ll_allowed() -> bool {
-    if std::env::var("OXCCL_DEVICE_LL").is_ok_and(|v| v.trim() == "0") {
-        return false;
-    }
-    proto_allows(std::env::var("NCCL_PROTO").ok().as_deref(), "LL")
+    crate::env::device().ll
 }
 
-/// Whether the environment allows LL128 on device buffers: `OXCCL_DEVICE_LL128=0` forbids
-/// it, and so does an `NCCL_PROTO` that leaves `LL128` out.
+/// Whether the settings allow LL128 on device buffers: `OXCCL_DEVICE_LL128=0` forbids it,
+/// and so does an `NCCL_PROTO` that leaves `LL128` out for all-reduce.
 pub fn ll128_allowed() -> bool {
-    if std::env::var("OXCCL_DEVICE_LL128").is_ok_and(|v| v.trim() == "0") {
-        return false;
-    }
-    proto_allows(std::env::var("NCCL_PROTO").ok().as_deref(), "LL128")
-}
-
-/// Whether `NCCL_PROTO`'s value `v` (a list, or `^` and the list left out) allows `proto`.
-fn proto_allows(v: Option<&str>, proto: &str) -> bool {
-    let Some(v) = v.map(str::trim).filter(|v| !v.is_empty()) else { return true };
-    let (neg, list) = match v.strip_prefix('^') {
-        Some(l) => (true, l),
-        None => (false, v),
-    };
-    let has = list.split(',').any(|x| x.trim().eq_ignore_ascii_case(proto));
-    has != neg
+    crate::env::device().ll128
 }
 
 struct Shared {
@@ -762,7 +745,7 @@ impl Member {
             blocks_per_sm: 1,
             ll: ll_allowed(),
             ll128: ll128_allowed(),
-            ll_alone: !std::env::var("OXCCL_LL_ALONE").is_ok_and(|v| v.trim() == "0"),
+            ll_alone: crate::env::device().ll_alone,
             coll_calls: AtomicU64::new(0),
         })
     }
@@ -1640,27 +1623,6 @@ mod tests {
             emu.run(queues, &mut rng);
             assert!(total > 0 || trial > 0);
         }
-    }
-
-    #[test]
-    fn nccl_proto_decides_whether_ll_and_ll128_run() {
-        let ll = |v| proto_allows(v, "LL");
-        assert!(ll(None));
-        assert!(ll(Some("")));
-        assert!(ll(Some("LL,Simple")));
-        assert!(ll(Some("ll128,ll")));
-        assert!(!ll(Some("Simple")));
-        assert!(!ll(Some("LL128")));
-        assert!(!ll(Some("^LL")));
-        assert!(ll(Some("^LL128")));
-        let ll128 = |v| proto_allows(v, "LL128");
-        assert!(ll128(None));
-        assert!(ll128(Some("LL128")));
-        assert!(ll128(Some("simple, ll128")));
-        assert!(!ll128(Some("LL")));
-        assert!(!ll128(Some("LL,Simple")));
-        assert!(!ll128(Some("^LL128")));
-        assert!(ll128(Some("^LL")));
     }
 
     #[test]

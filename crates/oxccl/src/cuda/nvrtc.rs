@@ -35,10 +35,8 @@ static API: OnceLock<Result<Api, String>> = OnceLock::new();
 /// The names tried, in order.
 pub fn candidates() -> Vec<String> {
     let mut v = Vec::new();
-    if let Ok(p) = std::env::var("OXCCL_NVRTC") {
-        if !p.is_empty() {
-            v.push(p);
-        }
+    if let Some(p) = &crate::env::device().nvrtc {
+        v.push(p.clone());
     }
     for n in ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"] {
         v.push(n.to_string());

@@ -159,8 +159,7 @@ impl OnDevice {
         addr: CuDevicePtr,
         value: u32,
     ) -> Result<(), CudaError> {
-        static KERNEL: OnceLock<bool> = OnceLock::new();
-        if !*KERNEL.get_or_init(|| std::env::var("OXCCL_STREAM_WAIT").is_ok_and(|v| v == "kernel")) {
+        if !crate::env::device().stream_wait_kernel {
             const GEQ: u32 = 0;
             // SAFETY: `addr` is a mapped word that outlives every stream waiting on it (a
             // communicator's flag is never freed).
