@@ -180,16 +180,6 @@ mod signal {
 
     static LIVE: Mutex<Vec<Weak<Recorder>>> = Mutex::new(Vec::new());
     static INSTALL: Once = Once::new();
-    static PIPE_W: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
-
-    extern "C" fn on_usr1(_: libc::c_int) {
-        let fd = PIPE_W.load(std::sync::atomic::Ordering::Relaxed);
-        if fd >= 0 {
-            let b = 1u8;
-            // SAFETY: write(2) is async-signal-safe; one byte from a live local.
-            unsafe { libc::write(fd, (&b as *const u8).cast(), 1) };
-        }
-    }
 
     pub(super) fn register(r: &Arc<Recorder>) {
         {
@@ -201,32 +191,9 @@ mod signal {
     }
 
     fn install() {
-        let mut fds = [0i32; 2];
-        // SAFETY: pipe2 fills two descriptors; sigaction reads a zeroed, filled-in struct.
-        unsafe {
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(libc::SIGUSR1, std::ptr::null(), &mut old) != 0
-                || old.sa_sigaction != libc::SIG_DFL
-            {
-                return;
-            }
-            if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
-                return;
-            }
-            PIPE_W.store(fds[1], std::sync::atomic::Ordering::Relaxed);
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_usr1 as *const () as usize;
-            sa.sa_flags = libc::SA_RESTART;
-            libc::sigemptyset(&mut sa.sa_mask);
-            libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut());
-        }
-        let rd = fds[0];
+        let Some(usr1) = crate::sys::signal::usr1_pipe() else { return };
         let _ = std::thread::Builder::new().name("oxccl-flight".into()).spawn(move || loop {
-            let mut b = [0u8; 64];
-            // SAFETY: reads into a live local buffer from the pipe this thread owns.
-            let n = unsafe { libc::read(rd, b.as_mut_ptr().cast(), b.len()) };
-            if n == 0 || (n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted)
-            {
+            if !usr1.wait() {
                 return;
             }
             let live: Vec<Arc<Recorder>> =

@@ -1480,8 +1480,8 @@ impl Bootstrap {
             if open.is_empty() || left.is_zero() {
                 break;
             }
-            let mut fds: Vec<libc::pollfd> =
-                open.iter().map(|s| crate::sys::fd::pollfd(s.as_raw_fd(), libc::POLLIN)).collect();
+            let mut fds: Vec<crate::sys::fd::PollFd> =
+                open.iter().map(|s| crate::sys::fd::pollfd(s.as_raw_fd(), crate::sys::fd::POLLIN)).collect();
             if crate::sys::fd::poll(&mut fds, left).is_err() {
                 break;
             }

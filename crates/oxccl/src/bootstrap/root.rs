@@ -240,14 +240,14 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                 return;
             }
         }
-        let mut pfds = vec![fd::pollfd(listener.as_raw_fd(), libc::POLLIN)];
-        pfds.extend(pending.iter().map(|p| fd::pollfd(p.s.as_raw_fd(), libc::POLLIN)));
+        let mut pfds = vec![fd::pollfd(listener.as_raw_fd(), crate::sys::fd::POLLIN)];
+        pfds.extend(pending.iter().map(|p| fd::pollfd(p.s.as_raw_fd(), crate::sys::fd::POLLIN)));
         let _ = fd::poll(&mut pfds, Duration::from_millis(500));
         let mut raised = false;
         loop {
             let (s, peer) = match listener.accept() {
                 Ok(c) => c,
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                Err(e) if crate::sys::limits::out_of_descriptors(&e) => {
                     // One connection per joined rank is held until all have joined: at scale,
                     // the soft limit (often 1024) is too low. Raise it once; if that is not
                     // enough, every rank hears why rather than timing out.

@@ -144,21 +144,11 @@ pub fn driver_if_loaded() -> Option<&'static Driver> {
     static CHECKED_AT: AtomicU64 = AtomicU64::new(0);
     if !SEEN.load(Ordering::Acquire) {
         // Read before the check: an object loaded during it makes the next call check again.
-        let adds = loads();
+        let adds = crate::sys::dl::loads();
         if adds != 0 && CHECKED_AT.load(Ordering::Acquire) == adds {
             return None;
         }
-        let loaded = [c"libcuda.so.1", c"libcuda.so"].iter().any(|n| {
-            // SAFETY: RTLD_NOLOAD only looks the name up among loaded objects; the reference it
-            // takes on a hit is dropped at once.
-            unsafe {
-                let h = libc::dlopen(n.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
-                if !h.is_null() {
-                    libc::dlclose(h);
-                }
-                !h.is_null()
-            }
-        });
+        let loaded = crate::sys::dl::is_loaded(&[c"libcuda.so.1", c"libcuda.so"]);
         if !loaded {
             CHECKED_AT.store(adds, Ordering::Release);
             return None;
@@ -166,24 +156,6 @@ pub fn driver_if_loaded() -> Option<&'static Driver> {
         SEEN.store(true, Ordering::Release);
     }
     driver().ok()
-}
-
-/// How many objects the dynamic loader has loaded into this process so far (glibc's and
-/// musl's `dlpi_adds`: it grows with every `dlopen` that maps something); 0 if unknown.
-fn loads() -> u64 {
-    extern "C" fn first(
-        info: *mut libc::dl_phdr_info,
-        _: libc::size_t,
-        out: *mut libc::c_void,
-    ) -> libc::c_int {
-        // SAFETY: the loader passes a valid info record, and `out` is the `u64` below.
-        unsafe { *(out as *mut u64) = (*info).dlpi_adds };
-        1 // the counter is the same in every record: stop at the first
-    }
-    let mut adds = 0u64;
-    // SAFETY: `first` only reads the record and writes `adds`, which outlives the call.
-    unsafe { libc::dl_iterate_phdr(Some(first), (&mut adds as *mut u64).cast()) };
-    adds
 }
 
 impl Driver {

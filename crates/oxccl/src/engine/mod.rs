@@ -175,8 +175,8 @@ pub struct Memory {
 struct Work {
     sv: Vec<(ConnKey, SendConn)>,
     rv: Vec<(ConnKey, RecvConn)>,
-    pfds: Vec<libc::pollfd>,
-    io_fds: Vec<libc::pollfd>,
+    pfds: Vec<crate::sys::fd::PollFd>,
+    io_fds: Vec<crate::sys::fd::PollFd>,
     io_idx: Vec<(bool, usize)>,
     posts: Vec<Option<Post>>,
     users: Vec<u32>,
@@ -617,7 +617,7 @@ impl Engine {
             }
             // Sleep: announce on every connection a pending step waits for, then re-check.
             pfds.clear();
-            pfds.push(fd::pollfd(self.ctx.doorbell.as_raw_fd(), libc::POLLIN));
+            pfds.push(fd::pollfd(self.ctx.doorbell.as_raw_fd(), crate::sys::fd::POLLIN));
             let lanes = p2p.iter().chain(phases.front().into_iter().flatten());
             for l in lanes {
                 if let Some(st) = l.pending {
@@ -897,7 +897,7 @@ impl Engine {
         let w = &self.work;
         let work = w.sv.capacity() * std::mem::size_of::<(ConnKey, SendConn)>()
             + w.rv.capacity() * std::mem::size_of::<(ConnKey, RecvConn)>()
-            + (w.pfds.capacity() + w.io_fds.capacity()) * std::mem::size_of::<libc::pollfd>()
+            + (w.pfds.capacity() + w.io_fds.capacity()) * std::mem::size_of::<crate::sys::fd::PollFd>()
             + w.io_idx.capacity() * std::mem::size_of::<(bool, usize)>()
             + w.posts.capacity() * std::mem::size_of::<Option<Post>>()
             + w.users.capacity() * 4;
@@ -931,7 +931,7 @@ fn pump_sockets(
     sv: &mut [(ConnKey, SendConn)],
     rv: &mut [(ConnKey, RecvConn)],
     posts: &[Option<Post>],
-    fds: &mut Vec<libc::pollfd>,
+    fds: &mut Vec<crate::sys::fd::PollFd>,
     idx: &mut Vec<(bool, usize)>,
     me: Rank,
 ) -> Result<bool> {

@@ -55,3 +55,33 @@ impl Lib {
         Ok(unsafe { std::mem::transmute_copy::<*mut c_void, T>(&p) })
     }
 }
+
+/// Whether one of `names` is already loaded in this process (`RTLD_NOLOAD`: nothing is
+/// loaded by asking).
+pub fn is_loaded(names: &[&CStr]) -> bool {
+    names.iter().any(|n| {
+        // SAFETY: RTLD_NOLOAD only looks the name up among loaded objects; the reference it
+        // takes on a hit is dropped at once.
+        unsafe {
+            let h = libc::dlopen(n.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+            if !h.is_null() {
+                libc::dlclose(h);
+            }
+            !h.is_null()
+        }
+    })
+}
+
+/// How many objects the dynamic loader has loaded into this process so far (glibc's and
+/// musl's `dlpi_adds`: it grows with every `dlopen` that maps something); 0 if unknown.
+pub fn loads() -> u64 {
+    extern "C" fn first(info: *mut libc::dl_phdr_info, _: libc::size_t, out: *mut c_void) -> libc::c_int {
+        // SAFETY: the loader passes a valid info record, and `out` is the `u64` below.
+        unsafe { *(out as *mut u64) = (*info).dlpi_adds };
+        1 // the counter is the same in every record: stop at the first
+    }
+    let mut adds = 0u64;
+    // SAFETY: `first` only reads the record and writes `adds`, which outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(first), (&mut adds as *mut u64).cast()) };
+    adds
+}

@@ -65,14 +65,21 @@ pub fn widen_backlog(fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
-/// A `pollfd` for `fd` waiting for `events` (`libc::POLLIN`, `libc::POLLOUT`).
-pub fn pollfd(fd: RawFd, events: i16) -> libc::pollfd {
+/// What `poll` watches: a descriptor and its events.
+pub type PollFd = libc::pollfd;
+/// Readable (or closed, or a listener with a connection waiting).
+pub const POLLIN: i16 = libc::POLLIN;
+/// Writable.
+pub const POLLOUT: i16 = libc::POLLOUT;
+
+/// A `pollfd` for `fd` waiting for `events` ([`POLLIN`], [`POLLOUT`]).
+pub fn pollfd(fd: RawFd, events: i16) -> PollFd {
     libc::pollfd { fd, events, revents: 0 }
 }
 
 /// Waits until one of `fds` is ready or `timeout` passes; returns how many are ready.
 /// Interruptions by signals count as a timeout (the caller re-checks its conditions).
-pub fn poll(fds: &mut [libc::pollfd], timeout: Duration) -> io::Result<usize> {
+pub fn poll(fds: &mut [PollFd], timeout: Duration) -> io::Result<usize> {
     let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
     // SAFETY: `fds` is a live, exclusive slice of pollfd structs of the given length.
     let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
@@ -148,4 +155,21 @@ pub fn lock_file(path: &std::path::Path, wait: std::time::Duration) -> Option<st
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
+}
+
+/// Makes closing socket `fd` send a reset (a zero linger), as a killed process's close does
+/// with unread data: for tests of how peers take it.
+pub fn reset_on_close(fd: RawFd) -> io::Result<()> {
+    let lin = libc::linger { l_onoff: 1, l_linger: 0 };
+    // SAFETY: setsockopt reads a correctly sized linger struct that lives through the call.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&lin as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
 }

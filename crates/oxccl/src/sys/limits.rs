@@ -18,3 +18,8 @@ pub fn raise_nofile() -> u64 {
     }
     l.rlim_cur
 }
+
+/// Whether `e` says this process (or the system) ran out of file descriptors.
+pub fn out_of_descriptors(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}

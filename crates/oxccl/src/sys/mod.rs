@@ -13,6 +13,7 @@ pub mod limits;
 pub mod nvml;
 pub mod pmix;
 pub mod shm;
+pub mod signal;
 pub mod ticks;
 pub mod unix;
 

@@ -674,18 +674,7 @@ mod tests {
         // Unread data plus a zero linger: closing sends a reset, as a killed process's does.
         let mut w = rx.try_clone().unwrap();
         w.write_all(&[1]).unwrap();
-        let lin = libc::linger { l_onoff: 1, l_linger: 0 };
-        // SAFETY: setsockopt on an open socket with a correctly sized linger struct.
-        let rc = unsafe {
-            libc::setsockopt(
-                rx.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_LINGER,
-                (&lin as *const libc::linger).cast(),
-                std::mem::size_of::<libc::linger>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(rc, 0);
+        crate::sys::fd::reset_on_close(rx.as_raw_fd()).unwrap();
         drop((rx, w));
         let t = std::time::Instant::now();
         let err = loop {

@@ -1,0 +1,88 @@
+//! The runtime's layering rules, checked over the sources of the library and its C ABI
+//! (their `#[cfg(test)]` modules aside): the OS is called through `sys` only (no `libc::`
+//! elsewhere), and the environment is read in `env.rs` only (`Config` parses what it reads).
+//! A broken rule fails naming each file and line.
+
+use std::path::{Path, PathBuf};
+
+oxccl_testkit::test_scope!();
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let p = e.expect("a directory entry").path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Each source line outside test modules, with its file (relative to the workspace) and number.
+/// A test module is `#[cfg(test)]` followed by `mod NAME {` (public or not), to the end of the file (the
+/// convention here: test modules close their files).
+fn lines(crates: &[&str]) -> Vec<(String, usize, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut out = Vec::new();
+    for c in crates {
+        let mut files = Vec::new();
+        rust_files(&root.join(c).join("src"), &mut files);
+        files.sort();
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            let rel = f.strip_prefix(&root).unwrap_or(&f).to_string_lossy().into_owned();
+            let all: Vec<&str> = text.lines().collect();
+            for (i, l) in all.iter().enumerate() {
+                let next = all.get(i + 1).map_or("", |n| n.trim_start());
+                let next = next.trim_start_matches("pub(crate) ").trim_start_matches("pub ");
+                if l.trim() == "#[cfg(test)]" && next.starts_with("mod ") {
+                    break;
+                }
+                out.push((rel.clone(), i + 1, l.to_string()));
+            }
+        }
+    }
+    out
+}
+
+fn code(l: &str) -> &str {
+    // A comment's mention of a call is not a call.
+    l.split("//").next().unwrap_or("")
+}
+
+#[test]
+fn only_sys_calls_libc() {
+    let bad: Vec<String> = lines(&["crates/oxccl", "crates/oxccl-capi"])
+        .into_iter()
+        .filter(|(f, _, l)| !f.contains("/src/sys/") && code(l).contains("libc::"))
+        .map(|(f, n, l)| format!("{f}:{n}: {}", l.trim()))
+        .collect();
+    assert!(bad.is_empty(), "libc called outside oxccl::sys:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn only_env_reads_the_environment() {
+    let reads = ["env::var(", "env::var_os(", "env::vars(", "env::vars_os(", "getenv"];
+    let bad: Vec<String> = lines(&["crates/oxccl", "crates/oxccl-capi", "crates/oxccl-core"])
+        .into_iter()
+        .filter(|(f, _, l)| {
+            !f.ends_with("crates/oxccl/src/env.rs") && reads.iter().any(|r| code(l).contains(r))
+        })
+        .map(|(f, n, l)| format!("{f}:{n}: {}", l.trim()))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "the environment read outside oxccl::env (Config parses it):\n{}",
+        bad.join("\n")
+    );
+}
+
+/// The scan itself sees what it looks for: the rules' own homes are found and hold matches.
+#[test]
+fn the_scan_finds_the_homes_of_both_rules() {
+    let all = lines(&["crates/oxccl"]);
+    assert!(all.iter().any(|(f, _, l)| f.contains("/src/sys/") && code(l).contains("libc::")));
+    assert!(all.iter().any(|(f, _, l)| f.ends_with("src/env.rs") && code(l).contains("env::var")));
+    // Test modules are cut: the bootstrap's benchmark sizes read the environment there.
+    assert!(!all.iter().any(|(f, _, l)| f.ends_with("bootstrap/mod.rs") && l.contains("OXCCL_RELAY_LEVELS")));
+}
