@@ -18,6 +18,20 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// Whether `f` is a `tests.rs` that its parent module declares under `#[cfg(test)]`
+/// (`dir/tests.rs` of `dir/mod.rs`, `dir.rs` or, at the top, `lib.rs`).
+fn is_test_file(f: &Path) -> bool {
+    if f.file_name().is_none_or(|n| n != "tests.rs") {
+        return false;
+    }
+    let dir = f.parent().expect("a parent directory");
+    let parents = [dir.join("mod.rs"), dir.with_extension("rs"), dir.join("lib.rs")];
+    parents.iter().filter_map(|p| std::fs::read_to_string(p).ok()).any(|t| {
+        let l: Vec<&str> = t.lines().map(str::trim).collect();
+        l.windows(2).any(|w| w[0] == "#[cfg(test)]" && w[1].ends_with("mod tests;"))
+    })
+}
+
 /// Each source line outside test modules, with its file (relative to the workspace) and number.
 /// A test module is `#[cfg(test)]` followed by `mod NAME {` (public or not), to the end of the file (the
 /// convention here: test modules close their files).
@@ -29,6 +43,9 @@ fn lines(crates: &[&str]) -> Vec<(String, usize, String)> {
         rust_files(&root.join(c).join("src"), &mut files);
         files.sort();
         for f in files {
+            if is_test_file(&f) {
+                continue;
+            }
             let text = std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
             let rel = f.strip_prefix(&root).unwrap_or(&f).to_string_lossy().into_owned();
             let all: Vec<&str> = text.lines().collect();
@@ -83,6 +100,10 @@ fn the_scan_finds_the_homes_of_both_rules() {
     let all = lines(&["crates/oxccl"]);
     assert!(all.iter().any(|(f, _, l)| f.contains("/src/sys/") && code(l).contains("libc::")));
     assert!(all.iter().any(|(f, _, l)| f.ends_with("src/env.rs") && code(l).contains("env::var")));
-    // Test modules are cut: the bootstrap's benchmark sizes read the environment there.
-    assert!(!all.iter().any(|(f, _, l)| f.ends_with("bootstrap/mod.rs") && l.contains("OXCCL_RELAY_LEVELS")));
+    // Test modules are cut, inline or in files of their own: the bootstrap's tests read the
+    // environment (benchmark sizes), the kernels' inline ones OXCCL_REQUIRE_NVRTC.
+    assert!(!all.iter().any(|(f, _, _)| f.ends_with("bootstrap/tests.rs")));
+    assert!(all.iter().any(|(f, _, _)| f.ends_with("bootstrap/mod.rs")));
+    assert!(is_test_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src/bootstrap/tests.rs")));
+    assert!(!all.iter().any(|(f, _, l)| f.ends_with("cuda/kernels.rs") && l.contains("OXCCL_REQUIRE_NVRTC")));
 }
