@@ -9,7 +9,7 @@
 //! start and end of a communicator), [`ops`] (call checks, group queues, execution),
 //! [`premul`] (PreMulSum scaling), [`mem`] (ncclMemAlloc, registrations), [`win`] (windows),
 //! [`rma`] (one-sided calls), [`elastic`] (revoke, grow, suspend, memory statistics),
-//! [`param`] (parameters). See `docs/capi.md` for the semantics on host memory.
+//! [`param`] (parameters), `settings` (what an `ncclConfig_t` asks for). See `docs/capi.md` for the semantics on host memory.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![allow(clippy::missing_safety_doc)]
@@ -23,6 +23,7 @@ pub mod param;
 pub mod premul;
 pub mod proxy;
 pub mod rma;
+mod settings;
 pub mod win;
 
 use handle::{
@@ -36,6 +37,7 @@ pub use life::{
 use mem::RegKind;
 use ops::{Args, Call, Kind};
 use oxccl::{Communicator, Config, Rank, UniqueId};
+pub(crate) use settings::{settings, Settings};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
@@ -191,94 +193,6 @@ pub(crate) fn current_device() -> Option<i32> {
 #[cfg(not(feature = "cuda"))]
 pub(crate) fn current_device() -> Option<i32> {
     None
-}
-
-// ------------------------------------------------------------------------- configs
-
-/// What an `ncclConfig_t` asks for.
-#[derive(Clone)]
-pub(crate) struct Settings {
-    pub(crate) blocking: bool,
-    pub(crate) name: Option<String>,
-    /// `config->numRmaCtx` (NCCL's default: 1).
-    pub(crate) num_rma_ctx: i32,
-}
-
-impl Settings {
-    /// What a child of `st` inherits when its config leaves a field undefined.
-    pub(crate) fn of(st: &handle::CommState) -> Settings {
-        Settings {
-            blocking: st.blocking,
-            name: st.name.clone(),
-            num_rma_ctx: st.num_rma_ctx.load(Ordering::Relaxed),
-        }
-    }
-
-    /// Gives the new communicator `st` what it was asked for beyond its handle.
-    pub(crate) fn apply(&self, st: &handle::CommState) {
-        st.num_rma_ctx.store(self.num_rma_ctx, Ordering::Relaxed);
-    }
-}
-
-unsafe fn cstr(p: *const c_char, arg: &str) -> R<Option<String>> {
-    if p.is_null() {
-        return Ok(None);
-    }
-    // SAFETY: a non-NULL string field of ncclConfig_t is a NUL-terminated C string.
-    let s = unsafe { CStr::from_ptr(p) };
-    s.to_str().map(|s| Some(s.to_string())).map_err(|_| invalid(arg, "not UTF-8"))
-}
-
-/// Reads `config` (NULL: `inherit`, or the defaults).
-pub(crate) unsafe fn settings(config: *const ncclConfig, inherit: Option<Settings>) -> R<Settings> {
-    let base = inherit.unwrap_or(Settings { blocking: true, name: None, num_rma_ctx: 1 });
-    if config.is_null() {
-        return Ok(base);
-    }
-    // SAFETY: a non-NULL config points to an ncclConfig_t made from NCCL_CONFIG_INITIALIZER;
-    // the first three fields are in every version, the rest are read only within `size`.
-    let c = unsafe { &*config };
-    if c.magic != API_MAGIC {
-        return Err(invalid(
-            "config",
-            format!("magic {:#x} is not NCCL_API_MAGIC: initialize it with NCCL_CONFIG_INITIALIZER", c.magic),
-        ));
-    }
-    let within = |end: usize| c.size >= end;
-    let blocking =
-        if within(std::mem::offset_of!(ncclConfig, blocking) + 4) { c.blocking } else { UNDEF_INT };
-    let blocking = match blocking {
-        UNDEF_INT => base.blocking,
-        0 => false,
-        1 => true,
-        v => return Err(invalid("config->blocking", format!("{v} (must be 0 or 1)"))),
-    };
-    let mut name = base.name;
-    if within(std::mem::offset_of!(ncclConfig, comm_name) + 8) {
-        // SAFETY: inside the caller's struct (checked against its size).
-        if let Some(n) = unsafe { cstr(c.comm_name, "config->commName") }? {
-            name = Some(n);
-        }
-    }
-    if within(std::mem::offset_of!(ncclConfig, net_name) + 8) {
-        // SAFETY: as above.
-        if let Some(n) = unsafe { cstr(c.net_name, "config->netName") }? {
-            if !n.eq_ignore_ascii_case("socket") {
-                return Err(invalid(
-                    "config->netName",
-                    format!("{n:?}: oxccl's network between hosts is \"Socket\" (TCP)"),
-                ));
-            }
-        }
-    }
-    let num_rma_ctx =
-        if within(std::mem::offset_of!(ncclConfig, num_rma_ctx) + 4) { c.num_rma_ctx } else { UNDEF_INT };
-    let num_rma_ctx = match num_rma_ctx {
-        UNDEF_INT => base.num_rma_ctx,
-        v if v < 0 => return Err(invalid("config->numRmaCtx", format!("{v} (0 turns one-sided calls off)"))),
-        v => v,
-    };
-    Ok(Settings { blocking, name, num_rma_ctx })
 }
 
 // ------------------------------------------------------------------------- init
@@ -816,47 +730,4 @@ pub extern "C" fn pncclGetLastError(comm: ncclComm_t) -> *const c_char {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_panic_becomes_internal_error_with_its_message() {
-        let code = guard("ncclTestEntry", || panic!("boom at the boundary"));
-        assert_eq!(code, INTERNAL_ERROR);
-        // SAFETY: ncclGetLastError returns a NUL-terminated string owned by this thread.
-        let msg =
-            unsafe { CStr::from_ptr(ncclGetLastError(std::ptr::null_mut())) }.to_string_lossy().into_owned();
-        assert!(msg.contains("ncclTestEntry") && msg.contains("boom at the boundary"), "{msg}");
-    }
-
-    #[test]
-    fn unique_ids_round_trip_and_garbage_is_refused() {
-        for root in ["127.0.0.1:4242", "[::1]:65535"] {
-            let id = UniqueId { root: root.parse().unwrap(), secret: [7; 32] };
-            let back = decode_id(&encode_id(&id), "commId").unwrap();
-            assert_eq!((back.root, back.secret), (id.root, id.secret));
-        }
-        let e = decode_id(&ncclUniqueId { internal: [0; 128] }, "commId").unwrap_err();
-        assert_eq!(e.code, handle::INVALID_ARGUMENT);
-        assert!(e.msg.contains("commId"), "{}", e.msg);
-    }
-
-    #[test]
-    fn result_codes_of_oxccl_errors() {
-        use oxccl::Error;
-        let r = Rank::new(1);
-        assert_eq!(handle::code_of(&Error::Aborted { rank: r }), handle::INVALID_USAGE);
-        assert_eq!(handle::code_of(&Error::Internal("x".into())), INTERNAL_ERROR);
-        let t = Error::Timeout {
-            rank: r,
-            op: "x".into(),
-            after: Duration::from_secs(1),
-            waiting_for: vec![],
-            detail: String::new(),
-        };
-        assert_eq!(handle::code_of(&t), handle::REMOTE_ERROR);
-        let io = Error::Io { rank: r, op: "x", peer: None, source: std::io::Error::other("x") };
-        assert_eq!(handle::code_of(&io), handle::SYSTEM_ERROR);
-    }
-    use std::time::Duration;
-}
+mod tests;
