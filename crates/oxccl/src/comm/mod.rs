@@ -9,7 +9,7 @@
 //! mismatch, an abort) every later call fails with [`Error::Broken`] naming the first failure.
 //!
 //! Files: `init` (joining and assembling), `group` and `scope` (groups, asynchronous work),
-//! `api` (the collectives' entry points), `elastic` (grow/suspend); this one holds the
+//! `api` (single calls, each a group of one), `elastic` (growing, memory held); this one holds the
 //! communicator's state, split and shrink, the call queue and failure.
 
 mod api;
