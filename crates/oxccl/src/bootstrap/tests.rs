@@ -47,7 +47,10 @@ fn relay_with_rank1_gone(early: bool) -> Vec<JoinOutcome> {
     let real = |r: u32| {
         std::thread::spawn(move || {
             let doorbell = Arc::new(crate::sys::fd::EventFd::new().unwrap());
-            let ctl = Arc::new(crate::transport::hostmem::Ctl::create(r).unwrap());
+            let ctl = service::HostShare {
+                block: crate::transport::hostmem::Ctl::create(r).unwrap().try_clone_fd().unwrap(),
+                allocation: |_| None,
+            };
             let log = crate::log::Logger::new(&oxccl_core::config::Config::default(), Some(r));
             let svc =
                 Service::start("127.0.0.1".parse().unwrap(), Rank(r), n, secret, doorbell, ctl, log).unwrap();
@@ -219,7 +222,13 @@ fn relay_throughput() {
                         .stack_size(512 << 10)
                         .spawn(move || {
                             let doorbell = Arc::new(crate::sys::fd::EventFd::new().unwrap());
-                            let ctl = Arc::new(crate::transport::hostmem::Ctl::create(r).unwrap());
+                            let ctl = service::HostShare {
+                                block: crate::transport::hostmem::Ctl::create(r)
+                                    .unwrap()
+                                    .try_clone_fd()
+                                    .unwrap(),
+                                allocation: |_| None,
+                            };
                             let log =
                                 crate::log::Logger::new(&oxccl_core::config::Config::default(), Some(r));
                             let ip = "127.0.0.1".parse().unwrap();

@@ -121,7 +121,11 @@ impl Communicator {
         let abort = Arc::new(AtomicBool::new(false));
         let ctl =
             Arc::new(Ctl::create(rank.0).map_err(|e| Error::io(rank, "create the control block", None, e))?);
-        let service = Service::start(ip, rank, size, id.secret, doorbell.clone(), ctl.clone(), log)?;
+        let host = HostShare {
+            block: ctl.try_clone_fd().map_err(|e| Error::io(rank, "share the control block", None, e))?,
+            allocation: crate::mem::fd_of,
+        };
+        let service = Service::start(ip, rank, size, id.secret, doorbell.clone(), host, log)?;
         let info = PeerInfo {
             rank,
             pid: std::process::id(),

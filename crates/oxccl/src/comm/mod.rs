@@ -19,6 +19,7 @@ use init::Parts;
 pub mod group;
 pub mod scope;
 
+use crate::bootstrap::service::HostShare;
 use crate::bootstrap::{self, Bootstrap, Mailbox, PeerInfo, Route, Service, Waiter};
 use crate::engine::{direct, Engine, EngineCtx, RawBuf};
 use crate::env;
@@ -440,7 +441,12 @@ impl Inner {
                 parents.len(),
                 secret,
                 doorbell.clone(),
-                ctl.clone(),
+                HostShare {
+                    block: ctl
+                        .try_clone_fd()
+                        .map_err(|e| Error::io(self.rank, "share the control block", None, e))?,
+                    allocation: crate::mem::fd_of,
+                },
                 Logger::new(&self.config, Some(cr.0)),
             )?),
             None => None,

@@ -21,7 +21,6 @@ use crate::error::{Error, Result};
 use crate::log::Logger;
 use crate::sys::fd::{self, EventFd};
 use crate::sys::unix::{SeqListener, SeqSocket};
-use crate::transport::hostmem::Ctl;
 use oxccl_core::contract::Sig;
 use oxccl_core::plan::ConnClass;
 use oxccl_core::tuning::{HELLO_DEADLINE_MS, MAX_BOOTSTRAP_FRAME_BYTES, MAX_PENDING_CONNECTIONS};
@@ -52,9 +51,17 @@ struct Ctx {
     size: usize,
     secret: [u8; 32],
     doorbell: Arc<EventFd>,
-    ctl: Arc<Ctl>,
+    host: HostShare,
     mailbox: Arc<Mailbox>,
     log: Logger,
+}
+
+/// What a rank's service hands same-host peers that ask over the Unix socket, from the layers
+/// above (the service only carries descriptors): the rank's direct-path control block, and
+/// the descriptor of one of its shared allocations by id.
+pub struct HostShare {
+    pub block: OwnedFd,
+    pub allocation: fn(u64) -> Option<OwnedFd>,
 }
 
 /// A rank's running service.
@@ -74,7 +81,7 @@ impl Service {
         size: usize,
         secret: [u8; 32],
         doorbell: Arc<EventFd>,
-        ctl: Arc<Ctl>,
+        host: HostShare,
         log: Logger,
     ) -> Result<Service> {
         let tcp = TcpListener::bind(SocketAddr::new(ip, 0))
@@ -98,7 +105,7 @@ impl Service {
         };
         let stop = Arc::new(EventFd::new().map_err(|e| Error::io(me, "eventfd", None, e))?);
         let mailbox = Arc::new(Mailbox::default());
-        let ctx = Ctx { me, size, secret, doorbell, ctl, mailbox: mailbox.clone(), log };
+        let ctx = Ctx { me, size, secret, doorbell, host, mailbox: mailbox.clone(), log };
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name(format!("oxccl-svc-{me}"))
@@ -466,17 +473,15 @@ fn host_request(ctx: &Ctx, s: &SeqSocket, req: HostRequest, mut fds: Vec<OwnedFd
             let (Some(bell), Some(ctl)) = (fds.pop(), fds.pop()) else {
                 return reply(false, "expected two descriptors", &[]);
             };
-            let Ok(own) = ctx.ctl.try_clone_fd() else {
-                return reply(false, "cannot share the control block", &[]);
-            };
-            if s.send(&encode_offer_reply(true, ""), &[own.as_raw_fd(), ctx.doorbell.as_raw_fd()]).is_err() {
+            let own = ctx.host.block.as_raw_fd();
+            if s.send(&encode_offer_reply(true, ""), &[own, ctx.doorbell.as_raw_fd()]).is_err() {
                 return Step::Drop;
             }
             ctx.mailbox.lock().arenas.insert(from.0, (ctl, bell));
             ctx.mailbox.cv.notify_all();
             Step::Handed
         }
-        HostRequest::Map { alloc, .. } => match crate::mem::fd_of(alloc) {
+        HostRequest::Map { alloc, .. } => match (ctx.host.allocation)(alloc) {
             Some(fd) => reply(true, "", &[fd.as_raw_fd()]),
             None => reply(false, &format!("no shared allocation {alloc} in this process"), &[]),
         },
