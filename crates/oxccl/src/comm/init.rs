@@ -447,7 +447,7 @@ impl Communicator {
             worker: Mutex::new(None),
             herald: Mutex::new(herald),
             sparse_from: p.route.sparse_from,
-            rma: std::sync::OnceLock::new(),
+            one_sided: std::sync::OnceLock::new(),
             config: p.config,
         });
         let comm = Communicator { inner };

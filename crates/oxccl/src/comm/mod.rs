@@ -129,8 +129,16 @@ pub(crate) struct Inner {
     /// The `OXCCL_BOOTSTRAP_SPARSE_FROM` the communicator agreed on (rank 0's): its children
     /// (splits, shrinks) go sparse by it too.
     sparse_from: u32,
-    /// One-sided calls' state, made at the first window registration (`crate::rma`).
-    pub(crate) rma: std::sync::OnceLock<Arc<crate::rma::Rma>>,
+    /// One-sided calls' state, made by that layer at the first window registration.
+    pub(crate) one_sided: std::sync::OnceLock<Box<dyn Attached>>,
+}
+
+/// State a layer above keeps per communicator (the one-sided calls'): the communicator only
+/// wakes it at an abort and stops it at close; its owner finds it again by type (`as_any`).
+pub(crate) trait Attached: Send + Sync {
+    fn stop(&self);
+    fn wake(&self);
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -325,7 +333,7 @@ impl Communicator {
         if let Some(t) = lock(&i.worker).take() {
             let _ = t.join();
         }
-        if let Some(r) = i.rma.get() {
+        if let Some(r) = i.one_sided.get() {
             r.stop();
         }
         lock(&i.engine).close();
@@ -630,7 +638,7 @@ impl Inner {
         self.dump_flight("abort");
         self.abort.store(true, Ordering::SeqCst);
         self.doorbell.notify();
-        if let Some(r) = self.rma.get() {
+        if let Some(r) = self.one_sided.get() {
             r.wake();
         }
         lock(&self.service).mailbox.wake();

@@ -53,7 +53,7 @@ pub struct WaitDesc {
 }
 
 impl Communicator {
-    fn rma(&self) -> Result<&std::sync::Arc<Rma>> {
+    fn rma(&self) -> Result<&Rma> {
         self.inner.check_usable()?;
         Rma::of(&self.inner)
     }
@@ -87,7 +87,7 @@ impl Communicator {
     /// Deregisters `win` (collective, in the registrations' order on every rank): once it
     /// returns, no peer writes this rank's instance any more.
     pub fn deregister_window(&self, win: Window) -> Result<()> {
-        let r = self.inner.rma.get().ok_or_else(|| {
+        let r = Rma::get(&self.inner).ok_or_else(|| {
             Error::from(CoreError::InvalidArgument {
                 arg: "win",
                 reason: "no window was registered on this communicator".into(),

@@ -169,16 +169,35 @@ impl Offer {
     }
 }
 
+impl crate::comm::Attached for Rma {
+    fn stop(&self) {
+        Rma::stop(self)
+    }
+
+    fn wake(&self) {
+        Rma::wake(self)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
 impl Rma {
     /// The communicator's one-sided state, made (with its thread) at the first use.
-    pub(crate) fn of(inner: &Inner) -> Result<&Arc<Rma>> {
-        if inner.rma.get().is_none() {
-            let r = Arc::new(Rma::new(inner)?);
-            if inner.rma.set(r).is_ok() {
-                inner.rma.get().expect("just set").start(inner)?;
+    pub(crate) fn of(inner: &Inner) -> Result<&Rma> {
+        if Rma::get(inner).is_none() {
+            let r: Box<dyn crate::comm::Attached> = Box::new(Rma::new(inner)?);
+            if inner.one_sided.set(r).is_ok() {
+                Rma::get(inner).expect("just set").start(inner)?;
             }
         }
-        Ok(inner.rma.get().expect("set above"))
+        Ok(Rma::get(inner).expect("set above"))
+    }
+
+    /// The communicator's one-sided state, if made.
+    pub(crate) fn get(inner: &Inner) -> Option<&Rma> {
+        inner.one_sided.get().and_then(|a| a.as_any().downcast_ref::<Rma>())
     }
 
     fn new(inner: &Inner) -> Result<Rma> {
