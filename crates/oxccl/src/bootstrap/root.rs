@@ -240,8 +240,8 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                 return;
             }
         }
-        let mut pfds = vec![fd::pollfd(listener.as_raw_fd(), crate::sys::fd::POLLIN)];
-        pfds.extend(pending.iter().map(|p| fd::pollfd(p.s.as_raw_fd(), crate::sys::fd::POLLIN)));
+        let mut pfds = vec![fd::pollfd(listener.as_raw_fd(), fd::POLLIN)];
+        pfds.extend(pending.iter().map(|p| fd::pollfd(p.s.as_raw_fd(), fd::POLLIN)));
         let _ = fd::poll(&mut pfds, Duration::from_millis(500));
         let mut raised = false;
         loop {

@@ -121,11 +121,8 @@ impl Communicator {
         let abort = Arc::new(AtomicBool::new(false));
         let ctl =
             Arc::new(Ctl::create(rank.0).map_err(|e| Error::io(rank, "create the control block", None, e))?);
-        let host = HostShare {
-            block: ctl.try_clone_fd().map_err(|e| Error::io(rank, "share the control block", None, e))?,
-            allocation: crate::mem::fd_of,
-        };
-        let service = Service::start(ip, rank, size, id.secret, doorbell.clone(), host, log)?;
+        let service =
+            Service::start(ip, rank, size, id.secret, doorbell.clone(), host_share(&ctl, rank)?, log)?;
         let info = PeerInfo {
             rank,
             pid: std::process::id(),
@@ -484,4 +481,11 @@ impl Communicator {
         }
         r
     }
+}
+
+/// What this rank's service hands same-host peers: its control block's descriptor and its
+/// shared allocations' (bootstrap carries them without naming either).
+pub(super) fn host_share(ctl: &Ctl, rank: Rank) -> Result<HostShare> {
+    let block = ctl.try_clone_fd().map_err(|e| Error::io(rank, "share the control block", None, e))?;
+    Ok(HostShare { block, allocation: crate::mem::fd_of })
 }

@@ -449,12 +449,7 @@ impl Inner {
                 parents.len(),
                 secret,
                 doorbell.clone(),
-                HostShare {
-                    block: ctl
-                        .try_clone_fd()
-                        .map_err(|e| Error::io(self.rank, "share the control block", None, e))?,
-                    allocation: crate::mem::fd_of,
-                },
+                init::host_share(&ctl, self.rank)?,
                 Logger::new(&self.config, Some(cr.0)),
             )?),
             None => None,

@@ -143,7 +143,7 @@ impl Engine {
             }
             // Sleep: announce on every connection a pending step waits for, then re-check.
             pfds.clear();
-            pfds.push(fd::pollfd(self.ctx.doorbell.as_raw_fd(), crate::sys::fd::POLLIN));
+            pfds.push(fd::pollfd(self.ctx.doorbell.as_raw_fd(), fd::POLLIN));
             let lanes = p2p.iter().chain(phases.front().into_iter().flatten());
             for l in lanes {
                 if let Some(st) = l.pending {
@@ -425,7 +425,7 @@ fn pump_sockets(
     sv: &mut [(ConnKey, SendConn)],
     rv: &mut [(ConnKey, RecvConn)],
     posts: &[Option<Post>],
-    fds: &mut Vec<crate::sys::fd::PollFd>,
+    fds: &mut Vec<fd::PollFd>,
     idx: &mut Vec<(bool, usize)>,
     me: Rank,
 ) -> Result<bool> {

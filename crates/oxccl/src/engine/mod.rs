@@ -181,8 +181,8 @@ pub struct Memory {
 struct Work {
     sv: Vec<(ConnKey, SendConn)>,
     rv: Vec<(ConnKey, RecvConn)>,
-    pfds: Vec<crate::sys::fd::PollFd>,
-    io_fds: Vec<crate::sys::fd::PollFd>,
+    pfds: Vec<fd::PollFd>,
+    io_fds: Vec<fd::PollFd>,
     io_idx: Vec<(bool, usize)>,
     posts: Vec<Option<Post>>,
     users: Vec<u32>,
@@ -342,7 +342,7 @@ impl Engine {
         let w = &self.work;
         let work = w.sv.capacity() * std::mem::size_of::<(ConnKey, SendConn)>()
             + w.rv.capacity() * std::mem::size_of::<(ConnKey, RecvConn)>()
-            + (w.pfds.capacity() + w.io_fds.capacity()) * std::mem::size_of::<crate::sys::fd::PollFd>()
+            + (w.pfds.capacity() + w.io_fds.capacity()) * std::mem::size_of::<fd::PollFd>()
             + w.io_idx.capacity() * std::mem::size_of::<(bool, usize)>()
             + w.posts.capacity() * std::mem::size_of::<Option<Post>>()
             + w.users.capacity() * 4;

@@ -104,7 +104,7 @@ pub(crate) fn send(s: &TcpStream, h: &Header, data: &[u8], w: &Waiter, peer: Ran
         match fd::send_vectored(s.as_raw_fd(), &bufs) {
             Ok(0) => {
                 w.check(what, &[peer])?;
-                let mut p = [fd::pollfd(s.as_raw_fd(), crate::sys::fd::POLLOUT)];
+                let mut p = [fd::pollfd(s.as_raw_fd(), fd::POLLOUT)];
                 let _ = fd::poll(&mut p, w.slice().max(Duration::from_millis(1)));
             }
             Ok(n) => sent += n,
@@ -160,11 +160,9 @@ fn serve(sv: Served) {
                 _ => sv.log.warn(format_args!("one-sided: unusable connection from rank {from} dropped")),
             }
         }
-        let mut pfds = vec![
-            fd::pollfd(sv.stop.as_raw_fd(), crate::sys::fd::POLLIN),
-            fd::pollfd(sv.bell.as_raw_fd(), crate::sys::fd::POLLIN),
-        ];
-        pfds.extend(conns.iter().map(|c| fd::pollfd(c.s.as_raw_fd(), crate::sys::fd::POLLIN)));
+        let mut pfds =
+            vec![fd::pollfd(sv.stop.as_raw_fd(), fd::POLLIN), fd::pollfd(sv.bell.as_raw_fd(), fd::POLLIN)];
+        pfds.extend(conns.iter().map(|c| fd::pollfd(c.s.as_raw_fd(), fd::POLLIN)));
         if fd::poll(&mut pfds, Duration::from_millis(500)).is_err() {
             std::thread::sleep(Duration::from_millis(10));
         }

@@ -111,19 +111,19 @@ impl SendConn {
     }
 
     /// The socket and events to poll before pumping: a TCP connection with frames to write.
-    pub fn poll_interest(&self) -> Option<crate::sys::fd::PollFd> {
+    pub fn poll_interest(&self) -> Option<fd::PollFd> {
         match self {
-            SendConn::Tcp(c) if !c.flushed() => Some(fd::pollfd(c.poll_fd(), crate::sys::fd::POLLOUT)),
+            SendConn::Tcp(c) if !c.flushed() => Some(fd::pollfd(c.poll_fd(), fd::POLLOUT)),
             _ => None,
         }
     }
 
     /// Prepares to sleep until this connection can make progress: announces it (shared
     /// memory) or adds what to poll (TCP).
-    pub fn arm(&self, pfds: &mut Vec<crate::sys::fd::PollFd>) {
+    pub fn arm(&self, pfds: &mut Vec<fd::PollFd>) {
         match self {
             SendConn::Shm(c) => c.arm(),
-            SendConn::Tcp(c) => pfds.push(fd::pollfd(c.poll_fd(), crate::sys::fd::POLLOUT)),
+            SendConn::Tcp(c) => pfds.push(fd::pollfd(c.poll_fd(), fd::POLLOUT)),
         }
     }
 
@@ -192,9 +192,9 @@ impl RecvConn {
 
     /// The socket and events to poll before pumping: a TCP connection with room for the
     /// next frame (a free slot, or a posted receive).
-    pub fn poll_interest(&self, posted: bool) -> Option<crate::sys::fd::PollFd> {
+    pub fn poll_interest(&self, posted: bool) -> Option<fd::PollFd> {
         match self {
-            RecvConn::Tcp(c) if c.wants_data(posted) => Some(fd::pollfd(c.poll_fd(), crate::sys::fd::POLLIN)),
+            RecvConn::Tcp(c) if c.wants_data(posted) => Some(fd::pollfd(c.poll_fd(), fd::POLLIN)),
             _ => None,
         }
     }
@@ -235,12 +235,12 @@ impl RecvConn {
         }
     }
 
-    pub fn arm(&self, pfds: &mut Vec<crate::sys::fd::PollFd>, posted: bool) {
+    pub fn arm(&self, pfds: &mut Vec<fd::PollFd>, posted: bool) {
         match self {
             RecvConn::Shm(c) => c.arm(),
             RecvConn::Tcp(c) => {
                 if c.wants_data(posted) {
-                    pfds.push(fd::pollfd(c.poll_fd(), crate::sys::fd::POLLIN));
+                    pfds.push(fd::pollfd(c.poll_fd(), fd::POLLIN));
                 }
             }
         }

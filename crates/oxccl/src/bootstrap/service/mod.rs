@@ -211,12 +211,12 @@ fn serve(ctx: Ctx, tcp: TcpListener, unix: SeqListener, stop: Arc<EventFd>) {
     let mut unix_pending: Vec<(SeqSocket, Instant)> = Vec::new();
     loop {
         let mut pfds = vec![
-            fd::pollfd(stop.as_raw_fd(), crate::sys::fd::POLLIN),
-            fd::pollfd(tcp.as_raw_fd(), crate::sys::fd::POLLIN),
-            fd::pollfd(unix.as_raw_fd(), crate::sys::fd::POLLIN),
+            fd::pollfd(stop.as_raw_fd(), fd::POLLIN),
+            fd::pollfd(tcp.as_raw_fd(), fd::POLLIN),
+            fd::pollfd(unix.as_raw_fd(), fd::POLLIN),
         ];
-        pfds.extend(conns.iter().map(|c| fd::pollfd(c.s.as_raw_fd(), crate::sys::fd::POLLIN)));
-        pfds.extend(unix_pending.iter().map(|(s, _)| fd::pollfd(s.as_raw_fd(), crate::sys::fd::POLLIN)));
+        pfds.extend(conns.iter().map(|c| fd::pollfd(c.s.as_raw_fd(), fd::POLLIN)));
+        pfds.extend(unix_pending.iter().map(|(s, _)| fd::pollfd(s.as_raw_fd(), fd::POLLIN)));
         if fd::poll(&mut pfds, Duration::from_millis(500)).is_err() {
             std::thread::sleep(Duration::from_millis(10));
         }

@@ -272,7 +272,7 @@ impl Direct {
             self.own.sleeping().store(1, Ordering::Relaxed);
             fence(Ordering::SeqCst);
             if !all_ready() {
-                let mut pfd = [fd::pollfd(self.doorbell.as_raw_fd(), crate::sys::fd::POLLIN)];
+                let mut pfd = [fd::pollfd(self.doorbell.as_raw_fd(), fd::POLLIN)];
                 fd::poll(&mut pfd, w.slice()).map_err(|e| Error::io(Rank::new(self.me), "poll", None, e))?;
             }
             self.own.sleeping().store(0, Ordering::Relaxed);
