@@ -268,6 +268,16 @@ fn fd_capped_rank() {
         let cfg = oxccl::env::config().expect("settings");
         let l = oxccl::env::launch().expect("launcher").expect("a launcher");
         let id = oxccl::rendezvous::unique_id(&l, &cfg).expect("the unique id");
+        // With PAD_FREE, only that many descriptors are left free (the rest held open here):
+        // ranks 1 to PAD_FREE take them all without the root running out, and rank 0 runs out
+        // in its own start, before the root noticed.
+        let mut pad = Vec::new();
+        if num("PAD_FREE") > 0 {
+            let open = || std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64 - 1);
+            while open() + num("PAD_FREE") < FD_CAP {
+                pad.push(std::fs::File::open("/dev/null").expect("a descriptor"));
+            }
+        }
         std::thread::sleep(Duration::from_millis(late));
         Communicator::init(&id, l.size, Rank(0), cfg)
     } else {
@@ -294,12 +304,15 @@ fn a_root_out_of_descriptors_is_named_to_every_rank() {
     if let Some(_ctx) = child("fdcap") {
         return fd_capped_rank();
     }
-    descriptors_run_out(0, None);
+    descriptors_run_out(0, None, 0);
     // Rank 0 arrives after the failure, and ranks 60 to 79 after rank 0: all are told.
-    descriptors_run_out(1000, Some((60, 2500)));
+    descriptors_run_out(1000, Some((60, 2500)), 0);
+    // Ranks 1 to 20 take the last free descriptors, rank 0 runs out in its own start before
+    // the root noticed, ranks 21 to 79 come after: the root hears it from rank 0 and tells all.
+    descriptors_run_out(2000, Some((21, 3500)), 20);
 }
 
-fn descriptors_run_out(rank0_late_ms: u64, later: Option<(usize, u64)>) {
+fn descriptors_run_out(rank0_late_ms: u64, later: Option<(usize, u64)>, pad_free: u64) {
     let n = 80;
     let dir = Launch::scratch();
     let idfile = dir.join("unique-id").to_string_lossy().into_owned();
@@ -310,6 +323,7 @@ fn descriptors_run_out(rank0_late_ms: u64, later: Option<(usize, u64)>) {
         .env("RANK0_LATE_MS", &rank0_late_ms.to_string())
         .env("LATE_FROM", &later.map_or(0, |l| l.0).to_string())
         .env("LATE_MS", &later.map_or(0, |l| l.1).to_string())
+        .env("PAD_FREE", &pad_free.to_string())
         .timeout(Duration::from_secs(120))
         .run_keep()
     {

@@ -521,6 +521,39 @@ fn world_size_mismatch_fails_every_rank_naming_the_culprit() {
     }
 }
 
+/// Rank 0 (whose process runs the root: here, all are threads of one) cannot start, its
+/// settings refused: the root fails at once and every rank that came hears why, naming rank 0
+/// and the setting, instead of waiting for a rank 0 that never joins; so does rank 0.
+#[test]
+fn a_rank_beside_the_root_that_cannot_start_is_named_to_every_rank() {
+    let id = oxccl::new_unique_id(&quick()).unwrap();
+    let t = Instant::now();
+    let others: Vec<_> = (1..3u32)
+        .map(|r| std::thread::spawn(move || (r, Communicator::init(&id, 3, Rank(r), quick()).err())))
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut bad = quick();
+    bad.buffsize = Some(1);
+    let zero = std::thread::spawn(move || (0, Communicator::init(&id, 3, Rank(0), bad).err()));
+    for h in others.into_iter().chain([zero]) {
+        let (r, e) = h.join().unwrap();
+        let e = e.unwrap_or_else(|| panic!("rank {r}: init must fail"));
+        match &e {
+            Error::Rejected { rank, reason: RejectReason::RootRankFailed { rank: 0, reason } } => {
+                assert_eq!(*rank, Rank(r));
+                assert!(reason.contains("NCCL_BUFFSIZE"), "rank {r}: {reason}");
+            }
+            other => panic!("rank {r}: unexpected: {other}"),
+        }
+        assert!(
+            e.to_string().contains("rank 0, whose process runs the rendezvous root, could not start"),
+            "{e}"
+        );
+    }
+    // Well inside the 30 s timeout: no rank waited for rank 0.
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
 #[test]
 fn duplicate_rank_fails_the_rendezvous() {
     let id = oxccl::new_unique_id(&quick()).unwrap();

@@ -23,6 +23,8 @@ pub enum RejectReason {
     /// The root's process ran out of file descriptors (it holds one connection per joined
     /// rank until all have joined) after `joined` ranks; `limit` is its `RLIMIT_NOFILE`.
     RootOutOfDescriptors { joined: u32, limit: u64 },
+    /// The rank whose process runs the root could not start, so the communicator cannot form.
+    RootRankFailed { rank: u32, reason: String },
 }
 
 impl core::fmt::Display for RejectReason {
@@ -47,6 +49,10 @@ impl core::fmt::Display for RejectReason {
             RejectReason::RootOutOfDescriptors { joined, limit } => write!(
                 f,
                 "the rendezvous root (in rank 0's process) ran out of file descriptors after {joined} ranks joined: its limit is {limit}; raise `ulimit -n` above the world size for the process that calls new_unique_id"
+            ),
+            RejectReason::RootRankFailed { rank, reason } => write!(
+                f,
+                "rank {rank}, whose process runs the rendezvous root, could not start, so the communicator cannot form: {reason}"
             ),
         }
     }

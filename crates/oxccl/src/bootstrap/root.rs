@@ -23,6 +23,11 @@
 //!    and ends once rank 0 knows. A rank 0 whose own start fails in that process (it too may
 //!    run out of descriptors) waits in [`failure_here`] until this thread is done telling the
 //!    others, and reports the same reason.
+//! 8. A rank of the root's process whose start fails before it joined, or that runs out of
+//!    descriptors before the root noticed it had, tells the root so through [`failure_here`]:
+//!    the root fails at once, with the descriptor limit or [`RejectReason::RootRankFailed`],
+//!    and tells every rank (rule 7) instead of leaving them to wait for a rank that will never
+//!    join.
 
 use super::{
     encode_reject, encode_table, kind, relay_links, write_frame, Join, JoinStatus, PeerInfo, Route,
@@ -78,45 +83,105 @@ pub(crate) fn spawn(listener: TcpListener, secret: [u8; 32], log: Logger) -> std
     // All ranks connect at once.
     fd::widen_backlog(listener.as_raw_fd())?;
     listener.set_nonblocking(true)?;
-    std::thread::Builder::new().name("oxccl-root".into()).spawn(move || run(listener, secret, log))?;
+    register(&secret);
+    let spawned =
+        std::thread::Builder::new().name("oxccl-root".into()).spawn(move || run(listener, secret, log));
+    spawned.inspect_err(|_| forget(&secret))?;
     Ok(())
 }
 
-/// A failed root of this process: its reason, and whether it is done telling the other ranks.
-struct Failure {
+/// A root running in this process, by secret: what became of it.
+struct Entry {
     secret: [u8; 32],
-    why: RejectReason,
-    done: bool,
+    state: State,
 }
 
-static FAILURES: std::sync::Mutex<Vec<Failure>> = std::sync::Mutex::new(Vec::new());
-static FAILURE_DONE: std::sync::Condvar = std::sync::Condvar::new();
+enum State {
+    /// Forming the communicator; `abandoned` once the rank in this process could not start
+    /// (rule 8): its rank, its world size and why.
+    Running { abandoned: Option<Abandon> },
+    /// Failed with this reason; `done` once every rank that could be told was (rule 7).
+    Failed { why: RejectReason, done: bool },
+}
+
+/// A rank of the root's process giving up: before it joined, or out of descriptors (rule 8).
+#[derive(Clone, Debug)]
+pub(crate) struct Abandon {
+    pub(crate) rank: u32,
+    /// Its world size (whom the root must tell).
+    pub(crate) size: u32,
+    /// Its own error was the descriptor limit: the root's failure, seen first by this rank.
+    pub(crate) out_of_descriptors: bool,
+    pub(crate) why: String,
+}
+
+static ROOTS: std::sync::Mutex<Vec<Entry>> = std::sync::Mutex::new(Vec::new());
+static ROOTS_CHANGED: std::sync::Condvar = std::sync::Condvar::new();
+
+fn roots() -> std::sync::MutexGuard<'static, Vec<Entry>> {
+    ROOTS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn register(secret: &[u8; 32]) {
+    let mut all = roots();
+    all.retain(|e| !same_secret(&e.secret, secret));
+    all.push(Entry { secret: *secret, state: State::Running { abandoned: None } });
+}
+
+/// The root formed its communicator (or never started): nothing of it is left to wait for.
+fn forget(secret: &[u8; 32]) {
+    roots().retain(|e| !same_secret(&e.secret, secret));
+    ROOTS_CHANGED.notify_all();
+}
 
 fn note_failure(secret: &[u8; 32], why: &RejectReason, done: bool) {
-    let mut all = FAILURES.lock().unwrap_or_else(|p| p.into_inner());
-    match all.iter_mut().find(|f| same_secret(&f.secret, secret)) {
-        Some(f) => f.done |= done,
-        None => all.push(Failure { secret: *secret, why: why.clone(), done }),
+    let mut all = roots();
+    match all.iter_mut().find(|e| same_secret(&e.secret, secret)) {
+        Some(Entry { state: State::Failed { done: d, .. }, .. }) => *d |= done,
+        Some(e) => e.state = State::Failed { why: why.clone(), done },
+        None => all.push(Entry { secret: *secret, state: State::Failed { why: why.clone(), done } }),
     }
     if done {
-        FAILURE_DONE.notify_all();
+        ROOTS_CHANGED.notify_all();
     }
 }
 
-/// Whether the root of `secret` runs in this process and failed: then its reason, once it is
-/// done telling the other ranks (at most `RANK0_LAST_FOR` after it failed, and a second more
-/// here). Rank 0 calls this when its start fails, so that its process (the root's) does not
-/// end while ranks are still to be told, and so that it reports the cause all of them heard.
-pub(crate) fn failure_here(secret: &[u8; 32]) -> Option<RejectReason> {
-    let until = Instant::now() + RANK0_LAST_FOR + Duration::from_secs(1);
-    let mut all = FAILURES.lock().unwrap_or_else(|p| p.into_inner());
+/// The abandonment the rank in this process left for the root of `secret`, if any.
+fn abandoned(secret: &[u8; 32]) -> Option<Abandon> {
+    match roots().iter().find(|e| same_secret(&e.secret, secret)) {
+        Some(Entry { state: State::Running { abandoned }, .. }) => abandoned.clone(),
+        _ => None,
+    }
+}
+
+/// Called by a rank whose start failed: when the root of `secret` runs in this process and
+/// failed, returns its reason once it is done telling the ranks (rule 7). `abandon`: this
+/// rank gave up before it joined; a root still forming is told so and fails (rule 8). `None`
+/// when no root of `secret` runs here, or it has not failed and this rank had joined.
+pub(crate) fn failure_here(secret: &[u8; 32], mut abandon: Option<Abandon>) -> Option<RejectReason> {
+    // The root looks at its entry at least every poll (500 ms).
+    let until = Instant::now() + RANK0_LAST_FOR + Duration::from_secs(2);
+    let mut all = roots();
     loop {
-        let f = all.iter().find(|f| same_secret(&f.secret, secret))?;
+        let e = all.iter_mut().find(|e| same_secret(&e.secret, secret))?;
         let left = until.saturating_duration_since(Instant::now());
-        if f.done || left.is_zero() {
-            return Some(f.why.clone());
+        match &mut e.state {
+            State::Failed { why, done } if *done || left.is_zero() => return Some(why.clone()),
+            State::Failed { .. } => {}
+            // Already told (by this rank or another of this process): the root will fail.
+            State::Running { abandoned: Some(_) } if !left.is_zero() => {}
+            State::Running { abandoned } => {
+                let mut a = abandon.take().filter(|_| !left.is_zero())?;
+                if a.why.len() > 512 {
+                    // One short frame to every rank: the first 512 bytes say enough.
+                    let cut = (0..=512).rev().find(|i| a.why.is_char_boundary(*i)).unwrap_or(0);
+                    a.why.truncate(cut);
+                    a.why.push_str(" …");
+                }
+                *abandoned = Some(a);
+            }
         }
-        all = FAILURE_DONE.wait_timeout(all, left).unwrap_or_else(|p| p.into_inner()).0;
+        all = ROOTS_CHANGED.wait_timeout(all, left).unwrap_or_else(|p| p.into_inner()).0;
     }
 }
 
@@ -232,6 +297,8 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
     let mut told: std::collections::BTreeSet<u32> = std::collections::BTreeSet::new();
     // The world size, rank 0's claim else the first (for whom to tell after a failure).
     let mut size: Option<(bool, u32)> = None;
+    // The rank of this process that gave up before joining or forming (rule 8): not told.
+    let mut gave_up: Option<u32> = None;
     let (mut changed, mut last_status) = (false, Instant::now());
     loop {
         if let Some((why, at)) = &failed {
@@ -369,7 +436,26 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
         pending = still;
         if failed.is_none() && complete {
             answer(&mut joined, &log);
+            forget(&secret);
             return;
+        }
+        if let Some(a) = abandoned(&secret).filter(|_| failed.is_none()) {
+            let (r, n) = (a.rank, a.size);
+            let why = if a.out_of_descriptors {
+                RejectReason::RootOutOfDescriptors {
+                    joined: joined.len() as u32,
+                    limit: crate::sys::limits::raise_nofile(),
+                }
+            } else {
+                RejectReason::RootRankFailed { rank: r, reason: a.why }
+            };
+            log.warn(format_args!("root: rendezvous failed: {why}"));
+            if size.is_none_or(|(zero, _)| !zero) {
+                size = Some((r == 0, n));
+            }
+            joined.remove(&r);
+            gave_up = Some(r);
+            failed = Some((why, Instant::now()));
         }
         if failed.is_none() && changed && last_status.elapsed() >= status_interval(joined.len()) {
             let msg = JoinStatus { missing: missing(&joined) }.encode();
@@ -389,9 +475,10 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                 reject(&mut j.s, why);
                 told.insert(r);
             }
-            let others = size.map_or(0, |(_, n)| n as usize).saturating_sub(1);
+            // Every rank but rank 0 and the one of this process that gave up.
+            let others = size.map_or(0, |(_, n)| n as usize).saturating_sub(1)
+                - usize::from(gave_up.is_some_and(|r| r != 0));
             let done = told.len() >= others || at.elapsed() > RANK0_LAST_FOR;
-            note_failure(&secret, why, done);
             if let Some(mut z) = zero {
                 if done {
                     reject(&mut z.s, why);
@@ -399,6 +486,8 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                     joined.insert(0, z);
                 }
             }
+            // After rank 0's rejection is out: once told, this process may end.
+            note_failure(&secret, why, done);
         }
     }
 }
@@ -418,6 +507,7 @@ mod tests {
             RejectReason::RankOutOfRange { rank: 9, size: 4 },
             RejectReason::Version { ours: 4, theirs: 3 },
             RejectReason::RootOutOfDescriptors { joined: 1021, limit: 1024 },
+            RejectReason::RootRankFailed { rank: 0, reason: "create the control block: oops".into() },
         ];
         for r in all {
             assert_eq!(decode_reject(&encode_reject(&r)).unwrap(), r);

@@ -178,6 +178,7 @@ pub(crate) fn encode_reject(reason: &RejectReason) -> Vec<u8> {
         RejectReason::RankOutOfRange { rank, size } => w.u8(3).u32(*rank).u32(*size),
         RejectReason::Version { ours, theirs } => w.u8(4).u32(*ours).u32(*theirs),
         RejectReason::RootOutOfDescriptors { joined, limit } => w.u8(5).u32(*joined).u64(*limit),
+        RejectReason::RootRankFailed { rank, reason } => w.u8(6).u32(*rank).str(reason),
     };
     w.finish()
 }
@@ -195,6 +196,7 @@ pub(crate) fn decode_reject(b: &[u8]) -> Result<RejectReason, CoreError> {
         3 => RejectReason::RankOutOfRange { rank: r.u32()?, size: r.u32()? },
         4 => RejectReason::Version { ours: r.u32()?, theirs: r.u32()? },
         5 => RejectReason::RootOutOfDescriptors { joined: r.u32()?, limit: r.u64()? },
+        6 => RejectReason::RootRankFailed { rank: r.u32()?, reason: r.str()?.to_string() },
         k => return Err(CoreError::Malformed { what: "rejection", reason: format!("code {k}") }),
     })
 }

@@ -74,6 +74,17 @@ fn spawn_herald(boot: &Arc<Bootstrap>, mailbox: &Mailbox, rank: Rank) -> Option<
     t.ok()
 }
 
+/// A rank's state between [`Communicator::prepare`] and joining.
+struct Ready {
+    rank: Rank,
+    config: Config,
+    log: Logger,
+    doorbell: Arc<EventFd>,
+    abort: Arc<AtomicBool>,
+    ctl: Arc<Ctl>,
+    service: Service,
+}
+
 pub(super) struct Parts {
     pub(super) ctl: Arc<Ctl>,
     pub(super) rank: Rank,
@@ -94,18 +105,7 @@ pub(super) struct Parts {
 impl Communicator {
     /// Joins the communicator of `id` as `rank` of `size`.
     pub fn init(id: &UniqueId, size: usize, rank: Rank, config: Config) -> Result<Communicator> {
-        Communicator::start(id, size, rank, config).map_err(|e| {
-            // The rendezvous root may run in this process (rank 0's) and have failed: this
-            // process must last until the root has told the other ranks, and the root's reason
-            // is the cause (this rank's own failure may be only its consequence).
-            match crate::bootstrap::root::failure_here(&id.secret) {
-                Some(reason) => Error::Rejected { rank, reason },
-                None => e,
-            }
-        })
-    }
-
-    fn start(id: &UniqueId, size: usize, rank: Rank, config: Config) -> Result<Communicator> {
+        // Bad arguments are this call's alone: the rank may call again with good ones.
         if size == 0 {
             return Err(CoreError::InvalidArgument {
                 arg: "size",
@@ -114,6 +114,30 @@ impl Communicator {
             .into());
         }
         let rank = coll::check_rank("rank", rank.0 as i64, size)?;
+        let root = |e: Error, before_join: bool| {
+            // The rendezvous root may run in this process (rank 0's, usually). A rank that
+            // gives up before joining, or that ran out of descriptors (which the root, holding
+            // one per joined rank, is the likely cause of) tells it so, and it tells the others
+            // rather than leave them waiting for a rank that never comes; this process lasts
+            // until it has told them. Its reason is the cause every rank reports.
+            let fds = crate::sys::limits::error_is_out_of_descriptors(&e);
+            let abandon = (before_join || fds).then(|| crate::bootstrap::root::Abandon {
+                rank: rank.0,
+                size: u32::try_from(size).unwrap_or(u32::MAX),
+                out_of_descriptors: fds,
+                why: e.to_string(),
+            });
+            match crate::bootstrap::root::failure_here(&id.secret, abandon) {
+                Some(reason) => Error::Rejected { rank, reason },
+                None => e,
+            }
+        };
+        let ready = Communicator::prepare(id, size, rank, config).map_err(|e| root(e, true))?;
+        Communicator::start(id, size, ready).map_err(|e| root(e, false))
+    }
+
+    /// What a rank sets up before it joins: its settings checked, its service started.
+    fn prepare(id: &UniqueId, size: usize, rank: Rank, config: Config) -> Result<Ready> {
         config.validate()?;
         let log = Logger::new(&config, Some(rank.0));
         let ip = crate::rendezvous::choose_ip(&config, Some(id.root.ip()), rank)?;
@@ -123,6 +147,11 @@ impl Communicator {
             Arc::new(Ctl::create(rank.0).map_err(|e| Error::io(rank, "create the control block", None, e))?);
         let service =
             Service::start(ip, rank, size, id.secret, doorbell.clone(), host_share(&ctl, rank)?, log)?;
+        Ok(Ready { rank, config, log, doorbell, abort, ctl, service })
+    }
+
+    fn start(id: &UniqueId, size: usize, ready: Ready) -> Result<Communicator> {
+        let Ready { rank, config, log, doorbell, abort, ctl, service } = ready;
         let info = PeerInfo {
             rank,
             pid: std::process::id(),

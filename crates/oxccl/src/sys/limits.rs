@@ -23,3 +23,15 @@ pub fn raise_nofile() -> u64 {
 pub fn out_of_descriptors(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
 }
+
+/// Whether `e`, or an error it was caused by, is [`out_of_descriptors`].
+pub fn error_is_out_of_descriptors(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut at = Some(e);
+    while let Some(x) = at {
+        if x.downcast_ref::<std::io::Error>().is_some_and(out_of_descriptors) {
+            return true;
+        }
+        at = x.source();
+    }
+    false
+}
