@@ -37,6 +37,15 @@ fn the_peer_table_carries_each_ranks_cuda_device() {
 /// Per rank: its number, what joining gave (table length, sparse) and how long it took.
 type JoinOutcome = (u32, Result<(usize, bool)>, Duration);
 
+/// A service's desk for tests that send it no same-host request: refuses everything.
+struct NoDesk;
+
+impl service::HostDesk for NoDesk {
+    fn answer(&self, _: &service::Visit<'_>, _: &[u8], _: Vec<std::os::fd::OwnedFd>) -> bool {
+        false
+    }
+}
+
 fn relay_with_rank1_gone(early: bool) -> Vec<JoinOutcome> {
     let secret = [9u8; 32];
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -47,10 +56,7 @@ fn relay_with_rank1_gone(early: bool) -> Vec<JoinOutcome> {
     let real = |r: u32| {
         std::thread::spawn(move || {
             let doorbell = Arc::new(crate::sys::fd::EventFd::new().unwrap());
-            let ctl = service::HostShare {
-                block: crate::transport::hostmem::Ctl::create(r).unwrap().try_clone_fd().unwrap(),
-                allocation: |_| None,
-            };
+            let ctl = Arc::new(NoDesk);
             let log = crate::log::Logger::new(&oxccl_core::config::Config::default(), Some(r));
             let svc =
                 Service::start("127.0.0.1".parse().unwrap(), Rank(r), n, secret, doorbell, ctl, log).unwrap();
@@ -222,13 +228,7 @@ fn relay_throughput() {
                         .stack_size(512 << 10)
                         .spawn(move || {
                             let doorbell = Arc::new(crate::sys::fd::EventFd::new().unwrap());
-                            let ctl = service::HostShare {
-                                block: crate::transport::hostmem::Ctl::create(r)
-                                    .unwrap()
-                                    .try_clone_fd()
-                                    .unwrap(),
-                                allocation: |_| None,
-                            };
+                            let ctl = Arc::new(NoDesk);
                             let log =
                                 crate::log::Logger::new(&oxccl_core::config::Config::default(), Some(r));
                             let ip = "127.0.0.1".parse().unwrap();

@@ -514,7 +514,7 @@ impl Communicator {
 
 /// What this rank's service hands same-host peers: its control block's descriptor and its
 /// shared allocations' (bootstrap carries them without naming either).
-pub(super) fn host_share(ctl: &Ctl, rank: Rank) -> Result<HostShare> {
+pub(super) fn host_share(ctl: &Ctl, rank: Rank) -> Result<Arc<dyn HostDesk>> {
     let block = ctl.try_clone_fd().map_err(|e| Error::io(rank, "share the control block", None, e))?;
-    Ok(HostShare { block, allocation: crate::mem::fd_of })
+    Ok(Arc::new(crate::transport::host::Desk { block, allocation: crate::mem::fd_of }))
 }

@@ -19,7 +19,7 @@ use init::Parts;
 pub mod group;
 pub mod scope;
 
-use crate::bootstrap::service::HostShare;
+use crate::bootstrap::service::HostDesk;
 use crate::bootstrap::{self, Bootstrap, Mailbox, PeerInfo, Route, Service, Waiter};
 use crate::engine::{direct, Engine, EngineCtx, RawBuf};
 use crate::env;

@@ -88,17 +88,17 @@ impl Engine {
                     );
                     self.sends.insert(key, conn);
                 } else {
-                    let conn = match c.mailbox.wait_conn(key.peer, key.class, w)? {
-                        Incoming::Shm(o) => {
-                            RecvConn::Shm(ShmRecv::accept(c.me, key.peer, o, c.slots, c.slot_bytes)?)
-                        }
-                        Incoming::Tcp(_) => {
-                            return Err(Error::Internal(format!(
-                                "rank {} offered TCP where this rank expects shared memory",
-                                key.peer
-                            )))
-                        }
+                    let offer = match c.mailbox.wait_conn(key.peer, key.class, w)? {
+                        Incoming::Host(o) => o.downcast::<ShmOffer>().ok(),
+                        Incoming::Tcp(_) => None,
                     };
+                    let Some(o) = offer else {
+                        return Err(Error::Internal(format!(
+                            "rank {} offered another kind of connection where this rank expects shared memory",
+                            key.peer
+                        )));
+                    };
+                    let conn = RecvConn::Shm(ShmRecv::accept(c.me, key.peer, *o, c.slots, c.slot_bytes)?);
                     self.recvs.insert(key, conn);
                 }
                 continue;
@@ -111,7 +111,7 @@ impl Engine {
                     } else {
                         match c.mailbox.wait_conn(key.peer, key.class, w)? {
                             Incoming::Tcp(s) => s,
-                            Incoming::Shm(_) => {
+                            Incoming::Host(_) => {
                                 return Err(Error::Internal(format!(
                                     "rank {} offered shared memory where this rank expects TCP",
                                     key.peer

@@ -31,6 +31,7 @@ use crate::bootstrap::{Bootstrap, Incoming, Mailbox, PeerInfo, Waiter};
 use crate::error::{Error, Result};
 use crate::log::Logger;
 use crate::sys::fd::{self, EventFd};
+use crate::transport::host::ShmOffer;
 use crate::transport::shm::{ShmRecv, ShmSend};
 use crate::transport::tcp::{Post, TcpRecv, TcpSend};
 use crate::transport::{RecvConn, SendConn};

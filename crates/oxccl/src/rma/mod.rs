@@ -40,12 +40,12 @@ mod stream;
 
 pub use api::{WaitDesc, Window};
 
-use crate::bootstrap::service::{host_call, HostRequest};
 use crate::bootstrap::Waiter;
 use crate::comm::Inner;
 use crate::error::{Error, Result};
 use crate::mem::PeerAlloc;
 use crate::sys::fd::EventFd;
+use crate::transport::host::{host_call, HostRequest};
 use block::Block;
 use oxccl_core::wire::{Reader, Writer};
 use oxccl_core::{CoreError, Rank};

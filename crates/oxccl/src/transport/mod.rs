@@ -5,6 +5,7 @@
 //! a receiver asks for the next chunk, reads it and releases it — and neither knows which
 //! collective it serves.
 
+pub mod host;
 pub mod hostmem;
 pub mod shm;
 pub mod tcp;

@@ -36,12 +36,12 @@
 //! 5. Each header field sits on its own cache line, so the sender's and receiver's writes
 //!    never share one.
 
-use crate::bootstrap::service::{decode_offer_reply, ShmOffer, ShmOfferMsg};
 use crate::bootstrap::PeerInfo;
 use crate::error::{Error, Result};
 use crate::sys::fd::EventFd;
 use crate::sys::shm::ShmRegion;
 use crate::sys::unix::SeqSocket;
+use crate::transport::host::{decode_offer_reply, ShmOffer, ShmOfferMsg};
 use oxccl_core::contract::SigWords;
 use oxccl_core::plan::ConnClass;
 use oxccl_core::proto::{self, ChunkHead, Progress};

@@ -1,9 +1,26 @@
 //! A rank's mailbox: what its service filed (control messages by sender and tag, data
-//! connections and shared-memory offers by sender and class), which peers are gone or failed
+//! connections by sender and class: TCP streams, or what a same-host request brought), which peers are gone or failed
 //! and why, and the rank's progress record that probes read. Waits on it release the lock
 //! while they check; `mark` notifies under the lock, so no waiter misses word.
 
 use super::*;
+
+/// A data connection that arrived for this rank: a TCP stream positioned after its hello, or
+/// what a same-host request brought, opaque here (`transport::host` files a shared-memory
+/// offer; whoever waits for the connection knows what to expect).
+pub enum Incoming {
+    Tcp(TcpStream),
+    Host(Box<dyn std::any::Any + Send>),
+}
+
+impl std::fmt::Debug for Incoming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Incoming::Tcp(s) => f.debug_tuple("Tcp").field(s).finish(),
+            Incoming::Host(_) => f.write_str("Host(..)"),
+        }
+    }
+}
 
 #[derive(Default)]
 pub(super) struct MailState {
@@ -223,7 +240,7 @@ impl Mailbox {
         self.cv.notify_all();
     }
 
-    pub(super) fn deliver_conn(&self, from: Rank, class: ConnClass, inc: Incoming) {
+    pub(crate) fn deliver_conn(&self, from: Rank, class: ConnClass, inc: Incoming) {
         self.lock().conns.entry((from.0, class)).or_default().push_back(inc);
         self.cv.notify_all();
         if class == ConnClass::Rma {
@@ -231,6 +248,12 @@ impl Mailbox {
                 b.notify();
             }
         }
+    }
+
+    /// Files the control block (and doorbell) `from` handed this rank for the direct path.
+    pub(crate) fn deliver_arena(&self, from: Rank, ctl: OwnedFd, bell: OwnedFd) {
+        self.lock().arenas.insert(from.0, (ctl, bell));
+        self.cv.notify_all();
     }
 
     /// Rings `bell` whenever a one-sided connection arrives (set once, by the RMA thread's

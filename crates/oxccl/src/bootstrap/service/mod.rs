@@ -10,9 +10,10 @@
 //!    it means the sender is gone (died or aborted): the mailbox records it and rings the
 //!    doorbell, and every wait stuck on that rank fails naming it. A data connection is handed, as a blocking socket positioned right after
 //!    its hello, to whoever waits for (sender, class).
-//! 3. The Unix socket takes shared-memory offers: a message with the secret, the sender, the
-//!    connection class and the ring geometry, plus two descriptors (the region and the
-//!    sender's doorbell). The service answers with this rank's doorbell and files the offer.
+//! 3. The Unix socket takes same-host requests (shared-memory offers, control-block
+//!    exchanges, allocation lookups: `transport::host`): the service reads one message and its
+//!    descriptors and hands them to the [`HostDesk`] the layer above gave it at start, which
+//!    answers and files what they bring; the service knows none of their formats.
 //! 4. The thread never blocks on a peer: sockets are non-blocking and reads take only the
 //!    bytes of the frame in progress.
 
@@ -36,9 +37,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 mod mailbox;
-mod messages;
 pub use mailbox::*;
-pub use messages::*;
+
+const MAX_HELLO_BYTES: usize = 1024;
 
 /// Compares secrets in time independent of where they differ.
 pub(crate) fn same_secret(a: &[u8; 32], b: &[u8; 32]) -> bool {
@@ -51,17 +52,29 @@ struct Ctx {
     size: usize,
     secret: [u8; 32],
     doorbell: Arc<EventFd>,
-    host: HostShare,
+    host: Arc<dyn HostDesk>,
     mailbox: Arc<Mailbox>,
     log: Logger,
 }
 
-/// What a rank's service hands same-host peers that ask over the Unix socket, from the layers
-/// above (the service only carries descriptors): the rank's direct-path control block, and
-/// the descriptor of one of its shared allocations by id.
-pub struct HostShare {
-    pub block: OwnedFd,
-    pub allocation: fn(u64) -> Option<OwnedFd>,
+/// What the service does with a same-host peer's message on the Unix socket. The layer above
+/// (`transport::host`) reads it; the service only carries its bytes and descriptors (rule 3).
+pub(crate) trait HostDesk: Send + Sync {
+    /// `msg`, with `fds` beside it, arrived on `v.sock`: answer on it, file what it brings in
+    /// `v.mailbox`. Whether the message was taken (else it was refused).
+    fn answer(&self, v: &Visit<'_>, msg: &[u8], fds: Vec<OwnedFd>) -> bool;
+}
+
+/// What a [`HostDesk`] sees of the service for one message.
+pub(crate) struct Visit<'a> {
+    pub sock: &'a SeqSocket,
+    pub mailbox: &'a Mailbox,
+    pub secret: &'a [u8; 32],
+    pub me: Rank,
+    pub size: usize,
+    /// This rank's doorbell, which an answer may hand the peer.
+    pub doorbell: std::os::fd::RawFd,
+    pub log: &'a Logger,
 }
 
 /// A rank's running service.
@@ -81,7 +94,7 @@ impl Service {
         size: usize,
         secret: [u8; 32],
         doorbell: Arc<EventFd>,
-        host: HostShare,
+        host: Arc<dyn HostDesk>,
         log: Logger,
     ) -> Result<Service> {
         let tcp = TcpListener::bind(SocketAddr::new(ip, 0))
@@ -399,7 +412,7 @@ fn tcp_step(ctx: &Ctx, c: &mut TcpConn, now: Instant, deadline: Duration) -> Ste
 
 fn unix_step(ctx: &Ctx, s: &SeqSocket) -> Step {
     let mut buf = [0u8; 512];
-    let (n, mut fds) = match s.recv(&mut buf) {
+    let (n, fds) = match s.recv(&mut buf) {
         Ok(Some(m)) => m,
         Ok(None) => return Step::Keep,
         Err(e) => {
@@ -407,100 +420,19 @@ fn unix_step(ctx: &Ctx, s: &SeqSocket) -> Step {
             return Step::Drop;
         }
     };
-    let refuse = |why: &str| {
-        ctx.log.warn(format_args!("service: refusing shared-memory offer: {why}"));
-        let _ = s.set_nonblocking(false);
-        let _ = s.set_timeouts(Duration::from_secs(1));
-        let _ = s.send(&encode_offer_reply(false, why), &[]);
+    let v = Visit {
+        sock: s,
+        mailbox: &ctx.mailbox,
+        secret: &ctx.secret,
+        me: ctx.me,
+        size: ctx.size,
+        doorbell: ctx.doorbell.as_raw_fd(),
+        log: &ctx.log,
+    };
+    if ctx.host.answer(&v, &buf[..n], fds) {
+        Step::Handed
+    } else {
         Step::Drop
-    };
-    if let Ok(req) = HostRequest::decode(&buf[..n]) {
-        return host_request(ctx, s, req, fds);
-    }
-    let m = match ShmOfferMsg::decode(&buf[..n]) {
-        Ok(m) => m,
-        Err(e) => return refuse(&e.to_string()),
-    };
-    if !same_secret(&m.secret, &ctx.secret) || m.to != ctx.me || m.from.idx() >= ctx.size {
-        return refuse("wrong secret or ranks");
-    }
-    if fds.len() != 2 {
-        return refuse("expected two descriptors");
-    }
-    let doorbell = fds.pop();
-    let region = fds.pop();
-    let (Some(region), Some(doorbell)) = (region, doorbell) else {
-        return refuse("expected two descriptors");
-    };
-    let _ = s.set_nonblocking(false);
-    let _ = s.set_timeouts(Duration::from_secs(5));
-    if let Err(e) = s.send(&encode_offer_reply(true, ""), &[ctx.doorbell.as_raw_fd()]) {
-        ctx.log.warn(format_args!("service: cannot answer rank {}'s offer: {e}", m.from));
-        return Step::Drop;
-    }
-    ctx.mailbox.deliver_conn(
-        m.from,
-        m.class,
-        Incoming::Shm(ShmOffer { region, doorbell, slots: m.slots, slot_bytes: m.slot_bytes }),
-    );
-    Step::Handed
-}
-
-/// Answers a control-block exchange or a request for a shared allocation.
-fn host_request(ctx: &Ctx, s: &SeqSocket, req: HostRequest, mut fds: Vec<OwnedFd>) -> Step {
-    let _ = s.set_nonblocking(false);
-    let _ = s.set_timeouts(Duration::from_secs(5));
-    let reply = |ok: bool, why: &str, with: &[i32]| {
-        if !ok {
-            ctx.log.warn(format_args!("service: refusing a host-memory request: {why}"));
-        }
-        let _ = s.send(&encode_offer_reply(ok, why), with);
-        Step::Drop
-    };
-    let (secret, from, to) = match &req {
-        HostRequest::Arena { secret, from, to } | HostRequest::Map { secret, from, to, .. } => {
-            (secret, *from, *to)
-        }
-    };
-    if !same_secret(secret, &ctx.secret) || to != ctx.me || from.idx() >= ctx.size {
-        return reply(false, "wrong secret or ranks", &[]);
-    }
-    match req {
-        HostRequest::Arena { .. } => {
-            if fds.len() != 2 {
-                return reply(false, "expected two descriptors", &[]);
-            }
-            let (Some(bell), Some(ctl)) = (fds.pop(), fds.pop()) else {
-                return reply(false, "expected two descriptors", &[]);
-            };
-            let own = ctx.host.block.as_raw_fd();
-            if s.send(&encode_offer_reply(true, ""), &[own, ctx.doorbell.as_raw_fd()]).is_err() {
-                return Step::Drop;
-            }
-            ctx.mailbox.lock().arenas.insert(from.0, (ctl, bell));
-            ctx.mailbox.cv.notify_all();
-            Step::Handed
-        }
-        HostRequest::Map { alloc, .. } => match (ctx.host.allocation)(alloc) {
-            Some(fd) => reply(true, "", &[fd.as_raw_fd()]),
-            None => reply(false, &format!("no shared allocation {alloc} in this process"), &[]),
-        },
-    }
-}
-
-/// Sends `req` to the rank whose Unix socket is `name` and returns the descriptors of its
-/// answer (an error carries the peer's reason).
-pub(crate) fn host_call(name: &[u8; 16], req: &HostRequest, fds: &[i32]) -> std::io::Result<Vec<OwnedFd>> {
-    let sock = SeqSocket::connect_abstract(name, Duration::from_secs(10))?;
-    sock.send(&req.encode(), fds)?;
-    let mut buf = [0u8; 512];
-    let (n, got) = sock.recv(&mut buf)?.ok_or_else(|| {
-        std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer from the peer's service")
-    })?;
-    match decode_offer_reply(&buf[..n]) {
-        Ok(Ok(())) => Ok(got),
-        Ok(Err(why)) => Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, why)),
-        Err(e) => Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string())),
     }
 }
 
