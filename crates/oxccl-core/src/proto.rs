@@ -13,6 +13,28 @@
 //! Flags are the step number plus one (never 0, so zeroed memory is never ready), and change
 //! from one use of a slot to the next.
 
+/// The protocols, in NCCL's order: how a chunk's arrival is signalled. Simple: a counter
+/// published after the data; LL and LL128: flags inside the data's own lines (below). The
+/// tuner chooses among them; transports lay each out in its own slots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Proto {
+    LL,
+    LL128,
+    Simple,
+}
+
+pub const PROTOS: [Proto; 3] = [Proto::LL, Proto::LL128, Proto::Simple];
+
+impl Proto {
+    pub fn name(self) -> &'static str {
+        match self {
+            Proto::LL => "LL",
+            Proto::LL128 => "LL128",
+            Proto::Simple => "Simple",
+        }
+    }
+}
+
 /// Bytes of data per LL line, and bytes per line.
 pub const LL_DATA_BYTES: usize = 4;
 pub const LL_LINE_BYTES: usize = 8;
@@ -107,7 +129,6 @@ pub fn ll128_decode(words: &[u64], flag: u32, out: &mut [u8]) -> Result<(), NotR
 // starts with a head (its length and call signature) in the protocol's own format, so the
 // receiver learns everything about it from flagged lines — no counter, no side table.
 
-use crate::tuner::Proto;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 /// A flagged chunk's head: its length in bytes and its call signature.

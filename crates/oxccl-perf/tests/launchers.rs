@@ -244,7 +244,7 @@ print("COUNT", w.get("counter").decode(), "DONE", w.get("done").decode(), flush=
     }
     assert_ok(&ends[0].1, &ends[0].2, 2, "agent store");
     // oxccl's client against the same server: every verb.
-    use oxccl::bootstrap::Waiter;
+    use oxccl::wait::Waiter;
     let w = Waiter::new(oxccl::Rank(0), Some(Duration::from_secs(30)), Default::default());
     let mut st =
         oxccl::rendezvous::tcpstore::Store::connect("127.0.0.1", port, "/worker/attempt_3", &w).unwrap();

@@ -36,6 +36,7 @@ pub mod rma;
 pub mod sys;
 pub mod topo;
 pub mod transport;
+pub mod wait;
 
 pub use comm::{Communicator, Detached, Group, Scope, Work};
 

@@ -47,13 +47,7 @@ pub enum Algo {
     Direct,
 }
 
-/// The protocols, in NCCL's order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Proto {
-    LL,
-    LL128,
-    Simple,
-}
+pub use crate::proto::{Proto, PROTOS};
 
 /// The collectives the tuner prices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -66,7 +60,6 @@ pub enum Coll {
 }
 
 pub const ALGOS: [Algo; 3] = [Algo::Tree, Algo::Ring, Algo::Direct];
-pub const PROTOS: [Proto; 3] = [Proto::LL, Proto::LL128, Proto::Simple];
 pub const COLLS: [Coll; 5] =
     [Coll::Broadcast, Coll::Reduce, Coll::AllGather, Coll::ReduceScatter, Coll::AllReduce];
 
@@ -89,16 +82,6 @@ impl Algo {
         match self {
             Algo::Ring => true,
             Algo::Tree | Algo::Direct => c == Coll::AllReduce,
-        }
-    }
-}
-
-impl Proto {
-    pub fn name(self) -> &'static str {
-        match self {
-            Proto::LL => "LL",
-            Proto::LL128 => "LL128",
-            Proto::Simple => "Simple",
         }
     }
 }

@@ -20,13 +20,12 @@ mod greet;
 mod join;
 pub mod root;
 pub mod service;
-mod wait;
 mod wire;
 
 use crate::error::{Error, RejectReason, Result};
-use oxccl_core::contract::{CallKind, Sig};
+use crate::wait::{Probed, Waiter, MAX_REST};
 use oxccl_core::plan::ConnClass;
-use oxccl_core::tuning::{CONNECT_RETRY_MS, MAX_BOOTSTRAP_FRAME_BYTES, MAX_SLEEP_MS};
+use oxccl_core::tuning::{CONNECT_RETRY_MS, MAX_BOOTSTRAP_FRAME_BYTES};
 use oxccl_core::wire::{Reader, Writer};
 use oxccl_core::{ChannelId, CoreError, Rank};
 use std::collections::HashMap;
@@ -36,12 +35,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+pub use crate::wait::PeerState;
 pub(crate) use frame::*;
 pub(crate) use greet::{greeting, join_root, show_bytes};
 pub use join::relay_links;
 pub(crate) use join::*;
-pub use service::{Incoming, Mailbox, PeerState, Service, Word};
-pub use wait::*;
+pub use service::{Incoming, Mailbox, Service, Word};
 pub use wire::*;
 
 /// Protocol version of every bootstrap message.
@@ -86,23 +85,12 @@ pub(crate) mod kind {
 const RELAY_LOOK_AFTER_MS: u64 = 500;
 const RELAY_LOOK_EVERY_MS: u64 = 500;
 
-/// A wait stuck this long asks the peers it waits for where their calls stand.
-pub const PROBE_AFTER_MS: u64 = 200;
-/// How often a stuck wait asks again.
-pub const PROBE_EVERY_MS: u64 = 1000;
-/// How long a probe waits for its answer.
-pub const PROBE_ANSWER_MS: u64 = 200;
 /// The largest probe answer (`STATE` frame) accepted: a peer state with a group's
-/// [`service::MAX_REST`] later calls.
-const MAX_STATE_FRAME: usize = 64 + 24 * service::MAX_REST;
+/// [`MAX_REST`] later calls.
+const MAX_STATE_FRAME: usize = 64 + 24 * MAX_REST;
 /// How long a closing rank waits, over all its control connections together, for the peers
 /// to close their ends after its goodbye.
 pub const CLOSE_DRAIN_MS: u64 = 1000;
-/// How long a wait may stay stuck on a peer that destroyed its communicator in order before
-/// it fails (data the peer sent before it left may still be in flight on a slow link).
-pub const LEFT_GRACE_MS: u64 = 5000;
-/// The most a timeout's report waits for the peers' answers (all asked at once).
-pub const REPORT_ANSWER_MS: u64 = 1000;
 
 /// The most bytes of a failure's reason sent to peers.
 pub const MAX_FAIL_REASON_BYTES: usize = 2048;
@@ -124,19 +112,6 @@ const TAG_CONNECTED: u64 = 0xB1 << 56;
 
 const JOIN_MAGIC: u32 = u32::from_le_bytes(*b"OXJN");
 const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"OXHL");
-
-/// How long a wait stuck only on live peers keeps waiting once another peer is gone.
-const GONE_GRACE_MS: u64 = 300;
-
-/// What a probe learned.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Probed {
-    Answer(PeerState),
-    /// No answer in time (or no connection to ask on).
-    NoAnswer,
-    /// The peer's end of the connection is closed.
-    Gone,
-}
 
 /// Control messages between the ranks of one communicator.
 pub struct Bootstrap {
@@ -575,3 +550,15 @@ impl Bootstrap {
 
 #[cfg(test)]
 pub(crate) mod tests;
+
+impl crate::wait::Ask for Bootstrap {
+    fn size(&self) -> usize {
+        self.peers.len()
+    }
+    fn probe(&self, peer: Rank, wait: Duration) -> Probed {
+        Bootstrap::probe(self, peer, wait)
+    }
+    fn probe_all(&self, peers: &[Rank], until: Instant) -> Vec<Probed> {
+        Bootstrap::probe_all(self, peers, until)
+    }
+}

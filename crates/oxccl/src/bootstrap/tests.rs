@@ -1,6 +1,7 @@
 //! Tests of the bootstrap: codecs, frames, joins, the control mesh, failure word.
 
 use super::*;
+use oxccl_core::contract::Sig;
 
 fn info(r: u32, addr: SocketAddr) -> PeerInfo {
     PeerInfo {

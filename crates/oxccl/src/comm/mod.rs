@@ -20,7 +20,7 @@ pub mod group;
 pub mod scope;
 
 use crate::bootstrap::service::HostDesk;
-use crate::bootstrap::{self, Bootstrap, Mailbox, PeerInfo, Route, Service, Waiter};
+use crate::bootstrap::{self, Bootstrap, Mailbox, PeerInfo, Route, Service};
 use crate::engine::{direct, Engine, EngineCtx, RawBuf};
 use crate::env;
 use crate::error::{Error, Result};
@@ -28,6 +28,7 @@ use crate::log::Logger;
 use crate::sys::fd::EventFd;
 use crate::sys::{host, ifaces};
 use crate::transport::hostmem::Ctl;
+use crate::wait::Waiter;
 use oxccl_core::config::subsys;
 use oxccl_core::config::{Config, CrossMemory};
 use oxccl_core::plan::{BufId, ConnClass, ConnKey, Geometry, Loc, OpSpec};

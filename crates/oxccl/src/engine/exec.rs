@@ -256,12 +256,13 @@ impl Engine {
             Some(r) => {
                 let got = rv[r].1.sig();
                 if !sig.accepts(&got) {
+                    let theirs = Sig::from_words(got);
                     return Err(Error::CallMismatch {
                         rank: self.ctx.me,
                         op: what.to_string(),
                         peer: rv[r].0.peer,
-                        mine: sig,
-                        theirs: Sig::from_words(got),
+                        mine: self.ctx.mailbox.progress.mismatch_with(sig, theirs),
+                        theirs,
                     });
                 }
                 let (p, n) = rv[r].1.chunk();

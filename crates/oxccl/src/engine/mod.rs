@@ -27,7 +27,7 @@ mod exec;
 pub(crate) mod memops;
 pub(crate) mod stores;
 
-use crate::bootstrap::{Bootstrap, Incoming, Mailbox, PeerInfo, Waiter};
+use crate::bootstrap::{Bootstrap, Incoming, Mailbox, PeerInfo};
 use crate::error::{Error, Result};
 use crate::log::Logger;
 use crate::sys::fd::{self, EventFd};
@@ -35,6 +35,7 @@ use crate::transport::host::ShmOffer;
 use crate::transport::shm::{ShmRecv, ShmSend};
 use crate::transport::tcp::{Post, TcpRecv, TcpSend};
 use crate::transport::{RecvConn, SendConn};
+use crate::wait::Waiter;
 use oxccl_core::config::subsys;
 use oxccl_core::contract::{Seqs, Sig};
 use oxccl_core::plan::exec::{apply, StepData};
@@ -308,7 +309,15 @@ impl Engine {
     /// of the awaited peers once stuck.
     fn waiter(&self) -> Waiter {
         let c = &self.ctx;
-        Waiter::for_call(c.me, c.timeout, c.abort.clone(), &c.mailbox, &c.boot, self.cur, c.check_calls)
+        Waiter::for_call(
+            c.me,
+            c.timeout,
+            c.abort.clone(),
+            c.mailbox.clone(),
+            c.boot.clone(),
+            self.cur,
+            c.check_calls,
+        )
     }
 
     fn run_ops_inner(&mut self, g: &Geometry, ops: &[OpSpec], bufs: &[RawBuf], what: &str) -> Result<()> {

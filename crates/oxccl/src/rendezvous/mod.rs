@@ -16,10 +16,11 @@
 
 pub mod tcpstore;
 
-use crate::bootstrap::{root, Waiter};
+use crate::bootstrap::root;
 use crate::error::{Error, Result};
 use crate::log::Logger;
 use crate::sys::ifaces;
+use crate::wait::Waiter;
 use oxccl_core::config::{subsys, Config};
 use oxccl_core::launch::{LaunchEnv, Rendezvous};
 use oxccl_core::uniqueid::UniqueId;

@@ -15,8 +15,9 @@
 //! the protocol's (a wrong ping echo, a length beyond the store's limits) is an error naming
 //! the address and the bytes, never a hang.
 
-use crate::bootstrap::{show_bytes as show, Waiter};
+use crate::bootstrap::show_bytes as show;
 use crate::error::{Error, Result};
+use crate::wait::Waiter;
 use oxccl_core::tuning::GREET_WAIT_MS;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};

@@ -40,12 +40,12 @@ mod stream;
 
 pub use api::{WaitDesc, Window};
 
-use crate::bootstrap::Waiter;
 use crate::comm::Inner;
 use crate::error::{Error, Result};
 use crate::mem::PeerAlloc;
 use crate::sys::fd::EventFd;
 use crate::transport::host::{host_call, HostRequest};
+use crate::wait::Waiter;
 use block::Block;
 use oxccl_core::wire::{Reader, Writer};
 use oxccl_core::{CoreError, Rank};
@@ -614,7 +614,7 @@ impl Rma {
             // way (its stream is not its control connection): a grace, then the wait fails.
             if let Some(&p) = peers.iter().find(|p| inner.mailbox.has_left(**p)) {
                 let seen = *left_seen.get_or_insert_with(Instant::now);
-                if seen.elapsed() >= Duration::from_millis(crate::bootstrap::LEFT_GRACE_MS) {
+                if seen.elapsed() >= Duration::from_millis(crate::wait::LEFT_GRACE_MS) {
                     let what = format!("one-sided wait (ncclWaitSignal) for {what}");
                     return Err(Self::fatal(inner, Self::left(inner, p, &what)));
                 }

@@ -24,10 +24,11 @@
 use super::block::Block;
 use super::{LocalWin, CONTEXTS, SIGNALS};
 use crate::bootstrap::service::Incoming;
-use crate::bootstrap::{kind, write_frame_within, Hello, Mailbox, PeerInfo, Waiter};
+use crate::bootstrap::{kind, write_frame_within, Hello, Mailbox, PeerInfo};
 use crate::error::{Error, Result};
 use crate::log::Logger;
 use crate::sys::fd::{self, EventFd};
+use crate::wait::Waiter;
 use oxccl_core::plan::ConnClass;
 use oxccl_core::Rank;
 use std::collections::HashMap;

@@ -13,7 +13,7 @@ pub mod tcp;
 use crate::error::Result;
 use crate::sys::fd;
 use oxccl_core::contract::SigWords;
-use oxccl_core::tuner::Proto;
+use oxccl_core::proto::Proto;
 use oxccl_core::Rank;
 use shm::{ShmRecv, ShmSend};
 use std::net::TcpStream;

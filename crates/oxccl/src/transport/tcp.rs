@@ -14,9 +14,10 @@
 //! 3. End of stream or a socket error while a chunk is expected is reported with the peer's
 //!    rank.
 
-use crate::bootstrap::{connect_retry, kind, write_frame, Hello, PeerInfo, Waiter};
+use crate::bootstrap::{connect_retry, kind, write_frame, Hello, PeerInfo};
 use crate::error::{Error, Result};
 use crate::sys::fd;
+use crate::wait::Waiter;
 use oxccl_core::contract::SigWords;
 use oxccl_core::plan::ConnClass;
 use oxccl_core::Rank;

@@ -4,6 +4,7 @@
 //! while they check; `mark` notifies under the lock, so no waiter misses word.
 
 use super::*;
+use crate::wait::{PeerState, MAX_REST};
 
 /// A data connection that arrived for this rank: a TCP stream positioned after its hello, or
 /// what a same-host request brought, opaque here (`transport::host` files a shared-memory
@@ -71,20 +72,27 @@ pub enum Word {
 #[derive(Default)]
 pub struct Progress {
     sig: [AtomicU64; 3],
+    /// The signatures of the last [`HISTORY`] calls, at their call numbers modulo `HISTORY`:
+    /// a mismatch found a call or more late (by a rank whose own part of the odd call could
+    /// complete: a broadcast's root, a sender) is told with this rank's call of that number.
+    hist: [[AtomicU64; 3]; HISTORY],
     busy: AtomicBool,
     done: AtomicU64,
     rest: Mutex<Vec<Sig>>,
 }
 
-/// The most collectives after a group's first that a probe answer lists.
-pub const MAX_REST: usize = 64;
+/// How many of a rank's last calls [`Progress`] remembers.
+const HISTORY: usize = 4;
 
 impl Progress {
     /// A call with signature `sig` begins.
     #[inline]
     pub fn begin(&self, sig: &Sig) {
-        for (a, w) in self.sig.iter().zip(sig.to_words()) {
+        let words = sig.to_words();
+        let at = &self.hist[(sig.seq % HISTORY as u64) as usize];
+        for ((a, h), w) in self.sig.iter().zip(at).zip(words) {
             a.store(w, Ordering::Relaxed);
+            h.store(w, Ordering::Relaxed);
         }
         self.busy.store(true, Ordering::Release);
     }
@@ -105,6 +113,23 @@ impl Progress {
         self.busy.store(false, Ordering::Release);
     }
 
+    /// This rank's call numbered `seq`, if among the last few (written by this same thread).
+    pub fn earlier(&self, seq: u64) -> Option<Sig> {
+        let at = &self.hist[(seq % HISTORY as u64) as usize];
+        let s = Sig::from_words([0, 1, 2].map(|i| at[i].load(Ordering::Relaxed)));
+        (s.checked() && s.seq == seq).then_some(s)
+    }
+
+    /// The pair a mismatch is told with: this rank's `mine` against a peer's `theirs`, or,
+    /// when `theirs` is of an earlier call that differed from this rank's call of that
+    /// number, that call (the divergence itself, not its consequence).
+    pub fn mismatch_with(&self, mine: Sig, theirs: Sig) -> Sig {
+        match self.earlier(theirs.seq) {
+            Some(e) if theirs.seq < mine.seq && e != theirs => e,
+            _ => mine,
+        }
+    }
+
     pub fn snapshot(&self) -> PeerState {
         let busy = self.busy.load(Ordering::Acquire);
         let sig = Sig::from_words([0, 1, 2].map(|i| self.sig[i].load(Ordering::Relaxed)));
@@ -121,25 +146,7 @@ impl Progress {
     }
 }
 
-/// A peer's answer to a probe.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PeerState {
-    /// Whether it is inside a call (`sig`), or idle between calls.
-    pub busy: bool,
-    /// The call it is in, or was last in.
-    pub sig: Sig,
-    /// Collective calls it has finished (its last finished one is number `done − 1`).
-    pub done: u64,
-    /// In a group of several collectives: those after `sig`, in order (at most [`MAX_REST`]).
-    pub rest: Vec<Sig>,
-}
-
 impl PeerState {
-    /// Every collective the peer is in, with its call number: `sig` and `rest`.
-    pub fn calls(&self) -> impl Iterator<Item = &Sig> {
-        std::iter::once(&self.sig).chain(&self.rest)
-    }
-
     pub fn encode(&self, nonce: u64) -> Vec<u8> {
         let mut w = Writer::new();
         w.u64(nonce).u8(self.busy as u8);
@@ -176,30 +183,6 @@ impl PeerState {
         }
         r.finish()?;
         Ok((nonce, PeerState { busy, sig, done, rest }))
-    }
-}
-
-impl std::fmt::Display for PeerState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.done {
-            0 => f.write_str("no call finished")?,
-            n => write!(f, "last finished call #{}", n - 1)?,
-        }
-        if !self.busy
-            && self.sig.checked()
-            && self.sig.kind != oxccl_core::contract::CallKind::P2p
-            && self.sig.seq + 1 > self.done
-        {
-            write!(f, ", idle after {} ended in failure", self.sig)
-        } else if !self.busy {
-            f.write_str(", idle")
-        } else if self.sig.kind == oxccl_core::contract::CallKind::P2p {
-            f.write_str(", in a send/recv group")
-        } else if self.sig.checked() {
-            write!(f, ", in {}", self.sig)
-        } else {
-            f.write_str(", in a call")
-        }
     }
 }
 
@@ -592,5 +575,29 @@ impl Mailbox {
         self.wait(w, "connection setup: waiting for a peer to connect", from, |st| {
             st.conns.get_mut(&(from.0, class)).and_then(|q| q.pop_front())
         })
+    }
+}
+
+impl crate::wait::Watch for Mailbox {
+    fn host_of(&self, r: Rank) -> String {
+        Mailbox::host_of(self, r)
+    }
+    fn gone_among(&self, ranks: &[Rank]) -> Option<Rank> {
+        Mailbox::gone_among(self, ranks)
+    }
+    fn first_gone(&self) -> Option<Rank> {
+        Mailbox::first_gone(self)
+    }
+    fn gone_error(&self, me: Rank, what: &str, peer: Rank) -> Error {
+        Mailbox::gone_error(self, me, what, peer)
+    }
+    fn has_left(&self, r: Rank) -> bool {
+        Mailbox::has_left(self, r)
+    }
+    fn await_word(&self, peer: Rank, wait: Duration) -> bool {
+        Mailbox::await_word(self, peer, wait)
+    }
+    fn group_rest(&self) -> Vec<Sig> {
+        self.progress.snapshot().rest
     }
 }

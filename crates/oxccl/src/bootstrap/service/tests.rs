@@ -1,6 +1,7 @@
 //! Tests of the service: hellos, offers, the mailbox, probe answers.
 
 use super::*;
+use crate::wait::{PeerState, MAX_REST};
 use oxccl_core::contract::CallKind;
 
 fn sig(seq: u64, kind: CallKind) -> Sig {
@@ -34,4 +35,25 @@ fn a_groups_later_calls_go_with_its_probe_answers_only() {
     w.u32(MAX_REST as u32 + 1);
     let e = PeerState::decode(&w.finish()).unwrap_err();
     assert!(e.to_string().contains("at most 64"), "{e}");
+}
+
+#[test]
+fn a_mismatch_found_a_call_late_is_told_with_this_ranks_call_of_that_number() {
+    let p = Progress::default();
+    let root = |seq, root| Sig { root, ..sig(seq, CallKind::Broadcast) };
+    p.begin(&root(1, 1));
+    p.end(2);
+    p.begin(&sig(2, CallKind::AllReduce));
+    // A peer still in call #1 with root 0: the divergence is call #1's, root 1 against root 0.
+    assert_eq!(p.mismatch_with(sig(2, CallKind::AllReduce), root(1, 0)), root(1, 1));
+    // A peer in this very call, or whose call #1 was this rank's: the current call is told.
+    assert_eq!(p.mismatch_with(sig(2, CallKind::AllReduce), root(2, 0)), sig(2, CallKind::AllReduce));
+    assert_eq!(p.mismatch_with(sig(2, CallKind::AllReduce), root(1, 1)), sig(2, CallKind::AllReduce));
+    // Beyond the remembered calls (or never made): the current call is told.
+    for s in 3..8 {
+        p.begin(&sig(s, CallKind::AllReduce));
+    }
+    assert_eq!(p.earlier(1), None);
+    assert_eq!(p.mismatch_with(sig(7, CallKind::AllReduce), root(1, 0)), sig(7, CallKind::AllReduce));
+    assert_eq!(p.earlier(6), Some(sig(6, CallKind::AllReduce)));
 }

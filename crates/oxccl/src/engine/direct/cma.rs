@@ -22,9 +22,10 @@
 //! path.
 
 use super::{memops, Call, Direct, PeerCtl};
-use crate::bootstrap::{PeerInfo, Waiter};
+use crate::bootstrap::PeerInfo;
 use crate::error::{Error, Result};
 use crate::sys::cma;
+use crate::wait::Waiter;
 use oxccl_core::config::CrossMemory;
 use oxccl_core::plan::hostdirect::{all_reduce_whole, cma_auto, cma_over_inline, slice, DirectKind};
 use oxccl_core::plan::OpSpec;

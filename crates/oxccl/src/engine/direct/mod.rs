@@ -28,12 +28,13 @@ mod cma;
 mod setup;
 
 use super::{memops, RawBuf};
-use crate::bootstrap::{Mailbox, PeerInfo, Waiter};
+use crate::bootstrap::{Mailbox, PeerInfo};
 use crate::error::{Error, Result};
 use crate::mem::{self, PeerAlloc};
 use crate::sys::fd::{self, EventFd};
 use crate::transport::host::{host_call, HostRequest};
 use crate::transport::hostmem::{Ctl, FLAG_CMA, FLAG_INLINE, FLAG_SHARED, INLINE_BYTES};
+use crate::wait::Waiter;
 use oxccl_core::config::CrossMemory;
 use oxccl_core::contract::Sig;
 use oxccl_core::plan::hostdirect::{contribution_bytes, slice, DirectKind, Host};

@@ -1,8 +1,123 @@
 //! Waiting with a deadline and an abort flag, and saying what is awaited: [`Waiter`] bounds
 //! every blocking step of bootstrap, transports and engine; a wait stuck long enough asks its
 //! peers where they are ([`Probe`]) and fails naming the culprit.
+//!
+//! Rules:
+//! 1. This module sits below bootstrap and every layer that waits: what a wait heeds about
+//!    its peers comes through two traits the bootstrap implements, [`Watch`] (who is gone or
+//!    left, and where: the mailbox) and [`Ask`] (where a peer's call stands: the control
+//!    connections). It names no module above it.
+//! 2. A wait fails at once when aborted or when a peer it waits on is gone; stuck only on live
+//!    peers while another is gone, after `GONE_GRACE_MS`; past its deadline, with the peers'
+//!    answers (asked just before it) in the error.
+//! 3. Waits at init say on stderr, every `wait_notice`, what they still wait for.
 
-use super::*;
+use crate::error::{Error, Result};
+use oxccl_core::contract::{CallKind, Sig};
+use oxccl_core::tuning::MAX_SLEEP_MS;
+use oxccl_core::Rank;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A wait stuck this long asks the peers it waits for where their calls stand.
+pub const PROBE_AFTER_MS: u64 = 200;
+/// How often a stuck wait asks again.
+pub const PROBE_EVERY_MS: u64 = 1000;
+/// How long a probe waits for its answer.
+pub const PROBE_ANSWER_MS: u64 = 200;
+/// How long a wait may stay stuck on a peer that destroyed its communicator in order before
+/// it fails (data the peer sent before it left may still be in flight on a slow link).
+pub const LEFT_GRACE_MS: u64 = 5000;
+/// The most a timeout's report waits for the peers' answers (all asked at once).
+pub const REPORT_ANSWER_MS: u64 = 1000;
+/// How long a wait stuck only on live peers keeps waiting once another peer is gone.
+pub const GONE_GRACE_MS: u64 = 300;
+
+/// The most collectives after a group's first that a probe answer lists.
+pub const MAX_REST: usize = 64;
+
+/// What a wait heeds about its peers (the bootstrap's mailbox).
+pub trait Watch: Send + Sync + std::fmt::Debug {
+    /// The host of rank `r`, "?" before the peer table is known.
+    fn host_of(&self, r: Rank) -> String;
+    /// The first of `ranks` known to be gone.
+    fn gone_among(&self, ranks: &[Rank]) -> Option<Rank>;
+    /// Any peer known to be gone.
+    fn first_gone(&self) -> Option<Rank>;
+    /// The error a wait on gone `peer` fails with.
+    fn gone_error(&self, me: Rank, what: &str, peer: Rank) -> Error;
+    /// Whether rank `r` destroyed its communicator in order.
+    fn has_left(&self, r: Rank) -> bool;
+    /// Waits up to `wait` for word that `peer` is gone; whether it came.
+    fn await_word(&self, peer: Rank, wait: Duration) -> bool;
+    /// The later collectives of this rank's own group, as its peers see them.
+    fn group_rest(&self) -> Vec<Sig>;
+}
+
+/// Whom a stuck wait asks where its peers' calls stand (the bootstrap's control connections).
+pub trait Ask: Send + Sync {
+    /// The communicator's size.
+    fn size(&self) -> usize;
+    /// Asks `peer`, waiting up to `wait` for its answer.
+    fn probe(&self, peer: Rank, wait: Duration) -> Probed;
+    /// Asks all of `peers` at once, waiting until `until` for their answers.
+    fn probe_all(&self, peers: &[Rank], until: Instant) -> Vec<Probed>;
+}
+
+/// What a probe learned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Probed {
+    Answer(PeerState),
+    /// No answer in time (or no connection to ask on).
+    NoAnswer,
+    /// The peer's end of the connection is closed.
+    Gone,
+}
+
+/// A peer's answer to a probe.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerState {
+    /// Whether it is inside a call (`sig`), or idle between calls.
+    pub busy: bool,
+    /// The call it is in, or was last in.
+    pub sig: Sig,
+    /// Collective calls it has finished (its last finished one is number `done − 1`).
+    pub done: u64,
+    /// In a group of several collectives: those after `sig`, in order (at most [`MAX_REST`]).
+    pub rest: Vec<Sig>,
+}
+
+impl PeerState {
+    /// Every collective the peer is in, with its call number: `sig` and `rest`.
+    pub fn calls(&self) -> impl Iterator<Item = &Sig> {
+        std::iter::once(&self.sig).chain(&self.rest)
+    }
+}
+
+impl std::fmt::Display for PeerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.done {
+            0 => f.write_str("no call finished")?,
+            n => write!(f, "last finished call #{}", n - 1)?,
+        }
+        if !self.busy
+            && self.sig.checked()
+            && self.sig.kind != oxccl_core::contract::CallKind::P2p
+            && self.sig.seq + 1 > self.done
+        {
+            write!(f, ", idle after {} ended in failure", self.sig)
+        } else if !self.busy {
+            f.write_str(", idle")
+        } else if self.sig.kind == oxccl_core::contract::CallKind::P2p {
+            f.write_str(", in a send/recv group")
+        } else if self.sig.checked() {
+            write!(f, ", in {}", self.sig)
+        } else {
+            f.write_str(", in a call")
+        }
+    }
+}
 
 /// When a blocking step gives up, and the flag that interrupts it.
 #[derive(Clone, Debug)]
@@ -15,7 +130,7 @@ pub struct Waiter {
     /// check, and only when there is a timeout (reading the clock costs).
     started: std::cell::Cell<Option<Instant>>,
     /// Whose word on gone peers to heed (a wait on a gone rank fails at once).
-    pub mailbox: Option<Arc<Mailbox>>,
+    pub mailbox: Option<Arc<dyn Watch>>,
     /// When this wait, stuck on live peers, first saw another peer gone.
     pub gone_seen: std::cell::Cell<Option<Instant>>,
     /// Whom to ask, once stuck, where the awaited peers' calls stand.
@@ -42,7 +157,7 @@ struct Notice {
 /// rank's call, and when to ask next.
 #[derive(Clone)]
 pub struct Probe {
-    pub boot: Arc<Bootstrap>,
+    pub boot: Arc<dyn Ask>,
     /// This rank's call (its first collective, for a group).
     pub mine: Sig,
     /// Whether calls are checked against the answers (the contract check is on).
@@ -59,14 +174,8 @@ impl std::fmt::Debug for Probe {
 }
 
 impl Probe {
-    fn new(boot: &Arc<Bootstrap>, mine: Sig, check: bool) -> Probe {
-        Probe {
-            boot: boot.clone(),
-            mine,
-            check,
-            next: std::cell::Cell::new(None),
-            report: std::cell::RefCell::new(None),
-        }
+    fn new(boot: Arc<dyn Ask>, mine: Sig, check: bool) -> Probe {
+        Probe { boot, mine, check, next: std::cell::Cell::new(None), report: std::cell::RefCell::new(None) }
     }
 
     /// The mismatch a peer's answer shows: it is in a collective with the number of one of
@@ -85,8 +194,8 @@ impl Probe {
 
     /// Every peer's state, as the timeout's message gives it: who arrived at this call,
     /// who did not, and where those stand.
-    fn report(&self, me: Rank, mailbox: Option<&Mailbox>, until: Instant) -> String {
-        let n = self.boot.peers.len();
+    fn report(&self, me: Rank, mailbox: Option<&dyn Watch>, until: Instant) -> String {
+        let n = self.boot.size();
         let mut arrived = Vec::new();
         let mut missing = Vec::new();
         let peers: Vec<Rank> = (0..n).map(Rank::new).filter(|r| *r != me).take(64).collect();
@@ -160,13 +269,13 @@ impl Waiter {
         rank: Rank,
         timeout: Option<Duration>,
         abort: Arc<AtomicBool>,
-        mailbox: &Arc<Mailbox>,
-        boot: &Arc<Bootstrap>,
+        mailbox: Arc<dyn Watch>,
+        boot: Arc<dyn Ask>,
         mine: Sig,
         check: bool,
     ) -> Waiter {
         let mut w = Waiter::lazy(rank, timeout, abort);
-        w.mailbox = Some(mailbox.clone());
+        w.mailbox = Some(mailbox);
         w.probe = Some(Probe::new(boot, mine, check));
         w
     }
@@ -184,13 +293,13 @@ impl Waiter {
     /// Also asks, once stuck, where the awaited peers' calls stand: a peer in another call
     /// with this call's number is a mismatch (with `check`), and a timeout says who arrived
     /// and where the others are.
-    pub fn probing(mut self, boot: &Arc<Bootstrap>, mine: Sig, check: bool) -> Waiter {
-        self.probe = Some(Probe::new(boot, mine, check));
+    pub fn probing(mut self, boot: &Arc<impl Ask + 'static>, mine: Sig, check: bool) -> Waiter {
+        self.probe = Some(Probe::new(boot.clone(), mine, check));
         self
     }
 
     /// Also fails, once stuck, when a peer is gone, as `mailbox` learned it.
-    pub fn watching(mut self, mailbox: &Arc<Mailbox>) -> Waiter {
+    pub fn watching(mut self, mailbox: &Arc<impl Watch + 'static>) -> Waiter {
         self.mailbox = Some(mailbox.clone());
         self
     }
@@ -285,7 +394,7 @@ impl Waiter {
                 }
                 // The later collectives of this rank's own group, as its peers see them.
                 let rest = match &self.mailbox {
-                    Some(m) => m.progress.snapshot().rest,
+                    Some(m) => m.group_rest(),
                     None => Vec::new(),
                 };
                 for &peer in waiting_for.iter().take(16) {
