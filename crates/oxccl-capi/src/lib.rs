@@ -10,8 +10,9 @@
 //! [`premul`] (PreMulSum scaling), [`mem`] (ncclMemAlloc, registrations), [`win`] (windows),
 //! [`rma`] (one-sided calls), [`elastic`] (revoke, grow, suspend, memory statistics),
 //! [`param`] (parameters), `settings` (what an `ncclConfig_t` asks for), `ptr` (every read or
-//! write through a pointer argument, each call in an `unsafe` block of its own with its
-//! `// SAFETY:` reasoning). See `docs/capi.md` for the semantics on host memory.
+//! write through a pointer argument: entry bodies are not `unsafe` blocks, each such
+//! operation is a `ptr` call in a block of its own with its `// SAFETY:` reasoning). See
+//! `docs/capi.md` for the semantics on host memory.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![allow(clippy::missing_safety_doc)]
@@ -130,18 +131,14 @@ pub(crate) fn guard(func: &'static str, f: impl FnOnce() -> R<ncclResult_t>) -> 
 }
 
 /// Defines `ncclX` and its alias `pncclX`, both returning `ncclResult_t` (modules use it as
-/// `crate::entry!`).
+/// `crate::entry!`). The functions are `unsafe` (nccl.h's contracts on their pointer
+/// arguments); the body is not an `unsafe` block: each of its raw-pointer operations is a
+/// call of a [`ptr`] helper in a block of its own, with its own `// SAFETY:` reasoning.
 macro_rules! entry {
     ($( fn $name:ident / $pname:ident ( $($a:ident : $t:ty),* $(,)? ) $body:block )*) => {$(
         #[no_mangle]
-        #[allow(unused_unsafe)]
         pub unsafe extern "C" fn $name($($a: $t),*) -> $crate::handle::ncclResult_t {
-            $crate::guard(stringify!($name), || {
-                // SAFETY: the caller keeps nccl.h's contract for each pointer argument (valid
-                // for the sizes the call implies, until it completes); the body dereferences
-                // only such arguments, after checking them for NULL.
-                unsafe { $body }
-            })
+            $crate::guard(stringify!($name), || $body)
         }
 
         #[no_mangle]
