@@ -18,7 +18,8 @@
 
 use crate::handle::{invalid, lock, member_of, phase, ready, set_current_handle, state, usage, SUCCESS};
 use crate::life::{launch_init, Later};
-use crate::{decode_id, encode_id, ncclComm_t, ncclConfig, ncclUniqueId, put, settings, Settings};
+use crate::ptr::{self, put};
+use crate::{decode_id, encode_id, ncclComm_t, ncclConfig, ncclUniqueId, settings, Settings};
 use oxccl::{Communicator, UniqueId};
 use std::ffi::c_int;
 
@@ -68,7 +69,9 @@ crate::entry! {
         let id = oxccl::new_unique_id(c.config())?;
         let u = encode_id(&id);
         *p = Some(u.internal);
-        put(unique_id, "uniqueId", u)?;
+        // SAFETY: nccl.h: `uniqueId` points to the ncclUniqueId the call fills (checked
+        // non-NULL).
+        unsafe { put(unique_id, "uniqueId", u) }?;
         Ok(SUCCESS)
     }
 
@@ -87,7 +90,12 @@ crate::entry! {
             if rank < 0 {
                 return Err(invalid("rank", format!("{rank}: a new rank (comm NULL) passes the rank it is given")));
             }
-            return crate::init_rank(newcomm, n_ranks, &*unique_id, rank, config);
+            // SAFETY: nccl.h: a new rank's `uniqueId` points to the grow id it was given
+            // (checked non-NULL), read during the call only.
+            let id = unsafe { ptr::deref(unique_id, "uniqueId") }?;
+            // SAFETY: nccl.h: `newcomm` points to the ncclComm_t the call fills (checked
+            // non-NULL); `config` is NULL or an ncclConfig_t from NCCL_CONFIG_INITIALIZER.
+            return unsafe { crate::init_rank(newcomm, n_ranks, id, rank, config) };
         }
         if rank != -1 {
             return Err(invalid("rank", format!("{rank}: existing ranks pass -1 (they keep their rank)")));
@@ -100,7 +108,9 @@ crate::entry! {
         let id: Option<UniqueId> = if unique_id.is_null() {
             None
         } else {
-            let u = &*unique_id;
+            // SAFETY: nccl.h: a non-NULL `uniqueId` points to the grow id made by
+            // ncclCommGetUniqueId, read during the call only.
+            let u = unsafe { ptr::deref(unique_id, "uniqueId") }?;
             let mut pending = lock(&st.grow_id);
             if *pending != Some(u.internal) {
                 return Err(invalid(
@@ -113,10 +123,12 @@ crate::entry! {
             *pending = None;
             Some(id)
         };
-        let s = settings(config, Some(Settings::of(&st)))?;
+        // SAFETY: nccl.h: `config` is NULL or an ncclConfig_t from NCCL_CONFIG_INITIALIZER.
+        let s = unsafe { settings(config, Some(Settings::of(&st))) }?;
         let child = crate::handle::new_comm(st.device, s.name.clone(), s.blocking);
         s.apply(&child);
-        newcomm.write(child.handle as ncclComm_t);
+        // SAFETY: nccl.h: `newcomm` points to the ncclComm_t the call fills (checked non-NULL).
+        unsafe { put(newcomm, "newcomm", child.handle as ncclComm_t) }?;
         let n = n_ranks as usize;
         let parent = Later::new(&st);
         launch_init(child, s.blocking, move || parent.with(|c| Ok(c.grow(n, id.as_ref())?)))
@@ -162,7 +174,8 @@ crate::entry! {
             3 => (m.releasable + m.connections) as u64,
             s => return Err(invalid("stat", format!("{s} is not an ncclCommMemStat_t (0..=3)"))),
         };
-        value.write(v);
+        // SAFETY: nccl.h: `value` points to the uint64_t the call fills (checked non-NULL).
+        unsafe { put(value, "value", v) }?;
         Ok(SUCCESS)
     }
 }

@@ -9,7 +9,10 @@
 //! start and end of a communicator), [`ops`] (call checks, group queues, execution),
 //! [`premul`] (PreMulSum scaling), [`mem`] (ncclMemAlloc, registrations), [`win`] (windows),
 //! [`rma`] (one-sided calls), [`elastic`] (revoke, grow, suspend, memory statistics),
-//! [`param`] (parameters), `settings` (what an `ncclConfig_t` asks for). See `docs/capi.md` for the semantics on host memory.
+//! [`param`] (parameters), `settings` (what an `ncclConfig_t` asks for), `ptr` (every read or
+//! write through a pointer argument: entry bodies are not `unsafe` blocks, each such
+//! operation is a `ptr` call in a block of its own with its `// SAFETY:` reasoning). See
+//! `docs/capi.md` for the semantics on host memory.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![allow(clippy::missing_safety_doc)]
@@ -22,6 +25,7 @@ pub mod ops;
 pub mod param;
 pub mod premul;
 pub mod proxy;
+mod ptr;
 pub mod rma;
 mod settings;
 pub mod win;
@@ -37,6 +41,7 @@ pub use life::{
 use mem::RegKind;
 use ops::{Args, Call, Kind};
 use oxccl::{Communicator, Config, Rank, UniqueId};
+use ptr::put;
 pub(crate) use settings::{settings, Settings};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -126,18 +131,14 @@ pub(crate) fn guard(func: &'static str, f: impl FnOnce() -> R<ncclResult_t>) -> 
 }
 
 /// Defines `ncclX` and its alias `pncclX`, both returning `ncclResult_t` (modules use it as
-/// `crate::entry!`).
+/// `crate::entry!`). The functions are `unsafe` (nccl.h's contracts on their pointer
+/// arguments); the body is not an `unsafe` block: each of its raw-pointer operations is a
+/// call of a [`ptr`] helper in a block of its own, with its own `// SAFETY:` reasoning.
 macro_rules! entry {
     ($( fn $name:ident / $pname:ident ( $($a:ident : $t:ty),* $(,)? ) $body:block )*) => {$(
         #[no_mangle]
-        #[allow(unused_unsafe)]
         pub unsafe extern "C" fn $name($($a: $t),*) -> $crate::handle::ncclResult_t {
-            $crate::guard(stringify!($name), || {
-                // SAFETY: the caller keeps nccl.h's contract for each pointer argument (valid
-                // for the sizes the call implies, until it completes); the body dereferences
-                // only such arguments, after checking them for NULL.
-                unsafe { $body }
-            })
+            $crate::guard(stringify!($name), || $body)
         }
 
         #[no_mangle]
@@ -150,16 +151,6 @@ macro_rules! entry {
 
 #[allow(unused_imports)] // used by the modules that define entry points
 pub(crate) use entry;
-
-/// Writes `v` through the out-pointer `p` (named `arg`).
-pub(crate) unsafe fn put<T>(p: *mut T, arg: &str, v: T) -> R<()> {
-    if p.is_null() {
-        return Err(invalid(arg, "NULL pointer"));
-    }
-    // SAFETY: non-NULL, and the caller passes a pointer to writable storage of T.
-    unsafe { p.write(v) };
-    Ok(())
-}
 
 // ------------------------------------------------------------------------- unique ids
 
@@ -197,6 +188,10 @@ pub(crate) fn current_device() -> Option<i32> {
 
 // ------------------------------------------------------------------------- init
 
+/// Starts rank `rank` of `nranks` on `id` and writes its handle to `out`.
+///
+/// # Safety
+/// `out` is NULL or valid for a write of an `ncclComm_t`; `config` is as [`settings`] needs.
 pub(crate) unsafe fn init_rank(
     out: *mut ncclComm_t,
     nranks: c_int,
@@ -213,7 +208,7 @@ pub(crate) unsafe fn init_rank(
     if rank < 0 || rank >= nranks {
         return Err(invalid("rank", format!("{rank} is outside 0..{nranks}")));
     }
-    // SAFETY: passed on from the caller.
+    // SAFETY: `config` is as `settings` needs: this function's contract.
     let s = unsafe { settings(config, None) }?;
     let id = decode_id(id, "commId")?;
     let mut cfg = env_config()?;
@@ -221,15 +216,16 @@ pub(crate) unsafe fn init_rank(
     cfg.cuda_device = current_device();
     let st = handle::new_comm(-1, s.name.clone(), s.blocking);
     s.apply(&st);
-    // SAFETY: checked non-NULL above; the caller's out-pointer.
-    unsafe { out.write(st.handle as ncclComm_t) };
+    // SAFETY: `out` is NULL or writable (this function's contract; checked non-NULL above).
+    unsafe { put(out, "comm", st.handle as ncclComm_t) }?;
     let (n, r) = (nranks as usize, Rank::new(rank as usize));
     launch_init(st, s.blocking, move || Communicator::init(&id, n, r, cfg).map_err(Fail::from))
 }
 
 entry! {
     fn ncclGetVersion / pncclGetVersion(version: *mut c_int) {
-        put(version, "version", NCCL_VERSION_CODE)?;
+        // SAFETY: nccl.h: `version` points to an int the call fills (put refuses NULL).
+        unsafe { put(version, "version", NCCL_VERSION_CODE) }?;
         Ok(SUCCESS)
     }
 
@@ -238,18 +234,23 @@ entry! {
             return Err(invalid("uniqueId", "NULL pointer"));
         }
         let id = oxccl::new_unique_id(&env_config()?)?;
-        put(unique_id, "uniqueId", encode_id(&id))?;
+        // SAFETY: nccl.h: `uniqueId` points to an ncclUniqueId the call fills; checked non-NULL.
+        unsafe { put(unique_id, "uniqueId", encode_id(&id)) }?;
         Ok(SUCCESS)
     }
 
     fn ncclCommInitRank / pncclCommInitRank(comm: *mut ncclComm_t, nranks: c_int, comm_id: ncclUniqueId, rank: c_int) {
-        init_rank(comm, nranks, &comm_id, rank, std::ptr::null())
+        // SAFETY: nccl.h: `comm` points to the ncclComm_t the call fills (init_rank refuses
+        // NULL); no config.
+        unsafe { init_rank(comm, nranks, &comm_id, rank, std::ptr::null()) }
     }
 
     fn ncclCommInitRankConfig / pncclCommInitRankConfig(
         comm: *mut ncclComm_t, nranks: c_int, comm_id: ncclUniqueId, rank: c_int, config: *mut ncclConfig
     ) {
-        init_rank(comm, nranks, &comm_id, rank, config)
+        // SAFETY: nccl.h: `comm` points to the ncclComm_t the call fills (init_rank refuses
+        // NULL); `config` is NULL or an ncclConfig_t from NCCL_CONFIG_INITIALIZER.
+        unsafe { init_rank(comm, nranks, &comm_id, rank, config) }
     }
 
     fn ncclCommInitRankScalable / pncclCommInitRankScalable(
@@ -262,12 +263,16 @@ entry! {
         if comm_ids.is_null() {
             return Err(invalid("commIds", "NULL pointer"));
         }
-        let ids = std::slice::from_raw_parts(comm_ids, n_id as usize);
+        // SAFETY: nccl.h: `commIds` is an array of `nId` unique ids (checked non-NULL, nId ≥ 1),
+        // read during the call only.
+        let ids = unsafe { ptr::slice(comm_ids, n_id as usize, "commIds") }?;
         for (i, id) in ids.iter().enumerate() {
             decode_id(id, &format!("commIds[{i}]"))?;
         }
         // One rendezvous root serves every rank; the other ids are checked and unused.
-        init_rank(newcomm, nranks, &ids[0], myrank, config)
+        // SAFETY: nccl.h: `newcomm` points to the ncclComm_t the call fills (init_rank refuses
+        // NULL); `config` is NULL or an ncclConfig_t from NCCL_CONFIG_INITIALIZER.
+        unsafe { init_rank(newcomm, nranks, &ids[0], myrank, config) }
     }
 
     fn ncclCommInitAll / pncclCommInitAll(comms: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) {
@@ -278,16 +283,23 @@ entry! {
             return Err(invalid("ndev", format!("{ndev} (at least one rank)")));
         }
         let n = ndev as usize;
-        let devs: Vec<i32> = if devlist.is_null() { (0..ndev).collect() } else { std::slice::from_raw_parts(devlist, n).to_vec() };
+        let devs: Vec<i32> = if devlist.is_null() {
+            (0..ndev).collect()
+        } else {
+            // SAFETY: nccl.h: a non-NULL `devlist` holds `ndev` device numbers (ndev ≥ 1,
+            // checked above); copied here.
+            unsafe { ptr::slice(devlist, n, "devlist") }?.to_vec()
+        };
         if let Some((i, d)) = devs.iter().enumerate().find(|(_, d)| **d < 0) {
             return Err(invalid("devlist", format!("devlist[{i}] = {d} is not a device")));
         }
         let cfg = env_config()?;
         let id = oxccl::new_unique_id(&cfg)?;
         let states: Vec<handle::Pin> = devs.iter().map(|d| handle::new_comm(*d, None, true)).collect();
-        for (i, st) in states.iter().enumerate() {
-            comms.add(i).write(st.handle as ncclComm_t);
-        }
+        let handles: Vec<ncclComm_t> = states.iter().map(|st| st.handle as ncclComm_t).collect();
+        // SAFETY: nccl.h: `comms` is an array of `ndev` ncclComm_t the call fills (checked
+        // non-NULL); `handles` has one per device.
+        unsafe { ptr::put_all(comms, "comm", &handles) }?;
         let results = ops::run_all(states.iter().enumerate().collect(), |(i, st)| {
             let cfg = Config { cuda_device: Some(devs[i]), ..cfg.clone() };
             st.finish_init(Communicator::init(&id, n, Rank::new(i), cfg).map_err(Fail::from))
@@ -311,7 +323,8 @@ entry! {
         if !revoked {
             st.ready()?;
         }
-        let s = settings(config, Some(Settings::of(&st)))?;
+        // SAFETY: nccl.h: `config` is NULL or an ncclConfig_t from NCCL_CONFIG_INITIALIZER.
+        let s = unsafe { settings(config, Some(Settings::of(&st))) }?;
         let color = (color >= 0).then_some(color as u32);
         let parent = Later::new(&st);
         let split = move |c: &Communicator| {
@@ -319,7 +332,9 @@ entry! {
         };
         match color {
             None => {
-                newcomm.write(std::ptr::null_mut());
+                // SAFETY: nccl.h: `newcomm` points to the ncclComm_t the call fills (checked
+                // non-NULL); NULL for a rank that passes NCCL_SPLIT_NOCOLOR.
+                unsafe { put(newcomm, "newcomm", std::ptr::null_mut()) }?;
                 let job = move || parent.with(|c| split(c).map(|_| ()).map_err(Fail::from));
                 if s.blocking || ops::in_group() {
                     ops::submit_job(Box::new(job))?;
@@ -332,7 +347,9 @@ entry! {
             Some(_) => {
                 let child = handle::new_comm(st.device, s.name.clone(), s.blocking);
                 s.apply(&child);
-                newcomm.write(child.handle as ncclComm_t);
+                // SAFETY: nccl.h: `newcomm` points to the ncclComm_t the call fills (checked
+                // non-NULL).
+                unsafe { put(newcomm, "newcomm", child.handle as ncclComm_t) }?;
                 launch_init(child, s.blocking, move || {
                     parent.with(|c| split(c)?.ok_or_else(|| Fail { code: INTERNAL_ERROR, msg: "split returned no communicator for a color".into() }))
                 })
@@ -359,7 +376,10 @@ entry! {
         // A revoked communicator may shrink (that is what revoking is for).
         let st = handle::member_of(comm)?;
         let c = st.member()?;
-        let list: &[c_int] = if exclude_ranks_count == 0 { &[] } else { std::slice::from_raw_parts(exclude_ranks_list, exclude_ranks_count as usize) };
+        let n = exclude_ranks_count as usize;
+        // SAFETY: nccl.h: `excludeRanksList` holds `excludeRanksCount` ranks (checked ≥ 0, and
+        // non-NULL when > 0), read during the call only.
+        let list = unsafe { ptr::slice(exclude_ranks_list, n, "excludeRanksList") }?;
         let mut exclude = Vec::with_capacity(list.len());
         for (i, r) in list.iter().enumerate() {
             if *r < 0 || *r as usize >= c.size() {
@@ -370,13 +390,15 @@ entry! {
         if exclude.contains(&c.rank()) {
             return Err(usage(format!("rank {} is in excludeRanksList: excluded ranks must not call ncclCommShrink", c.rank())));
         }
-        let s = settings(config, Some(Settings::of(&st)))?;
+        // SAFETY: nccl.h: `config` is NULL or an ncclConfig_t from NCCL_CONFIG_INITIALIZER.
+        let s = unsafe { settings(config, Some(Settings::of(&st))) }?;
         if shrink_flags & 1 != 0 {
             c.abort();
         }
         let child = handle::new_comm(st.device, s.name.clone(), s.blocking);
         s.apply(&child);
-        newcomm.write(child.handle as ncclComm_t);
+        // SAFETY: nccl.h: `newcomm` points to the ncclComm_t the call fills (checked non-NULL).
+        unsafe { put(newcomm, "newcomm", child.handle as ncclComm_t) }?;
         let parent = Later::new(&st);
         launch_init(child, s.blocking, move || parent.with(|c| c.shrink(&exclude).map_err(Fail::from)))
     }
@@ -402,7 +424,9 @@ entry! {
                 None => INTERNAL_ERROR,
             },
         };
-        async_error.write(code);
+        // SAFETY: nccl.h: `asyncError` points to the ncclResult_t the call fills (checked
+        // non-NULL).
+        unsafe { put(async_error, "asyncError", code) }?;
         Ok(SUCCESS)
     }
 
@@ -410,7 +434,9 @@ entry! {
         if count.is_null() {
             return Err(invalid("count", "NULL pointer"));
         }
-        count.write(handle::member_of(comm)?.member()?.size() as c_int);
+        let n = handle::member_of(comm)?.member()?.size() as c_int;
+        // SAFETY: nccl.h: `count` points to the int the call fills (checked non-NULL).
+        unsafe { put(count, "count", n) }?;
         Ok(SUCCESS)
     }
 
@@ -418,7 +444,9 @@ entry! {
         if rank.is_null() {
             return Err(invalid("rank", "NULL pointer"));
         }
-        rank.write(handle::member_of(comm)?.member()?.rank().idx() as c_int);
+        let r = handle::member_of(comm)?.member()?.rank().idx() as c_int;
+        // SAFETY: nccl.h: `rank` points to the int the call fills (checked non-NULL).
+        unsafe { put(rank, "rank", r) }?;
         Ok(SUCCESS)
     }
 
@@ -427,7 +455,8 @@ entry! {
             return Err(invalid("device", "NULL pointer"));
         }
         let st = handle::member_of(comm)?;
-        device.write(st.device);
+        // SAFETY: nccl.h: `device` points to the int the call fills (checked non-NULL).
+        unsafe { put(device, "device", st.device) }?;
         Ok(SUCCESS)
     }
 
@@ -443,7 +472,12 @@ entry! {
         let dtype = ops::dtype_of(datatype)?;
         let st = ready(comm)?;
         let scalar = match residence {
-            1 => Scalar::Value(std::slice::from_raw_parts(scalar as *const u8, dtype.size_bytes()).to_vec()),
+            1 => {
+                // SAFETY: nccl.h: with ncclScalarHostImmediate, `scalar` points to one host
+                // value of `datatype` (checked non-NULL), copied here.
+                let v = unsafe { ptr::slice(scalar as *const u8, dtype.size_bytes(), "scalar") }?;
+                Scalar::Value(v.to_vec())
+            }
             0 => Scalar::Pointer(scalar as usize),
             r => return Err(invalid("residence", format!("{r} (ncclScalarDevice or ncclScalarHostImmediate)"))),
         };
@@ -452,7 +486,8 @@ entry! {
             return Err(usage("every ncclRedOp_t value of this communicator is in use"));
         }
         lock(&st.premul).insert(id, PreMul { dtype, scalar });
-        op.write(id);
+        // SAFETY: nccl.h: `op` points to the ncclRedOp_t the call fills (checked non-NULL).
+        unsafe { put(op, "op", id) }?;
         Ok(SUCCESS)
     }
 
@@ -499,17 +534,17 @@ entry! {
     }
 
     fn ncclGroupSimulateEnd / pncclGroupSimulateEnd(sim_info: *mut ncclSimInfo) {
-        if sim_info.is_null() {
-            return Err(invalid("simInfo", "NULL pointer"));
-        }
-        if (*sim_info).magic != SIM_MAGIC {
+        // SAFETY: nccl.h: `simInfo` points to an ncclSimInfo_t the call fills, the caller's
+        // alone during the call (deref_mut refuses NULL).
+        let sim = unsafe { ptr::deref_mut(sim_info, "simInfo") }?;
+        if sim.magic != SIM_MAGIC {
             return Err(invalid("simInfo", "not initialized with NCCL_SIM_INFO_INITIALIZER"));
         }
         // The calls are checked (each returned its error when made) and then dropped, as the
         // simulation runs nothing. oxccl's cost model comes with the tuner; until then the
         // estimate stays NCCL_UNDEF_FLOAT, "not estimated".
         let _ = ops::group_end()?;
-        (*sim_info).estimated_time = -1.0;
+        sim.estimated_time = -1.0;
         Ok(SUCCESS)
     }
 
@@ -518,7 +553,8 @@ entry! {
             return Err(invalid("ptr", "NULL pointer"));
         }
         let p = mem::alloc(size)?;
-        ptr.write(p as *mut c_void);
+        // SAFETY: nccl.h: `ptr` points to the void* the call fills (checked non-NULL).
+        unsafe { put(ptr, "ptr", p as *mut c_void) }?;
         Ok(SUCCESS)
     }
 
@@ -536,7 +572,8 @@ entry! {
         }
         let st = ready(comm)?;
         let h = mem::register(&st, RegKind::Buffer, buff as usize, size)?;
-        handle.write(h as *mut c_void);
+        // SAFETY: nccl.h: `handle` points to the void* the call fills (checked non-NULL).
+        unsafe { put(handle, "handle", h as *mut c_void) }?;
         Ok(SUCCESS)
     }
 

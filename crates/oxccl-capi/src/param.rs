@@ -10,9 +10,9 @@
 //! live until the next call of the same kind on the same thread, as NCCL documents.
 
 use crate::handle::{invalid, usage, R, SUCCESS};
-use crate::put;
+use crate::ptr::{self, put};
 use std::cell::RefCell;
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ffi::{c_char, c_int, c_void, CString};
 use std::sync::OnceLock;
 
 /// One parameter: its name, NUL-terminated (a handle is the address of one of these).
@@ -50,12 +50,13 @@ fn find(key: &str) -> Option<&'static Param> {
     t.params.iter().find(|p| full(p).unwrap_or(false))
 }
 
+/// The parameter the caller's string `key` (named `arg`) names.
+///
+/// # Safety
+/// `key` is NULL or a NUL-terminated string, unchanged during the call.
 unsafe fn key_arg(key: *const c_char, arg: &str) -> R<&'static Param> {
-    if key.is_null() {
-        return Err(invalid(arg, "NULL pointer"));
-    }
-    // SAFETY: a non-NULL key is a NUL-terminated C string (the caller's contract).
-    let k = unsafe { CStr::from_ptr(key) }.to_str().map_err(|_| invalid(arg, "not UTF-8"))?;
+    // SAFETY: this function's contract.
+    let k = unsafe { ptr::c_str(key, arg) }?.ok_or_else(|| invalid(arg, "NULL pointer"))?;
     find(k).ok_or_else(|| {
         invalid(arg, format!("{k:?} is not a parameter of oxccl (ncclParamGetAllParameterKeys lists them)"))
     })
@@ -117,7 +118,9 @@ macro_rules! typed {
                     return Err(invalid("out", "NULL pointer"));
                 }
                 let n = integer(p, stringify!($t), <$t>::MIN as i128, <$t>::MAX as i128)?;
-                put(out, "out", n as $t)?;
+                // SAFETY: nccl.h: `out` points to the integer of this type the call fills
+                // (checked non-NULL).
+                unsafe { put(out, "out", n as $t) }?;
                 Ok(SUCCESS)
             }
         )*}
@@ -140,8 +143,11 @@ crate::entry! {
         if out.is_null() {
             return Err(invalid("out", "NULL pointer"));
         }
-        let p = key_arg(key, "key")?;
-        put(out, "out", p as *const Param as *mut c_void)?;
+        // SAFETY: nccl.h: `key` is a NUL-terminated parameter name (key_arg refuses NULL).
+        let p = unsafe { key_arg(key, "key") }?;
+        // SAFETY: nccl.h: `out` points to the ncclParamHandle_t the call fills (checked
+        // non-NULL).
+        unsafe { put(out, "out", p as *const Param as *mut c_void) }?;
         Ok(SUCCESS)
     }
 
@@ -151,7 +157,8 @@ crate::entry! {
             return Err(invalid("out", "NULL pointer"));
         }
         let (s, _) = keep(&STR, value(p).unwrap_or_default());
-        put(out, "out", s)?;
+        // SAFETY: nccl.h: `out` points to the const char* the call fills (checked non-NULL).
+        unsafe { put(out, "out", s) }?;
         Ok(SUCCESS)
     }
 
@@ -165,7 +172,8 @@ crate::entry! {
         }
         let v = value(p).unwrap_or_default();
         let bytes = v.as_bytes();
-        put(len, "len", bytes.len() as c_int)?;
+        // SAFETY: nccl.h: `len` points to the int the call fills (checked non-NULL).
+        unsafe { put(len, "len", bytes.len() as c_int) }?;
         if bytes.len() > max_len as usize {
             return Err(invalid("maxLen", format!("{max_len} bytes cannot hold {}'s {} (written to *len)", name(p), bytes.len())));
         }
@@ -173,21 +181,25 @@ crate::entry! {
             if out.is_null() {
                 return Err(invalid("out", "NULL pointer"));
             }
-            // SAFETY: the caller's buffer holds maxLen ≥ bytes.len() bytes.
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), out as *mut u8, bytes.len());
+            // SAFETY: nccl.h: `out` is a buffer of `maxLen` bytes (checked non-NULL and
+            // maxLen ≥ bytes.len() above).
+            unsafe { ptr::put_all(out as *mut u8, "out", bytes) }?;
         }
         Ok(SUCCESS)
     }
 
     fn ncclParamGetParameter / pncclParamGetParameter(key: *const c_char, value_out: *mut *const c_char, value_len: *mut c_int) {
-        let p = key_arg(key, "key")?;
+        // SAFETY: nccl.h: `key` is a NUL-terminated parameter name (key_arg refuses NULL).
+        let p = unsafe { key_arg(key, "key") }?;
         if value_out.is_null() {
             return Err(invalid("value", "NULL pointer"));
         }
         let (s, n) = keep(&PARAM, value(p).unwrap_or_default());
-        put(value_out, "value", s)?;
+        // SAFETY: nccl.h: `value` points to the const char* the call fills (checked non-NULL).
+        unsafe { put(value_out, "value", s) }?;
         if !value_len.is_null() {
-            value_len.write(n as c_int);
+            // SAFETY: nccl.h: a non-NULL `valueLen` points to the int the call fills.
+            unsafe { put(value_len, "valueLen", n as c_int) }?;
         }
         Ok(SUCCESS)
     }
@@ -200,8 +212,10 @@ crate::entry! {
             return Err(invalid("tableLen", "NULL pointer"));
         }
         let t = table();
-        table_out.write(t.ptrs.as_ptr());
-        table_len.write(t.ptrs.len() as c_int);
+        // SAFETY: nccl.h: `table` points to the const char** the call fills (checked non-NULL).
+        unsafe { put(table_out, "table", t.ptrs.as_ptr()) }?;
+        // SAFETY: nccl.h: `tableLen` points to the int the call fills (checked non-NULL).
+        unsafe { put(table_len, "tableLen", t.ptrs.len() as c_int) }?;
         Ok(SUCCESS)
     }
 }

@@ -325,7 +325,9 @@ crate::entry! {
         if signal_descs.is_null() {
             return Err(invalid("signalDescs", format!("NULL pointer with nDesc {n_desc}")));
         }
-        let raw = std::slice::from_raw_parts(signal_descs, n_desc as usize);
+        // SAFETY: nccl.h: `signalDescs` is an array of `nDesc` descriptors (checked non-NULL,
+        // nDesc ≥ 1), read during the call only.
+        let raw = unsafe { crate::ptr::slice(signal_descs, n_desc as usize, "signalDescs") }?;
         let mut descs = Vec::with_capacity(raw.len());
         for (i, d) in raw.iter().enumerate() {
             if d.op_cnt < 1 {

@@ -28,49 +28,61 @@ impl Settings {
     }
 }
 
-unsafe fn cstr(p: *const c_char, arg: &str) -> R<Option<String>> {
-    if p.is_null() {
-        return Ok(None);
-    }
-    // SAFETY: a non-NULL string field of ncclConfig_t is a NUL-terminated C string.
-    let s = unsafe { CStr::from_ptr(p) };
-    s.to_str().map(|s| Some(s.to_string())).map_err(|_| invalid(arg, "not UTF-8"))
-}
-
-/// Reads `config` (NULL: `inherit`, or the defaults).
+/// What a caller's `ncclConfig_t` asks for, read within its `size`.
+///
+/// # Safety
+/// `config` is NULL or points to an `ncclConfig_t` made from `NCCL_CONFIG_INITIALIZER` (of the
+/// caller's nccl.h version: readable for its `size` bytes, and at least the first three fields),
+/// whose string fields are NULL or NUL-terminated strings, none of it changed during the call.
 pub(crate) unsafe fn settings(config: *const ncclConfig, inherit: Option<Settings>) -> R<Settings> {
+    use std::mem::offset_of;
     let base = inherit.unwrap_or(Settings { blocking: true, name: None, num_rma_ctx: 1 });
     if config.is_null() {
         return Ok(base);
     }
-    // SAFETY: a non-NULL config points to an ncclConfig_t made from NCCL_CONFIG_INITIALIZER;
-    // the first three fields are in every version, the rest are read only within `size`.
-    let c = unsafe { &*config };
-    if c.magic != API_MAGIC {
+    // `size`, `magic` and `version` are in every version's struct.
+    let head = offset_of!(ncclConfig, blocking);
+    // SAFETY: non-NULL; the caller's config holds at least the first three fields (`head`
+    // bytes), the ones read here.
+    let (size, magic): (Option<usize>, Option<u32>) = unsafe {
+        (
+            ptr::field(config, head, offset_of!(ncclConfig, size)),
+            ptr::field(config, head, offset_of!(ncclConfig, magic)),
+        )
+    };
+    let (size, magic) = (size.unwrap_or(0), magic.unwrap_or(0));
+    if magic != API_MAGIC {
         return Err(invalid(
             "config",
-            format!("magic {:#x} is not NCCL_API_MAGIC: initialize it with NCCL_CONFIG_INITIALIZER", c.magic),
+            format!("magic {magic:#x} is not NCCL_API_MAGIC: initialize it with NCCL_CONFIG_INITIALIZER"),
         ));
     }
-    let within = |end: usize| c.size >= end;
-    let blocking =
-        if within(std::mem::offset_of!(ncclConfig, blocking) + 4) { c.blocking } else { UNDEF_INT };
-    let blocking = match blocking {
+    // SAFETY: (for each field read below) the caller's config is readable for its `size`
+    // bytes, and `field` reads nothing past them; each offset is its field's, of its type.
+    let blocking: Option<c_int> = unsafe { ptr::field(config, size, offset_of!(ncclConfig, blocking)) };
+    let blocking = match blocking.unwrap_or(UNDEF_INT) {
         UNDEF_INT => base.blocking,
         0 => false,
         1 => true,
         v => return Err(invalid("config->blocking", format!("{v} (must be 0 or 1)"))),
     };
     let mut name = base.name;
-    if within(std::mem::offset_of!(ncclConfig, comm_name) + 8) {
-        // SAFETY: inside the caller's struct (checked against its size).
-        if let Some(n) = unsafe { cstr(c.comm_name, "config->commName") }? {
-            name = Some(n);
+    // SAFETY: as for `blocking`.
+    let comm_name: Option<*const c_char> =
+        unsafe { ptr::field(config, size, offset_of!(ncclConfig, comm_name)) };
+    if let Some(p) = comm_name {
+        // SAFETY: a string field within the caller's struct is NULL or a NUL-terminated string
+        // (NCCL_CONFIG_INITIALIZER sets NULL), unchanged during the call.
+        if let Some(n) = unsafe { ptr::c_str(p, "config->commName") }? {
+            name = Some(n.to_string());
         }
     }
-    if within(std::mem::offset_of!(ncclConfig, net_name) + 8) {
-        // SAFETY: as above.
-        if let Some(n) = unsafe { cstr(c.net_name, "config->netName") }? {
+    // SAFETY: as for `blocking`.
+    let net_name: Option<*const c_char> =
+        unsafe { ptr::field(config, size, offset_of!(ncclConfig, net_name)) };
+    if let Some(p) = net_name {
+        // SAFETY: as for `commName`.
+        if let Some(n) = unsafe { ptr::c_str(p, "config->netName") }? {
             if !n.eq_ignore_ascii_case("socket") {
                 return Err(invalid(
                     "config->netName",
@@ -79,9 +91,9 @@ pub(crate) unsafe fn settings(config: *const ncclConfig, inherit: Option<Setting
             }
         }
     }
-    let num_rma_ctx =
-        if within(std::mem::offset_of!(ncclConfig, num_rma_ctx) + 4) { c.num_rma_ctx } else { UNDEF_INT };
-    let num_rma_ctx = match num_rma_ctx {
+    // SAFETY: as for `blocking`.
+    let num_rma_ctx: Option<c_int> = unsafe { ptr::field(config, size, offset_of!(ncclConfig, num_rma_ctx)) };
+    let num_rma_ctx = match num_rma_ctx.unwrap_or(UNDEF_INT) {
         UNDEF_INT => base.num_rma_ctx,
         v if v < 0 => return Err(invalid("config->numRmaCtx", format!("{v} (0 turns one-sided calls off)"))),
         v => v,

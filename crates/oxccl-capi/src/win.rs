@@ -19,6 +19,7 @@
 use crate::handle::{self, invalid, lock, CommState, R, SUCCESS};
 use crate::life::Pin;
 use crate::mem::{self, RegKind};
+use crate::ptr::put;
 use crate::rma::{submit, Op};
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
@@ -105,7 +106,8 @@ crate::entry! {
             return Err(invalid("win", "NULL pointer"));
         }
         // NCCL's answer until a window exists.
-        win.write(std::ptr::null_mut());
+        // SAFETY: nccl.h: `win` points to the ncclWindow_t the call fills (checked non-NULL).
+        unsafe { put(win, "win", std::ptr::null_mut()) }?;
         if win_flags & !3 != 0 {
             return Err(invalid(
                 "winFlags",
@@ -118,7 +120,8 @@ crate::entry! {
         table().insert(h, WinRec { comm: st.handle, base: buff as usize, state: state.clone() });
         let device = on_device(buff as usize);
         submit(&st, Op::Register { h, base: buff as usize, len: size, device, state })?;
-        win.write(h as *mut c_void);
+        // SAFETY: as above: the caller's ncclWindow_t.
+        unsafe { put(win, "win", h as *mut c_void) }?;
         Ok(SUCCESS)
     }
 
@@ -144,7 +147,8 @@ crate::entry! {
         let st = handle::ready(comm)?;
         lookup(&st, win as usize, "win")?;
         let base = table().get(&(win as usize)).map_or(0, |w| w.base);
-        out_user_ptr.write(base as *mut c_void);
+        // SAFETY: nccl.h: `outUserPtr` points to the void* the call fills (checked non-NULL).
+        unsafe { put(out_user_ptr, "outUserPtr", base as *mut c_void) }?;
         Ok(SUCCESS)
     }
 
@@ -160,7 +164,8 @@ crate::entry! {
         if peer < 0 || peer as usize >= c.size() {
             return Err(invalid("peer", format!("{peer} is not a rank of this {}-rank communicator", c.size())));
         }
-        out_ptr.write(std::ptr::null_mut());
+        // SAFETY: nccl.h: `outPtr` points to the void* the call fills (checked non-NULL).
+        unsafe { put(out_ptr, "outPtr", std::ptr::null_mut()) }?;
         Ok(SUCCESS)
     }
 
@@ -179,7 +184,8 @@ crate::entry! {
         if lsa_rank < 0 || lsa_rank as usize >= lsa {
             return Err(invalid("lsaRank", format!("{lsa_rank} is outside 0..{lsa} (this rank's load/store team: the ranks of its host)")));
         }
-        out_ptr.write(std::ptr::null_mut());
+        // SAFETY: nccl.h: `outPtr` points to the void* the call fills (checked non-NULL).
+        unsafe { put(out_ptr, "outPtr", std::ptr::null_mut()) }?;
         Ok(SUCCESS)
     }
 
@@ -191,7 +197,8 @@ crate::entry! {
             return Err(invalid("outPtr", "NULL pointer"));
         }
         window_only(window as usize, "window")?;
-        out_ptr.write(std::ptr::null_mut());
+        // SAFETY: nccl.h: `outPtr` points to the void* the call fills (checked non-NULL).
+        unsafe { put(out_ptr, "outPtr", std::ptr::null_mut()) }?;
         Ok(SUCCESS)
     }
 }
