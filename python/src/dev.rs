@@ -9,7 +9,7 @@ use crate::errors::{raise, to_py};
 use crate::ops::{Kind, Op};
 use oxccl::cuda::call::DevCall;
 use oxccl::cuda::{DevComm, DevError};
-use oxccl_core::plan::device::Coll;
+use oxccl_core::plan::device::DeviceColl;
 use pyo3::prelude::*;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -40,21 +40,25 @@ fn calls(op: &Op, size: usize, out: &mut Vec<DevCall>) {
     let sum = oxccl::ReduceOp::Sum;
     let in_count = if op.in_place { n(op.recv) } else { n(op.send) };
     match &op.kind {
-        Kind::AllReduce(o) => out.push(c(Coll::AllReduce, *o, in_count)),
-        Kind::Broadcast(r) => out.push(c(Coll::Broadcast(r.idx()), sum, n(op.recv))),
-        Kind::Reduce(o, r) => out.push(c(Coll::Reduce(r.idx()), *o, in_count)),
-        Kind::AllGather => out.push(c(Coll::AllGather, sum, n(op.recv) / size)),
+        Kind::AllReduce(o) => out.push(c(DeviceColl::AllReduce, *o, in_count)),
+        Kind::Broadcast(r) => out.push(c(DeviceColl::Broadcast(r.idx()), sum, n(op.recv))),
+        Kind::Reduce(o, r) => out.push(c(DeviceColl::Reduce(r.idx()), *o, in_count)),
+        Kind::AllGather => out.push(c(DeviceColl::AllGather, sum, n(op.recv) / size)),
         Kind::ReduceScatter(o) => {
             let count = if op.in_place { n(op.recv) / size } else { n(op.recv) };
-            out.push(c(Coll::ReduceScatter, *o, count))
+            out.push(c(DeviceColl::ReduceScatter, *o, count))
         }
-        Kind::AllToAll => out.push(c(Coll::AllToAll, sum, in_count / size)),
-        Kind::Gather(r) => {
-            out.push(c(Coll::Gather(r.idx()), sum, if op.in_place { n(op.recv) / size } else { n(op.send) }))
-        }
-        Kind::Scatter(r) => {
-            out.push(c(Coll::Scatter(r.idx()), sum, if op.in_place { n(op.recv) / size } else { n(op.recv) }))
-        }
+        Kind::AllToAll => out.push(c(DeviceColl::AllToAll, sum, in_count / size)),
+        Kind::Gather(r) => out.push(c(
+            DeviceColl::Gather(r.idx()),
+            sum,
+            if op.in_place { n(op.recv) / size } else { n(op.send) },
+        )),
+        Kind::Scatter(r) => out.push(c(
+            DeviceColl::Scatter(r.idx()),
+            sum,
+            if op.in_place { n(op.recv) / size } else { n(op.recv) },
+        )),
         Kind::AllToAllV { send_counts, send_displs, recv_counts, recv_displs } => {
             let es = t.size_bytes() as u64;
             for p in 0..size {

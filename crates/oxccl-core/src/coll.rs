@@ -6,7 +6,7 @@ use crate::types::Rank;
 
 /// The kind of an operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CollKind {
+pub enum Collective {
     AllReduce,
     Broadcast,
     Reduce,
@@ -20,41 +20,127 @@ pub enum CollKind {
     Recv,
 }
 
-impl CollKind {
+impl Collective {
     /// Every kind.
-    pub const ALL: [CollKind; 11] = [
-        CollKind::AllReduce,
-        CollKind::Broadcast,
-        CollKind::Reduce,
-        CollKind::AllGather,
-        CollKind::ReduceScatter,
-        CollKind::AllToAll,
-        CollKind::AllToAllV,
-        CollKind::Gather,
-        CollKind::Scatter,
-        CollKind::Send,
-        CollKind::Recv,
+    pub const ALL: [Collective; 11] = [
+        Collective::AllReduce,
+        Collective::Broadcast,
+        Collective::Reduce,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::AllToAll,
+        Collective::AllToAllV,
+        Collective::Gather,
+        Collective::Scatter,
+        Collective::Send,
+        Collective::Recv,
     ];
 
     /// The operation's name, as the Rust API spells it.
     pub const fn name(self) -> &'static str {
         match self {
-            CollKind::AllReduce => "all_reduce",
-            CollKind::Broadcast => "broadcast",
-            CollKind::Reduce => "reduce",
-            CollKind::AllGather => "all_gather",
-            CollKind::ReduceScatter => "reduce_scatter",
-            CollKind::AllToAll => "all_to_all",
-            CollKind::AllToAllV => "all_to_all_v",
-            CollKind::Gather => "gather",
-            CollKind::Scatter => "scatter",
-            CollKind::Send => "send",
-            CollKind::Recv => "recv",
+            Collective::AllReduce => "all_reduce",
+            Collective::Broadcast => "broadcast",
+            Collective::Reduce => "reduce",
+            Collective::AllGather => "all_gather",
+            Collective::ReduceScatter => "reduce_scatter",
+            Collective::AllToAll => "all_to_all",
+            Collective::AllToAllV => "all_to_all_v",
+            Collective::Gather => "gather",
+            Collective::Scatter => "scatter",
+            Collective::Send => "send",
+            Collective::Recv => "recv",
         }
     }
 }
 
-impl core::fmt::Display for CollKind {
+impl core::fmt::Display for Collective {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Collective {
+    /// Whether the collective combines values (takes a reduction operator).
+    pub const fn reduces(self) -> bool {
+        matches!(self, Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter)
+    }
+
+    /// Whether the collective has a root.
+    pub const fn rooted(self) -> bool {
+        matches!(self, Collective::Broadcast | Collective::Reduce | Collective::Gather | Collective::Scatter)
+    }
+
+    /// Whether it is a point-to-point operation.
+    pub const fn is_p2p(self) -> bool {
+        matches!(self, Collective::Send | Collective::Recv)
+    }
+
+    /// Parses a name as users spell it: `all_reduce`, `allreduce`, `AllReduce`,
+    /// `all_reduce_perf` (nccl-tests' binaries), …
+    pub fn parse(s: &str) -> Option<Collective> {
+        let flat = |n: &str| n.chars().filter(|c| *c != '_').collect::<String>().to_lowercase();
+        let k = flat(s.trim().trim_end_matches("_perf"));
+        Collective::ALL.into_iter().find(|c| flat(c.name()) == k)
+    }
+}
+
+/// The collectives with a ring schedule, which the tuner prices: a subset of [`Collective`],
+/// whose names and properties are theirs. The order is the tuner's table order (`as usize`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RingColl {
+    Broadcast,
+    Reduce,
+    AllGather,
+    ReduceScatter,
+    AllReduce,
+}
+
+impl RingColl {
+    pub const ALL: [RingColl; 5] = [
+        RingColl::Broadcast,
+        RingColl::Reduce,
+        RingColl::AllGather,
+        RingColl::ReduceScatter,
+        RingColl::AllReduce,
+    ];
+
+    /// The collective it is.
+    pub const fn collective(self) -> Collective {
+        match self {
+            RingColl::Broadcast => Collective::Broadcast,
+            RingColl::Reduce => Collective::Reduce,
+            RingColl::AllGather => Collective::AllGather,
+            RingColl::ReduceScatter => Collective::ReduceScatter,
+            RingColl::AllReduce => Collective::AllReduce,
+        }
+    }
+
+    /// The collective's name ([`Collective::name`]).
+    pub const fn name(self) -> &'static str {
+        self.collective().name()
+    }
+
+    /// Parses a name as [`Collective::parse`] does; `None` for a collective without a ring.
+    pub fn parse(s: &str) -> Option<RingColl> {
+        Collective::parse(s).and_then(|c| RingColl::try_from(c).ok())
+    }
+}
+
+impl From<RingColl> for Collective {
+    fn from(c: RingColl) -> Collective {
+        c.collective()
+    }
+}
+
+impl TryFrom<Collective> for RingColl {
+    type Error = Collective;
+    fn try_from(c: Collective) -> Result<RingColl, Collective> {
+        RingColl::ALL.into_iter().find(|r| r.collective() == c).ok_or(c)
+    }
+}
+
+impl core::fmt::Display for RingColl {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.write_str(self.name())
     }
@@ -180,5 +266,35 @@ mod tests {
         assert!(selfm.is_err());
         let wrong = check_alltoallv(3, r0, seg(&[1, 1], &[0, 1], 2), seg(&[1, 1], &[0, 1], 2));
         assert!(wrong.is_err());
+    }
+
+    #[test]
+    fn every_kind_of_collective_derives_from_the_one_list() {
+        use crate::contract::CallKind;
+        use crate::plan::device::DeviceColl;
+        for c in Collective::ALL {
+            // Names parse back in every spelling users write.
+            assert_eq!(Collective::parse(c.name()), Some(c));
+            assert_eq!(Collective::parse(&c.name().replace('_', "")), Some(c));
+            assert_eq!(Collective::parse(&format!("{}_perf", c.name())), Some(c));
+            // The contract check's code, the ring subset and the device form map back to it.
+            let k = CallKind::from(c);
+            assert_eq!(k.collective(), if c.is_p2p() { None } else { Some(c) });
+            assert_eq!(CallKind::from_u8(k as u8), Some(k));
+            assert_eq!(k.name(), if c.is_p2p() { "send/recv" } else { c.name() });
+            match RingColl::try_from(c) {
+                Ok(r) => {
+                    assert_eq!((r.collective(), r.name(), RingColl::parse(c.name())), (c, c.name(), Some(r)))
+                }
+                Err(back) => assert_eq!(back, c),
+            }
+            if let Some(d) = DeviceColl::of(c, 3) {
+                assert_eq!((d.collective(), d.reduces(), d.root().is_some()), (c, c.reduces(), c.rooted()));
+            }
+        }
+        let rings: Vec<Collective> = RingColl::ALL.iter().map(|r| r.collective()).collect();
+        assert_eq!(rings.len(), Collective::ALL.iter().filter(|c| RingColl::try_from(**c).is_ok()).count());
+        assert_eq!(Collective::parse("AllReduce"), Some(Collective::AllReduce));
+        assert_eq!((Collective::parse("allreduc"), CallKind::from_u8(11)), (None, None));
     }
 }

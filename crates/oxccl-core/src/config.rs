@@ -220,7 +220,7 @@ impl DeviceSettings {
         get: &impl Fn(&str) -> Option<String>,
         enabled: &crate::tuner::Enabled,
     ) -> Result<DeviceSettings, CoreError> {
-        use crate::tuner::{Coll, Proto};
+        use crate::tuner::{Proto, RingColl};
         let flag = |var: &str, default: bool| match get(var) {
             Some(v) if !v.trim().is_empty() => parse_bool(var, &v),
             _ => Ok(default),
@@ -233,7 +233,7 @@ impl DeviceSettings {
                 Some(v) => Err(bad(var, &v, &format!("expected {on} or {default}"))),
             }
         };
-        let all_reduce = |p: Proto| enabled.proto[Coll::AllReduce as usize][p as usize];
+        let all_reduce = |p: Proto| enabled.proto[RingColl::AllReduce as usize][p as usize];
         Ok(DeviceSettings {
             ll: flag("OXCCL_DEVICE_LL", true)? && all_reduce(Proto::LL),
             ll128: flag("OXCCL_DEVICE_LL128", true)? && all_reduce(Proto::LL128),

@@ -10,6 +10,7 @@
 //! A signature of kind [`CallKind::None`] (all zero words) is not checked: the check is off,
 //! or the lane was not planned for a call (tests, the simulator).
 
+use crate::coll::Collective;
 use crate::dtype::{DataType, ReduceOp};
 use crate::plan::OpSpec;
 use crate::types::Rank;
@@ -52,20 +53,51 @@ impl CallKind {
         CallKind::P2p,
     ];
 
-    /// The collective's name, as the API spells it.
+    /// The kind of wire code `code`, if one.
+    pub fn from_u8(code: u8) -> Option<CallKind> {
+        CallKind::ALL.get(code as usize).copied()
+    }
+
+    /// The collective's name ([`Collective::name`]), "unchecked" or "send/recv".
     pub const fn name(self) -> &'static str {
-        match self {
-            CallKind::None => "unchecked",
-            CallKind::AllReduce => "all_reduce",
-            CallKind::Broadcast => "broadcast",
-            CallKind::Reduce => "reduce",
-            CallKind::AllGather => "all_gather",
-            CallKind::ReduceScatter => "reduce_scatter",
-            CallKind::AllToAll => "all_to_all",
-            CallKind::AllToAllV => "all_to_allv",
-            CallKind::Gather => "gather",
-            CallKind::Scatter => "scatter",
-            CallKind::P2p => "send/recv",
+        match self.collective() {
+            Some(c) => c.name(),
+            None if matches!(self, CallKind::P2p) => "send/recv",
+            None => "unchecked",
+        }
+    }
+
+    /// The collective it checks (none for an unchecked call or a point-to-point message).
+    pub const fn collective(self) -> Option<Collective> {
+        Some(match self {
+            CallKind::None | CallKind::P2p => return None,
+            CallKind::AllReduce => Collective::AllReduce,
+            CallKind::Broadcast => Collective::Broadcast,
+            CallKind::Reduce => Collective::Reduce,
+            CallKind::AllGather => Collective::AllGather,
+            CallKind::ReduceScatter => Collective::ReduceScatter,
+            CallKind::AllToAll => Collective::AllToAll,
+            CallKind::AllToAllV => Collective::AllToAllV,
+            CallKind::Gather => Collective::Gather,
+            CallKind::Scatter => Collective::Scatter,
+        })
+    }
+}
+
+impl From<Collective> for CallKind {
+    /// The wire code a call of `c` is checked under (point-to-point: a message).
+    fn from(c: Collective) -> CallKind {
+        match c {
+            Collective::AllReduce => CallKind::AllReduce,
+            Collective::Broadcast => CallKind::Broadcast,
+            Collective::Reduce => CallKind::Reduce,
+            Collective::AllGather => CallKind::AllGather,
+            Collective::ReduceScatter => CallKind::ReduceScatter,
+            Collective::AllToAll => CallKind::AllToAll,
+            Collective::AllToAllV => CallKind::AllToAllV,
+            Collective::Gather => CallKind::Gather,
+            Collective::Scatter => CallKind::Scatter,
+            Collective::Send | Collective::Recv => CallKind::P2p,
         }
     }
 }
@@ -116,25 +148,22 @@ impl Sig {
 
     /// The signature of collective `op`, the communicator's call number `seq`.
     pub fn of(op: &OpSpec, seq: u64) -> Sig {
-        use CallKind as K;
-        let s = |k, dtype, o, root, count: usize| Sig::new(seq, k, dtype, o, root, count as u64);
+        let s = |dtype, o, root, count: usize| {
+            Sig::new(seq, CallKind::from(op.collective()), dtype, o, root, count as u64)
+        };
         match *op {
-            OpSpec::AllReduce { count, dtype, op, .. } => s(K::AllReduce, dtype, Some(op), None, count),
-            OpSpec::Broadcast { count, dtype, root, .. } => s(K::Broadcast, dtype, None, Some(root), count),
-            OpSpec::Reduce { count, dtype, op, root, .. } => s(K::Reduce, dtype, Some(op), Some(root), count),
-            OpSpec::AllGather { count, dtype, .. } => s(K::AllGather, dtype, None, None, count),
-            OpSpec::ReduceScatter { count, dtype, op, .. } => {
-                s(K::ReduceScatter, dtype, Some(op), None, count)
+            OpSpec::AllReduce { count, dtype, op, .. } | OpSpec::ReduceScatter { count, dtype, op, .. } => {
+                s(dtype, Some(op), None, count)
             }
-            OpSpec::AllToAll { count, dtype, .. } => s(K::AllToAll, dtype, None, None, count),
-            OpSpec::AllToAllV { dtype, .. } => {
-                Sig { count: VARIABLE, ..s(K::AllToAllV, dtype, None, None, 0) }
-            }
-            OpSpec::Gather { count, dtype, root, .. } => s(K::Gather, dtype, None, Some(root), count),
-            OpSpec::Scatter { count, dtype, root, .. } => s(K::Scatter, dtype, None, Some(root), count),
-            OpSpec::Send { count, dtype, .. } | OpSpec::Recv { count, dtype, .. } => {
-                s(K::P2p, dtype, None, None, count)
-            }
+            OpSpec::Reduce { count, dtype, op, root, .. } => s(dtype, Some(op), Some(root), count),
+            OpSpec::Broadcast { count, dtype, root, .. }
+            | OpSpec::Gather { count, dtype, root, .. }
+            | OpSpec::Scatter { count, dtype, root, .. } => s(dtype, None, Some(root), count),
+            OpSpec::AllGather { count, dtype, .. }
+            | OpSpec::AllToAll { count, dtype, .. }
+            | OpSpec::Send { count, dtype, .. }
+            | OpSpec::Recv { count, dtype, .. } => s(dtype, None, None, count),
+            OpSpec::AllToAllV { dtype, .. } => Sig { count: VARIABLE, ..s(dtype, None, None, 0) },
         }
     }
 
@@ -162,7 +191,7 @@ impl Sig {
     /// The signature in `w`; an unknown kind decodes as [`CallKind::None`] with the words kept
     /// visible in `seq`/`count` (so a garbled header still prints something).
     pub fn from_words(w: SigWords) -> Sig {
-        let kind = CallKind::ALL.get((w[1] & 0xff) as usize).copied().unwrap_or(CallKind::None);
+        let kind = CallKind::from_u8(w[1] as u8).unwrap_or(CallKind::None);
         Sig {
             seq: w[0],
             kind,
@@ -277,6 +306,6 @@ mod tests {
             src: l,
             dst: l,
         };
-        assert_eq!(Sig::of(&v, 1).to_string(), "all_to_allv call #1 (int32 × per-peer counts)");
+        assert_eq!(Sig::of(&v, 1).to_string(), "all_to_all_v call #1 (int32 × per-peer counts)");
     }
 }

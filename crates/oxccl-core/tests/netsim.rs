@@ -3,7 +3,7 @@
 //! agreement with the simulator where one algorithm clearly wins.
 
 use oxccl_core::netsim::{model_of, simulate, Cluster, Spec};
-use oxccl_core::tuner::{Algo, Coll, Enabled, Proto};
+use oxccl_core::tuner::{Algo, Enabled, Proto, RingColl};
 
 fn summit() -> Cluster {
     let f = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/clusters/summit.json");
@@ -17,7 +17,7 @@ fn time(c: &Cluster, ranks: usize, algo: Algo, bytes: usize) -> f64 {
     let proto = [Proto::LL, Proto::Simple]
         .into_iter()
         .min_by(|&a, &b| {
-            let t = |p| m.estimate(Coll::AllReduce, bytes, algo, p, 2).unwrap_or(f64::INFINITY);
+            let t = |p| m.estimate(RingColl::AllReduce, bytes, algo, p, 2).unwrap_or(f64::INFINITY);
             t(a).total_cmp(&t(b))
         })
         .unwrap();
@@ -71,7 +71,7 @@ fn a_thousand_ranks_show_the_ring_and_tree_crossovers_and_the_tuner_agrees() {
     let en = Enabled::parse(Some("ring,tree"), Some("LL,Simple")).unwrap();
     for (i, &b) in sizes.iter().enumerate() {
         if tree[i] * 1.1 < ring[i] {
-            let pick = m.choose(Coll::AllReduce, b, &en).unwrap().algo;
+            let pick = m.choose(RingColl::AllReduce, b, &en).unwrap().algo;
             assert_eq!(pick, Algo::Tree, "{b} B: simulated ring {} us, tree {} us", ring[i], tree[i]);
         }
     }

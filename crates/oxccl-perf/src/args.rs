@@ -4,6 +4,7 @@
 //! the usage on stdout, exit 0), apart from a wrong command line ([`ArgsError::Invalid`]).
 
 use oxccl::{DataType, ReduceOp};
+use oxccl_core::coll::Collective;
 
 /// Which benchmark (nccl-tests binary name).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,12 +59,28 @@ impl Bench {
         Bench::ALL.into_iter().find(|b| b.program().strip_suffix("_perf") == Some(base))
     }
 
+    /// The library's collective the benchmark times (`None` for the send/recv and hypercube
+    /// exchanges).
+    pub fn collective(self) -> Option<Collective> {
+        Some(match self {
+            Bench::AllReduce => Collective::AllReduce,
+            Bench::AllGather => Collective::AllGather,
+            Bench::Broadcast => Collective::Broadcast,
+            Bench::ReduceScatter => Collective::ReduceScatter,
+            Bench::Reduce => Collective::Reduce,
+            Bench::AllToAll => Collective::AllToAll,
+            Bench::Gather => Collective::Gather,
+            Bench::Scatter => Collective::Scatter,
+            Bench::SendRecv | Bench::HyperCube => return None,
+        })
+    }
+
     pub fn reduces(self) -> bool {
-        matches!(self, Bench::AllReduce | Bench::Reduce | Bench::ReduceScatter)
+        self.collective().is_some_and(Collective::reduces)
     }
 
     pub fn rooted(self) -> bool {
-        matches!(self, Bench::Broadcast | Bench::Reduce | Bench::Gather | Bench::Scatter)
+        self.collective().is_some_and(Collective::rooted)
     }
 
     /// Whether nccl-tests checks its in-place results (alltoall and sendrecv have none).

@@ -222,7 +222,7 @@ pub fn run_device(
     recvs: &[u64],
 ) -> std::result::Result<(), oxccl::cuda::DevError> {
     use oxccl::cuda::call::DevCall;
-    use oxccl_core::plan::device::Coll;
+    use oxccl_core::plan::device::DeviceColl;
     let comm = dc.comm();
     let (p, r, e) = (comm.size(), comm.rank().idx(), es(c));
     let n = c.counts.param;
@@ -250,24 +250,24 @@ pub fn run_device(
     }
     let mut calls = Vec::with_capacity(recvs.len() * 2);
     for &recv in recvs {
-        let coll = |k: Coll, s: u64, d: u64| DevCall::coll(k, dt, op, n, s, d);
+        let coll = |k: DeviceColl, s: u64, d: u64| DevCall::coll(k, dt, op, n, s, d);
         match (c.bench, c.in_place) {
-            (Bench::AllReduce, false) => calls.push(coll(Coll::AllReduce, send, recv)),
-            (Bench::AllReduce, true) => calls.push(coll(Coll::AllReduce, recv, recv)),
-            (Bench::Broadcast, false) => calls.push(coll(Coll::Broadcast(root), send, recv)),
-            (Bench::Broadcast, true) => calls.push(coll(Coll::Broadcast(root), recv, recv)),
-            (Bench::Reduce, false) => calls.push(coll(Coll::Reduce(root), send, recv)),
-            (Bench::Reduce, true) => calls.push(coll(Coll::Reduce(root), recv, recv)),
-            (Bench::AllGather, false) => calls.push(coll(Coll::AllGather, send, recv)),
-            (Bench::AllGather, true) => calls.push(coll(Coll::AllGather, recv + blk(r), recv)),
-            (Bench::ReduceScatter, false) => calls.push(coll(Coll::ReduceScatter, send, recv)),
-            (Bench::ReduceScatter, true) => calls.push(coll(Coll::ReduceScatter, recv, recv + blk(r))),
-            (Bench::AllToAll, false) => calls.push(coll(Coll::AllToAll, send, recv)),
-            (Bench::AllToAll, true) => calls.push(coll(Coll::AllToAll, recv, recv)),
-            (Bench::Gather, false) => calls.push(coll(Coll::Gather(root), send, recv)),
-            (Bench::Gather, true) => calls.push(coll(Coll::Gather(root), recv + blk(r), recv)),
-            (Bench::Scatter, false) => calls.push(coll(Coll::Scatter(root), send, recv)),
-            (Bench::Scatter, true) => calls.push(coll(Coll::Scatter(root), recv, recv + blk(r))),
+            (Bench::AllReduce, false) => calls.push(coll(DeviceColl::AllReduce, send, recv)),
+            (Bench::AllReduce, true) => calls.push(coll(DeviceColl::AllReduce, recv, recv)),
+            (Bench::Broadcast, false) => calls.push(coll(DeviceColl::Broadcast(root), send, recv)),
+            (Bench::Broadcast, true) => calls.push(coll(DeviceColl::Broadcast(root), recv, recv)),
+            (Bench::Reduce, false) => calls.push(coll(DeviceColl::Reduce(root), send, recv)),
+            (Bench::Reduce, true) => calls.push(coll(DeviceColl::Reduce(root), recv, recv)),
+            (Bench::AllGather, false) => calls.push(coll(DeviceColl::AllGather, send, recv)),
+            (Bench::AllGather, true) => calls.push(coll(DeviceColl::AllGather, recv + blk(r), recv)),
+            (Bench::ReduceScatter, false) => calls.push(coll(DeviceColl::ReduceScatter, send, recv)),
+            (Bench::ReduceScatter, true) => calls.push(coll(DeviceColl::ReduceScatter, recv, recv + blk(r))),
+            (Bench::AllToAll, false) => calls.push(coll(DeviceColl::AllToAll, send, recv)),
+            (Bench::AllToAll, true) => calls.push(coll(DeviceColl::AllToAll, recv, recv)),
+            (Bench::Gather, false) => calls.push(coll(DeviceColl::Gather(root), send, recv)),
+            (Bench::Gather, true) => calls.push(coll(DeviceColl::Gather(root), recv + blk(r), recv)),
+            (Bench::Scatter, false) => calls.push(coll(DeviceColl::Scatter(root), send, recv)),
+            (Bench::Scatter, true) => calls.push(coll(DeviceColl::Scatter(root), recv, recv + blk(r))),
             (Bench::SendRecv, _) => {
                 calls.push(DevCall::send((r + 1) % p, dt, n, send));
                 calls.push(DevCall::recv((r + p - 1) % p, dt, n, recv));

@@ -254,7 +254,7 @@ fn threads_all_reduce(copy_gbs: f64) -> Result<usize, CudaError> {
                     // switched each time.
                     {
                         use oxccl::cuda::call::DevCall;
-                        use oxccl_core::plan::device::Coll;
+                        use oxccl_core::plan::device::DeviceColl;
                         let (n, k) = (1usize << 18, 4096usize);
                         let (next, prev) = ((m.rank + 1) % p, (m.rank + p - 1) % p);
                         let (msg, got_at) = (send.ptr + (n * 4) as u64, send.ptr + (2 * n * 4) as u64);
@@ -265,7 +265,7 @@ fn threads_all_reduce(copy_gbs: f64) -> Result<usize, CudaError> {
                             let ring: Vec<i64> = (0..k).map(|i| (i % 5) as i64 + 10 * m.rank as i64 + rep).collect();
                             st.upload(msg, &encode(DataType::F32, &ring))?;
                             let calls = [
-                                DevCall::coll(Coll::AllReduce, DataType::F32, ReduceOp::Sum, n, send.ptr, send.ptr),
+                                DevCall::coll(DeviceColl::AllReduce, DataType::F32, ReduceOp::Sum, n, send.ptr, send.ptr),
                                 DevCall::send(next, DataType::F32, k, msg),
                                 DevCall::recv(prev, DataType::F32, k, got_at),
                             ];
@@ -301,7 +301,7 @@ fn threads_all_reduce(copy_gbs: f64) -> Result<usize, CudaError> {
                     // 1000 r + 10 q + (i % 7) + rep: every block is told from every other.
                     {
                         use oxccl::cuda::call::DevCall;
-                        use oxccl_core::plan::device::Coll;
+                        use oxccl_core::plan::device::DeviceColl;
                         let r = m.rank;
                         for n in [3usize, 1000, (1 << 18) + 5] {
                             for rep in 0..5i64 {
@@ -313,7 +313,7 @@ fn threads_all_reduce(copy_gbs: f64) -> Result<usize, CudaError> {
                                 let want = encode(DataType::F32, &(0..p).flat_map(|q| block(q, r)).collect::<Vec<_>>());
                                 st.upload(send.ptr, &encode(DataType::F32, &mine))?;
                                 let out = if r % 2 == 0 { send.ptr } else { recv.ptr };
-                                let call = DevCall::coll(Coll::AllToAll, DataType::F32, ReduceOp::Sum, n, send.ptr, out);
+                                let call = DevCall::coll(DeviceColl::AllToAll, DataType::F32, ReduceOp::Sum, n, send.ptr, out);
                                 m.run(st, &[call])?;
                                 let mut got = vec![0u8; n * p * 4];
                                 st.download(&mut got, out)?;

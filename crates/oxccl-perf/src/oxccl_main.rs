@@ -28,7 +28,7 @@ mod sizes;
 
 use clap::{Args, Parser, Subcommand};
 use oxccl_core::topo::{graphs, Topo};
-use oxccl_core::tuner::{explain_sizes, Coll, Model};
+use oxccl_core::tuner::{explain_sizes, Model, RingColl};
 use std::path::{Path, PathBuf};
 
 /// Tools around oxccl: flight recorder dumps, topology, the tuner's reasoning, the simulator.
@@ -93,7 +93,7 @@ struct TopoArgs {
 struct ExplainArgs {
     /// allreduce, allgather, reducescatter, broadcast or reduce
     #[arg(value_name = "COLLECTIVE", value_parser = collective)]
-    collective: Coll,
+    collective: RingColl,
     /// Ranks: CPU ranks on this host, or with --topo GPUs of the topology [default with --topo:
     /// all its GPUs]
     #[arg(long, value_name = "N", required_unless_present = "topo", value_parser = rank_count)]
@@ -107,8 +107,8 @@ fn rank_count(v: &str) -> Result<usize, String> {
     v.parse().ok().filter(|&n: &usize| n >= 1).ok_or_else(|| "not a rank count of at least 1".into())
 }
 
-fn collective(v: &str) -> Result<Coll, String> {
-    Coll::parse(v)
+fn collective(v: &str) -> Result<RingColl, String> {
+    RingColl::parse(v)
         .ok_or_else(|| "the collectives are allreduce, allgather, reducescatter, broadcast and reduce".into())
 }
 

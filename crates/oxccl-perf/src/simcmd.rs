@@ -26,7 +26,7 @@ use crate::report::{float_str, obj, Json};
 use crate::sizes::parse_size;
 use clap::Args;
 use oxccl_core::netsim::{model_of, simulate, Cluster, Spec};
-use oxccl_core::tuner::{Algo, Coll, Enabled, Proto};
+use oxccl_core::tuner::{Algo, Enabled, Proto, RingColl};
 
 /// One simulated point.
 #[derive(Clone, Debug)]
@@ -112,7 +112,7 @@ pub fn protocol(
     *allowed
         .iter()
         .min_by(|&&a, &&b| {
-            let t = |p| m.estimate(Coll::AllReduce, bytes, algo, p, channels).unwrap_or(f64::INFINITY);
+            let t = |p| m.estimate(RingColl::AllReduce, bytes, algo, p, channels).unwrap_or(f64::INFINITY);
             t(a).total_cmp(&t(b))
         })
         .unwrap_or(&Proto::Simple)
@@ -123,7 +123,7 @@ pub fn tuner_pick(c: &Cluster, ranks: usize, bytes: usize, allowed: &[Proto]) ->
     let m = model_of(c, ranks);
     let protos: Vec<&str> = allowed.iter().map(|p| p.name()).collect();
     let en = Enabled::parse(Some("ring,tree"), Some(&protos.join(","))).unwrap_or_default();
-    m.choose(Coll::AllReduce, bytes, &en).map_or(Algo::Ring, |e| e.algo)
+    m.choose(RingColl::AllReduce, bytes, &en).map_or(Algo::Ring, |e| e.algo)
 }
 
 /// `oxccl sim`'s command line.

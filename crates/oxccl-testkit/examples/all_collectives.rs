@@ -9,7 +9,7 @@
 //! ```
 
 use oxccl::{Communicator, Config, DataType, ReduceOp};
-use oxccl_testkit::{child, run_case, Case, Coll, Launch};
+use oxccl_testkit::{child, run_case, Case, CaseColl, Launch};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -77,7 +77,7 @@ fn rank_main(args: &[String]) -> bool {
     let count: usize = arg(args, "-n", (1 << 20) + 3);
     let dtype = DataType::parse(&arg::<String>(args, "-d", "float".into())).unwrap_or(DataType::F32);
     let mut ok = true;
-    for (i, coll) in Coll::ALL.into_iter().enumerate() {
+    for (i, coll) in CaseColl::ALL.into_iter().enumerate() {
         let case = Case {
             coll,
             dtype,
@@ -143,7 +143,7 @@ fn main() {
             let mut parts = line.splitn(3, ' ');
             let (name, verdict, rest) =
                 (parts.next().unwrap_or(""), parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-            let idx = Coll::ALL.iter().position(|c| c.name() == name).unwrap_or(usize::MAX);
+            let idx = CaseColl::ALL.iter().position(|c| c.name() == name).unwrap_or(usize::MAX);
             let e = table.entry(idx).or_insert((name.to_string(), 0, 0.0, None));
             if verdict == "OK" {
                 e.1 += 1;
@@ -164,9 +164,9 @@ fn main() {
         all_ok &= fail.is_none() && *n_ok == np;
         println!("  {name:<16} {:>10} {ms:>12.2}  {verdict}", format!("{n_ok}/{np}"));
     }
-    if table.len() != Coll::ALL.len() {
+    if table.len() != CaseColl::ALL.len() {
         all_ok = false;
-        println!("# only {} of {} collectives reported", table.len(), Coll::ALL.len());
+        println!("# only {} of {} collectives reported", table.len(), CaseColl::ALL.len());
     }
     if let Some(e) = launch_err {
         println!("# launch failed:\n{e}");

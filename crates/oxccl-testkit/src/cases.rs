@@ -3,10 +3,11 @@
 
 use crate::verify::{expected_reduction, first_mismatch, hash, input, poison_for, Use};
 use oxccl::{bf16, f16, Communicator, DataType, Element, Rank, ReduceOp, F8E4M3, F8E5M2};
+use oxccl_core::coll::Collective;
 
 /// The collectives (and the grouped send/recv exchange) a case can exercise.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Coll {
+pub enum CaseColl {
     AllReduce,
     Broadcast,
     Reduce,
@@ -20,55 +21,61 @@ pub enum Coll {
     SendRecv,
 }
 
-impl Coll {
-    pub const ALL: [Coll; 10] = [
-        Coll::AllReduce,
-        Coll::Broadcast,
-        Coll::Reduce,
-        Coll::AllGather,
-        Coll::ReduceScatter,
-        Coll::AllToAll,
-        Coll::AllToAllV,
-        Coll::Gather,
-        Coll::Scatter,
-        Coll::SendRecv,
+impl CaseColl {
+    pub const ALL: [CaseColl; 10] = [
+        CaseColl::AllReduce,
+        CaseColl::Broadcast,
+        CaseColl::Reduce,
+        CaseColl::AllGather,
+        CaseColl::ReduceScatter,
+        CaseColl::AllToAll,
+        CaseColl::AllToAllV,
+        CaseColl::Gather,
+        CaseColl::Scatter,
+        CaseColl::SendRecv,
     ];
 
+    /// The library's collective it calls (`None` for the send/recv exchange).
+    pub fn collective(self) -> Option<Collective> {
+        Some(match self {
+            CaseColl::AllReduce => Collective::AllReduce,
+            CaseColl::Broadcast => Collective::Broadcast,
+            CaseColl::Reduce => Collective::Reduce,
+            CaseColl::AllGather => Collective::AllGather,
+            CaseColl::ReduceScatter => Collective::ReduceScatter,
+            CaseColl::AllToAll => Collective::AllToAll,
+            CaseColl::AllToAllV => Collective::AllToAllV,
+            CaseColl::Gather => Collective::Gather,
+            CaseColl::Scatter => Collective::Scatter,
+            CaseColl::SendRecv => return None,
+        })
+    }
+
+    /// The collective's name ([`Collective::name`]), or "send_recv".
     pub fn name(self) -> &'static str {
-        match self {
-            Coll::AllReduce => "all_reduce",
-            Coll::Broadcast => "broadcast",
-            Coll::Reduce => "reduce",
-            Coll::AllGather => "all_gather",
-            Coll::ReduceScatter => "reduce_scatter",
-            Coll::AllToAll => "all_to_all",
-            Coll::AllToAllV => "all_to_all_v",
-            Coll::Gather => "gather",
-            Coll::Scatter => "scatter",
-            Coll::SendRecv => "send_recv",
-        }
+        self.collective().map_or("send_recv", Collective::name)
     }
 
     /// Whether the collective reduces (takes an operator).
     pub fn reduces(self) -> bool {
-        matches!(self, Coll::AllReduce | Coll::Reduce | Coll::ReduceScatter)
+        self.collective().is_some_and(Collective::reduces)
     }
 
     /// Whether the collective has a root.
     pub fn rooted(self) -> bool {
-        matches!(self, Coll::Broadcast | Coll::Reduce | Coll::Gather | Coll::Scatter)
+        self.collective().is_some_and(Collective::rooted)
     }
 
     /// Whether the collective has an in-place form.
     pub fn has_in_place(self) -> bool {
-        !matches!(self, Coll::AllToAllV | Coll::SendRecv)
+        !matches!(self, CaseColl::AllToAllV | CaseColl::SendRecv)
     }
 }
 
 /// One checked call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Case {
-    pub coll: Coll,
+    pub coll: CaseColl,
     pub dtype: DataType,
     pub op: Option<ReduceOp>,
     /// Elements per rank (per block for block collectives).
@@ -157,7 +164,7 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
     let err = |e: oxccl::Error| format!("{c}: call failed: {e}");
     let mv = Use::Move;
     match c.coll {
-        Coll::AllReduce => {
+        CaseColl::AllReduce => {
             let op = c.op.unwrap_or(ReduceOp::Sum);
             let inp = input(dt, Use::Reduce(op), p, r, c.seed, 0, n);
             let want = expected_reduction(dt, op, p, c.seed, 0, n);
@@ -173,7 +180,7 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
                 check(c, "result", &recv, &want)
             }
         }
-        Coll::Broadcast => {
+        CaseColl::Broadcast => {
             let want = input(dt, mv, p, c.root, c.seed, 0, n);
             if c.in_place {
                 let mut buf: Buf<T> =
@@ -188,7 +195,7 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
                 check(c, "result", &recv, &want)
             }
         }
-        Coll::Reduce => {
+        CaseColl::Reduce => {
             let op = c.op.unwrap_or(ReduceOp::Sum);
             let inp = input(dt, Use::Reduce(op), p, r, c.seed, 0, n);
             let want = expected_reduction(dt, op, p, c.seed, 0, n);
@@ -212,7 +219,7 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
                 }
             }
         }
-        Coll::AllGather => {
+        CaseColl::AllGather => {
             let want = concat((0..p).map(|q| input(dt, mv, p, q, c.seed, 0, n)));
             let mine = input(dt, mv, p, r, c.seed, 0, n);
             if c.in_place {
@@ -229,7 +236,7 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
                 check(c, "result", &recv, &want)
             }
         }
-        Coll::ReduceScatter => {
+        CaseColl::ReduceScatter => {
             let op = c.op.unwrap_or(ReduceOp::Sum);
             let inp = input(dt, Use::Reduce(op), p, r, c.seed, 0, n * p);
             let want = expected_reduction(dt, op, p, c.seed, r * n, n);
@@ -244,7 +251,7 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
                 check(c, "result", &recv, &want)
             }
         }
-        Coll::AllToAll => {
+        CaseColl::AllToAll => {
             let inp = input(dt, mv, p, r, c.seed, 0, n * p);
             let want = concat((0..p).map(|q| input(dt, mv, p, q, c.seed, r * n, n)));
             if c.in_place {
@@ -258,7 +265,7 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
                 check(c, "result", &recv, &want)
             }
         }
-        Coll::AllToAllV => {
+        CaseColl::AllToAllV => {
             // Rank s sends cnt(s, d) elements to d; segment elements come from index d·n + k.
             let cnt = |s: usize, d: usize| (hash(c.seed ^ 0xa2a, s, d) % (n as u64 + 1)) as usize;
             let sc: Vec<usize> = (0..p).map(|d| cnt(r, d)).collect();
@@ -300,7 +307,7 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
             comm.all_to_all_v(&send, &sc, &sd, &mut recv, &rc, &rd).map_err(err)?;
             check(c, "result", &recv, &want)
         }
-        Coll::Gather => {
+        CaseColl::Gather => {
             let mine = input(dt, mv, p, r, c.seed, 0, n);
             let want = concat((0..p).map(|q| input(dt, mv, p, q, c.seed, 0, n)));
             if c.in_place {
@@ -331,7 +338,7 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
                 }
             }
         }
-        Coll::Scatter => {
+        CaseColl::Scatter => {
             let all = input(dt, mv, p, c.root, c.seed, 0, n * p);
             let es = dt.size_bytes();
             let want = all[r * n * es..(r + 1) * n * es].to_vec();
@@ -355,7 +362,7 @@ fn run_typed<T: Element>(comm: &Communicator, c: &Case) -> Result<(), String> {
                 check(c, "result", &recv, &want)
             }
         }
-        Coll::SendRecv => {
+        CaseColl::SendRecv => {
             let next = (r + 1) % p;
             let prev = (r + p - 1) % p;
             // Two messages to each neighbour: what goes "forward" and what goes "backward".
@@ -409,7 +416,7 @@ pub struct MatrixSpec {
     /// Counts for which every dtype × op runs out of place and every dtype in place (with
     /// `Sum` for reductions), the root rotating across cases so every root is still covered.
     pub big_counts: Vec<usize>,
-    pub colls: Vec<Coll>,
+    pub colls: Vec<CaseColl>,
     pub dtypes: Vec<DataType>,
     /// Counts run again with shared buffers (every op out of place, Sum in place), for the
     /// data types in `shared_dtypes`.

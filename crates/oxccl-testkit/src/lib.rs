@@ -12,7 +12,7 @@ pub mod skip;
 pub mod spawn;
 pub mod verify;
 
-pub use cases::{matrix, run_case, Case, Coll, MatrixSpec};
+pub use cases::{matrix, run_case, Case, CaseColl, MatrixSpec};
 pub use rng::Rng;
 pub use skip::{skip, skip_unavailable};
 pub use spawn::{child, epoch_ms, ChildCtx, Finished, Launch};

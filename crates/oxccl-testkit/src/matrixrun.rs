@@ -4,7 +4,7 @@
 //! cases, 0 failed`) with the number of cases the spec gives for P ([`check_summaries`]), so a
 //! rank that ran fewer cases, or none, fails the test even if it exited 0.
 
-use crate::cases::{matrix, run_case, Coll, MatrixSpec};
+use crate::cases::{matrix, run_case, CaseColl, MatrixSpec};
 use crate::spawn::{ChildCtx, Finished, Launch};
 use oxccl::{Communicator, Config, DataType};
 use std::time::{Duration, Instant};
@@ -14,7 +14,7 @@ pub fn standard_spec() -> MatrixSpec {
     MatrixSpec {
         full_counts: vec![0, 1, 7],
         big_counts: vec![(1 << 20) + 3],
-        colls: Coll::ALL.to_vec(),
+        colls: CaseColl::ALL.to_vec(),
         dtypes: DataType::ALL.to_vec(),
         shared_counts: vec![2000, (1 << 20) + 3],
         shared_dtypes: vec![
@@ -35,7 +35,7 @@ pub fn spec_named(name: &str) -> MatrixSpec {
         "light" => MatrixSpec {
             full_counts: vec![0, 1, 7],
             big_counts: vec![],
-            colls: Coll::ALL.to_vec(),
+            colls: CaseColl::ALL.to_vec(),
             dtypes: DataType::ALL.to_vec(),
             shared_counts: vec![],
             shared_dtypes: vec![],
@@ -43,7 +43,7 @@ pub fn spec_named(name: &str) -> MatrixSpec {
         "light-big" => MatrixSpec {
             full_counts: vec![],
             big_counts: vec![(1 << 20) + 3],
-            colls: Coll::ALL.to_vec(),
+            colls: CaseColl::ALL.to_vec(),
             dtypes: vec![DataType::F32, DataType::U8, DataType::Bf16],
             shared_counts: vec![(1 << 20) + 3],
             shared_dtypes: vec![DataType::F32],

@@ -3,7 +3,7 @@
 //! into 64 MiB (shared), broadcast of 64 MiB.
 
 use oxccl::{Communicator, DataType, ReduceOp};
-use oxccl_testkit::{child, run_case, Case, Coll, Launch};
+use oxccl_testkit::{child, run_case, Case, CaseColl, Launch};
 use std::time::{Duration, Instant};
 
 oxccl_testkit::test_scope!();
@@ -18,7 +18,7 @@ fn rank() {
     let p = comm.size();
     let cases: [Case; LARGE_CASES] = [
         Case {
-            coll: Coll::AllReduce,
+            coll: CaseColl::AllReduce,
             dtype: DataType::F32,
             op: Some(ReduceOp::Sum),
             count: MIB64_F32 + 5,
@@ -28,7 +28,7 @@ fn rank() {
             shared: false,
         },
         Case {
-            coll: Coll::AllReduce,
+            coll: CaseColl::AllReduce,
             dtype: DataType::Bf16,
             op: Some(ReduceOp::Max),
             count: 2 * MIB64_F32,
@@ -38,7 +38,7 @@ fn rank() {
             shared: true,
         },
         Case {
-            coll: Coll::AllGather,
+            coll: CaseColl::AllGather,
             dtype: DataType::U8,
             op: None,
             count: (64 << 20) / p,
@@ -48,7 +48,7 @@ fn rank() {
             shared: true,
         },
         Case {
-            coll: Coll::Broadcast,
+            coll: CaseColl::Broadcast,
             dtype: DataType::F64,
             op: None,
             count: 8 << 20,
@@ -58,7 +58,7 @@ fn rank() {
             shared: false,
         },
         Case {
-            coll: Coll::AllReduce,
+            coll: CaseColl::AllReduce,
             dtype: DataType::F32,
             op: Some(ReduceOp::Sum),
             count: MIB64_F32 + 5,
@@ -86,7 +86,7 @@ fn tiny_dev_shm_rank() {
     let comm = Communicator::from_env().unwrap();
     for (seed, shared) in [(70, true), (71, false)] {
         let c = Case {
-            coll: Coll::AllReduce,
+            coll: CaseColl::AllReduce,
             dtype: DataType::F32,
             op: Some(ReduceOp::Sum),
             count: MIB64_F32 + 5,

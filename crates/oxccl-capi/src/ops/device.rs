@@ -9,7 +9,7 @@ use oxccl::cuda::comm::EngineKind;
 use oxccl::cuda::stage::MemKind;
 use oxccl::cuda::{DevComm, DevError};
 use oxccl::Communicator;
-use oxccl_core::plan::device::Coll;
+use oxccl_core::plan::device::DeviceColl;
 
 fn fail(func: &str, e: DevError) -> Fail {
     let code = match &e {
@@ -37,22 +37,18 @@ fn dev_call(c: &Call) -> Option<DevCall> {
         // A scalar behind a pointer is read when the call runs: staged.
         Some(_) => return None,
     };
-    let coll = |k: Coll, op: oxccl::ReduceOp| match scalar {
+    let coll = |k: DeviceColl, op: oxccl::ReduceOp| match scalar {
         Some(v) => DevCall::premul(k, t, v, n, s, r),
         None => DevCall::coll(k, t, op, n, s, r),
     };
     let sum = oxccl::ReduceOp::Sum;
     Some(match c.kind {
-        Kind::AllReduce(op) => coll(Coll::AllReduce, op),
-        Kind::Broadcast(root) => coll(Coll::Broadcast(root.idx()), sum),
-        Kind::Reduce(op, root) => coll(Coll::Reduce(root.idx()), op),
-        Kind::AllGather => coll(Coll::AllGather, sum),
-        Kind::ReduceScatter(op) => coll(Coll::ReduceScatter, op),
-        Kind::AllToAll => coll(Coll::AllToAll, sum),
-        Kind::Gather(root) => coll(Coll::Gather(root.idx()), sum),
-        Kind::Scatter(root) => coll(Coll::Scatter(root.idx()), sum),
         Kind::Send(peer) => DevCall::send(peer.idx(), t, n, s),
         Kind::Recv(peer) => DevCall::recv(peer.idx(), t, n, r),
+        k => {
+            let root = k.root().map_or(0, |r| r.idx());
+            coll(DeviceColl::of(k.collective(), root)?, k.op().unwrap_or(sum))
+        }
     })
 }
 
@@ -130,15 +126,15 @@ mod tests {
         let c = dev_call(&call(Kind::AllReduce(ReduceOp::Max), 0x100, 0x100, (40, 40), 10)).unwrap();
         assert_eq!(
             (c.what, c.op, c.count, c.send, c.recv),
-            (What::Coll(Coll::AllReduce), Kop::Op(ReduceOp::Max), 10, 0x100, 0x100)
+            (What::Coll(DeviceColl::AllReduce), Kop::Op(ReduceOp::Max), 10, 0x100, 0x100)
         );
         // A non-root broadcast's send buffer is not used: left out whatever it points at.
         let c = dev_call(&call(Kind::Broadcast(Rank::new(2)), 0xdead, 0x200, (0, 40), 10)).unwrap();
-        assert_eq!((c.what, c.send, c.recv), (What::Coll(Coll::Broadcast(2)), 0, 0x200));
+        assert_eq!((c.what, c.send, c.recv), (What::Coll(DeviceColl::Broadcast(2)), 0, 0x200));
         // A non-root reduce has no output.
         let c =
             dev_call(&call(Kind::Reduce(ReduceOp::Sum, Rank::new(0)), 0x300, 0xbeef, (40, 0), 10)).unwrap();
-        assert_eq!((c.what, c.send, c.recv), (What::Coll(Coll::Reduce(0)), 0x300, 0));
+        assert_eq!((c.what, c.send, c.recv), (What::Coll(DeviceColl::Reduce(0)), 0x300, 0));
         let c = dev_call(&call(Kind::Recv(Rank::new(3)), 0, 0x400, (0, 12), 3)).unwrap();
         assert_eq!((c.what, c.count, c.recv), (What::Recv(3), 3, 0x400));
         let mut pm = call(Kind::ReduceScatter(ReduceOp::Sum), 0x500, 0x600, (160, 40), 10);

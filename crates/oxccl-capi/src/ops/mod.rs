@@ -18,7 +18,7 @@
 use crate::handle::{invalid, lock, usage, CommState, Fail, PreMul, Scalar, Tomb, R};
 use crate::premul;
 use oxccl::{Communicator, DataType, Group, Rank, ReduceOp};
-use oxccl_core::coll::elems;
+use oxccl_core::coll::{elems, Collective};
 use std::cell::RefCell;
 
 /// What a call does.
@@ -34,6 +34,41 @@ pub enum Kind {
     Scatter(Rank),
     Send(Rank),
     Recv(Rank),
+}
+
+impl Kind {
+    /// The library's collective (or point-to-point operation) it is.
+    pub fn collective(self) -> Collective {
+        match self {
+            Kind::AllReduce(_) => Collective::AllReduce,
+            Kind::Broadcast(_) => Collective::Broadcast,
+            Kind::Reduce(..) => Collective::Reduce,
+            Kind::AllGather => Collective::AllGather,
+            Kind::ReduceScatter(_) => Collective::ReduceScatter,
+            Kind::AllToAll => Collective::AllToAll,
+            Kind::Gather(_) => Collective::Gather,
+            Kind::Scatter(_) => Collective::Scatter,
+            Kind::Send(_) => Collective::Send,
+            Kind::Recv(_) => Collective::Recv,
+        }
+    }
+
+    /// The reduction operator, where the call has one.
+    pub fn op(self) -> Option<ReduceOp> {
+        match self {
+            Kind::AllReduce(op) | Kind::Reduce(op, _) | Kind::ReduceScatter(op) => Some(op),
+            _ => None,
+        }
+    }
+
+    /// The root (or, for point-to-point, the peer), where the call has one.
+    pub fn root(self) -> Option<Rank> {
+        match self {
+            Kind::Broadcast(r) | Kind::Reduce(_, r) | Kind::Gather(r) | Kind::Scatter(r) => Some(r),
+            Kind::Send(r) | Kind::Recv(r) => Some(r),
+            _ => None,
+        }
+    }
 }
 
 /// One checked call. Pointers are the caller's; they stay valid until the call (or the

@@ -232,7 +232,7 @@ fn wire(proto: Proto, len: usize) -> f64 {
 pub fn geometry(c: &Cluster, s: &Spec) -> Geometry {
     let g = c.gpus_per_node;
     let mut sel = Selector::always(s.algo);
-    sel.protos[crate::tuner::Coll::AllReduce as usize] = vec![(usize::MAX, s.proto)];
+    sel.protos[crate::tuner::RingColl::AllReduce as usize] = vec![(usize::MAX, s.proto)];
     let mut geo = Geometry::simple(Rank(0), s.nranks, s.nchannels.max(1), s.chunk_bytes.max(64))
         .with_hosts(|r| (r / g) as u32);
     geo.channel_min_bytes = crate::tuning::RING_MIN_BYTES_PER_CHANNEL;

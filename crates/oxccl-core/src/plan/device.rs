@@ -23,6 +23,7 @@
 //! reads and writes a byte (in-place layouts) does so in one element of one task, reading
 //! before writing. [`tests`] checks that by executing every plan in memory.
 
+use crate::coll::Collective;
 use crate::dtype::DataType;
 
 /// Sources one task combines at most (the kernels' `OX_MAXSRC`).
@@ -34,7 +35,7 @@ pub const MAX_RANKS: usize = 8;
 
 /// A collective, with its root where it has one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Coll {
+pub enum DeviceColl {
     AllReduce,
     Broadcast(usize),
     Reduce(usize),
@@ -45,32 +46,56 @@ pub enum Coll {
     Scatter(usize),
 }
 
-impl Coll {
+impl DeviceColl {
+    /// The collective it is.
+    pub const fn collective(self) -> Collective {
+        match self {
+            DeviceColl::AllReduce => Collective::AllReduce,
+            DeviceColl::Broadcast(_) => Collective::Broadcast,
+            DeviceColl::Reduce(_) => Collective::Reduce,
+            DeviceColl::AllGather => Collective::AllGather,
+            DeviceColl::ReduceScatter => Collective::ReduceScatter,
+            DeviceColl::AllToAll => Collective::AllToAll,
+            DeviceColl::Gather(_) => Collective::Gather,
+            DeviceColl::Scatter(_) => Collective::Scatter,
+        }
+    }
+
+    /// `c` with root `root` (ignored where `c` has none); `None` for a collective the device
+    /// path does not run (all-to-all-v, point-to-point).
+    pub const fn of(c: Collective, root: usize) -> Option<DeviceColl> {
+        Some(match c {
+            Collective::AllReduce => DeviceColl::AllReduce,
+            Collective::Broadcast => DeviceColl::Broadcast(root),
+            Collective::Reduce => DeviceColl::Reduce(root),
+            Collective::AllGather => DeviceColl::AllGather,
+            Collective::ReduceScatter => DeviceColl::ReduceScatter,
+            Collective::AllToAll => DeviceColl::AllToAll,
+            Collective::Gather => DeviceColl::Gather(root),
+            Collective::Scatter => DeviceColl::Scatter(root),
+            Collective::AllToAllV | Collective::Send | Collective::Recv => return None,
+        })
+    }
+
     /// Whether the collective combines values (runs its kind's reduction kernel).
-    pub fn reduces(self) -> bool {
-        matches!(self, Coll::AllReduce | Coll::Reduce(_) | Coll::ReduceScatter)
+    pub const fn reduces(self) -> bool {
+        self.collective().reduces()
     }
 
     /// The root, for rooted collectives.
     pub fn root(self) -> Option<usize> {
         match self {
-            Coll::Broadcast(r) | Coll::Reduce(r) | Coll::Gather(r) | Coll::Scatter(r) => Some(r),
+            DeviceColl::Broadcast(r)
+            | DeviceColl::Reduce(r)
+            | DeviceColl::Gather(r)
+            | DeviceColl::Scatter(r) => Some(r),
             _ => None,
         }
     }
 
-    /// NCCL's name of the collective.
-    pub fn name(self) -> &'static str {
-        match self {
-            Coll::AllReduce => "all_reduce",
-            Coll::Broadcast(_) => "broadcast",
-            Coll::Reduce(_) => "reduce",
-            Coll::AllGather => "all_gather",
-            Coll::ReduceScatter => "reduce_scatter",
-            Coll::AllToAll => "all_to_all",
-            Coll::Gather(_) => "gather",
-            Coll::Scatter(_) => "scatter",
-        }
+    /// The collective's name ([`Collective::name`]).
+    pub const fn name(self) -> &'static str {
+        self.collective().name()
     }
 }
 
@@ -148,7 +173,7 @@ pub fn slice(count: usize, p: usize, elem: usize, r: usize) -> (usize, usize) {
 /// rank for AllGather, ReduceScatter, AllToAll, Gather and Scatter) of `elem` bytes, where
 /// `bufs[q]` are rank q's buffers. Empty tasks, and copies of a range onto itself (in-place
 /// layouts), are left out. At most `p` ≤ [`MAX_RANKS`] ranks.
-pub fn tasks(c: Coll, count: usize, elem: usize, rank: usize, bufs: &[Bufs]) -> Vec<Task> {
+pub fn tasks(c: DeviceColl, count: usize, elem: usize, rank: usize, bufs: &[Bufs]) -> Vec<Task> {
     let p = bufs.len();
     assert!((1..=MAX_RANKS).contains(&p) && rank < p, "direct plans serve 1..={MAX_RANKS} ranks");
     let es = elem as u64;
@@ -169,26 +194,26 @@ pub fn tasks(c: Coll, count: usize, elem: usize, rank: usize, bufs: &[Bufs]) -> 
         }
     };
     match c {
-        Coll::AllReduce => {
+        DeviceColl::AllReduce => {
             let (lo, hi) = slice(count, p, elem, rank);
             let off = lo as u64 * es;
             push(sends(off), recvs(off), hi - lo);
         }
-        Coll::Reduce(root) => {
+        DeviceColl::Reduce(root) => {
             let (lo, hi) = slice(count, p, elem, rank);
             let off = lo as u64 * es;
             push(sends(off), vec![bufs[root].recv + off], hi - lo);
         }
-        Coll::Broadcast(root) => {
+        DeviceColl::Broadcast(root) => {
             let (lo, hi) = slice(count, p, elem, rank);
             let off = lo as u64 * es;
             push(vec![bufs[root].send + off], recvs(off), hi - lo);
         }
-        Coll::ReduceScatter => push(sends(rank as u64 * block), vec![me.recv], count),
-        Coll::AllGather => push(vec![me.send], recvs(rank as u64 * block), count),
-        Coll::Gather(root) => push(vec![me.send], vec![bufs[root].recv + rank as u64 * block], count),
-        Coll::Scatter(root) => push(vec![bufs[root].send + rank as u64 * block], vec![me.recv], count),
-        Coll::AllToAll => {
+        DeviceColl::ReduceScatter => push(sends(rank as u64 * block), vec![me.recv], count),
+        DeviceColl::AllGather => push(vec![me.send], recvs(rank as u64 * block), count),
+        DeviceColl::Gather(root) => push(vec![me.send], vec![bufs[root].recv + rank as u64 * block], count),
+        DeviceColl::Scatter(root) => push(vec![bufs[root].send + rank as u64 * block], vec![me.recv], count),
+        DeviceColl::AllToAll => {
             let in_place = |q: usize| bufs[q].send == bufs[q].recv;
             let at = |base: u64, k: usize| base + k as u64 * block;
             for (q, b) in bufs.iter().enumerate() {
@@ -221,34 +246,34 @@ pub fn pair_owner(a: usize, b: usize, p: usize) -> usize {
 
 /// The most bytes any one rank reads and writes for `c` (sizes the launch: every rank of a
 /// call launches the same number of blocks, so this depends on global arguments only).
-pub fn work_bytes(c: Coll, count: usize, elem: usize, p: usize) -> usize {
+pub fn work_bytes(c: DeviceColl, count: usize, elem: usize, p: usize) -> usize {
     let slice_bytes = slice_len(count, p, elem).min(count) * elem;
     let block = count * elem;
     match c {
-        Coll::AllReduce => slice_bytes * 2 * p,
-        Coll::Reduce(_) => slice_bytes * (p + 1),
-        Coll::Broadcast(_) => slice_bytes * (p + 1),
-        Coll::ReduceScatter => block * (p + 1),
-        Coll::AllGather => block * (p + 1),
-        Coll::Gather(_) | Coll::Scatter(_) => block * 2,
-        Coll::AllToAll => block * 2 * p,
+        DeviceColl::AllReduce => slice_bytes * 2 * p,
+        DeviceColl::Reduce(_) => slice_bytes * (p + 1),
+        DeviceColl::Broadcast(_) => slice_bytes * (p + 1),
+        DeviceColl::ReduceScatter => block * (p + 1),
+        DeviceColl::AllGather => block * (p + 1),
+        DeviceColl::Gather(_) | DeviceColl::Scatter(_) => block * 2,
+        DeviceColl::AllToAll => block * 2 * p,
     }
 }
 
 /// Bytes of each rank's send and receive buffers for `c` (NCCL's rules), for rank `rank`.
-pub fn buffer_bytes(c: Coll, count: usize, dtype: DataType, p: usize, rank: usize) -> (usize, usize) {
+pub fn buffer_bytes(c: DeviceColl, count: usize, dtype: DataType, p: usize, rank: usize) -> (usize, usize) {
     let one = count * dtype.size_bytes();
     let all = one * p;
     let is = |r: usize| r == rank;
     match c {
-        Coll::AllReduce => (one, one),
-        Coll::Broadcast(r) => (if is(r) { one } else { 0 }, one),
-        Coll::Reduce(r) => (one, if is(r) { one } else { 0 }),
-        Coll::AllGather => (one, all),
-        Coll::ReduceScatter => (all, one),
-        Coll::AllToAll => (all, all),
-        Coll::Gather(r) => (one, if is(r) { all } else { 0 }),
-        Coll::Scatter(r) => (if is(r) { all } else { 0 }, one),
+        DeviceColl::AllReduce => (one, one),
+        DeviceColl::Broadcast(r) => (if is(r) { one } else { 0 }, one),
+        DeviceColl::Reduce(r) => (one, if is(r) { one } else { 0 }),
+        DeviceColl::AllGather => (one, all),
+        DeviceColl::ReduceScatter => (all, one),
+        DeviceColl::AllToAll => (all, all),
+        DeviceColl::Gather(r) => (one, if is(r) { all } else { 0 }),
+        DeviceColl::Scatter(r) => (if is(r) { all } else { 0 }, one),
     }
 }
 
@@ -302,7 +327,7 @@ mod tests {
 
     /// Runs `c` on `p` ranks through the plan in memory, checking race freedom and the result
     /// against a reference made from the definitions. `in_place`: the ranks (a bit each) that call in place; NCCL lets each rank choose.
-    fn check(c: Coll, p: usize, count: usize, t: DataType, op: ReduceOp, in_place: u32) {
+    fn check(c: DeviceColl, p: usize, count: usize, t: DataType, op: ReduceOp, in_place: u32) {
         let es = t.size_bytes();
         let block = count * es;
         let ctx = ReduceCtx::new(t, op, p as u32).unwrap();
@@ -322,14 +347,14 @@ mod tests {
         };
         let want = |q: usize| -> Option<Vec<u8>> {
             Some(match c {
-                Coll::AllReduce => reduce_of(0..block),
-                Coll::Reduce(r) if r == q => reduce_of(0..block),
-                Coll::Broadcast(r) => input(r),
-                Coll::ReduceScatter => reduce_of(q * block..(q + 1) * block),
-                Coll::AllGather => (0..p).flat_map(input).collect(),
-                Coll::Gather(r) if r == q => (0..p).flat_map(input).collect(),
-                Coll::Scatter(r) => input(r)[q * block..(q + 1) * block].to_vec(),
-                Coll::AllToAll => {
+                DeviceColl::AllReduce => reduce_of(0..block),
+                DeviceColl::Reduce(r) if r == q => reduce_of(0..block),
+                DeviceColl::Broadcast(r) => input(r),
+                DeviceColl::ReduceScatter => reduce_of(q * block..(q + 1) * block),
+                DeviceColl::AllGather => (0..p).flat_map(input).collect(),
+                DeviceColl::Gather(r) if r == q => (0..p).flat_map(input).collect(),
+                DeviceColl::Scatter(r) => input(r)[q * block..(q + 1) * block].to_vec(),
+                DeviceColl::AllToAll => {
                     (0..p).flat_map(|s| input(s)[q * block..(q + 1) * block].to_vec()).collect()
                 }
                 _ => return None,
@@ -347,11 +372,14 @@ mod tests {
             let inner = |r: usize| (r * block) as u64;
             let place = match c {
                 _ if in_place >> q & 1 == 0 || sl == 0 || rl == 0 => None,
-                Coll::AllReduce | Coll::Broadcast(_) | Coll::Reduce(_) | Coll::AllToAll => Some((true, 0)),
-                Coll::AllGather => Some((true, inner(q))),
-                Coll::Gather(r) => Some((true, inner(r))),
-                Coll::ReduceScatter => Some((false, inner(q))),
-                Coll::Scatter(r) => Some((false, inner(r))),
+                DeviceColl::AllReduce
+                | DeviceColl::Broadcast(_)
+                | DeviceColl::Reduce(_)
+                | DeviceColl::AllToAll => Some((true, 0)),
+                DeviceColl::AllGather => Some((true, inner(q))),
+                DeviceColl::Gather(r) => Some((true, inner(r))),
+                DeviceColl::ReduceScatter => Some((false, inner(q))),
+                DeviceColl::Scatter(r) => Some((false, inner(r))),
             };
             match place {
                 // The send range lies in the receive buffer at `off`.
@@ -444,9 +472,19 @@ mod tests {
     #[test]
     fn every_collective_is_exact_and_race_free_on_1_to_8_ranks() {
         let colls = |p: usize| {
-            let mut v = vec![Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter, Coll::AllToAll];
+            let mut v = vec![
+                DeviceColl::AllReduce,
+                DeviceColl::AllGather,
+                DeviceColl::ReduceScatter,
+                DeviceColl::AllToAll,
+            ];
             for r in [0, p / 2, p - 1] {
-                v.extend([Coll::Broadcast(r), Coll::Reduce(r), Coll::Gather(r), Coll::Scatter(r)]);
+                v.extend([
+                    DeviceColl::Broadcast(r),
+                    DeviceColl::Reduce(r),
+                    DeviceColl::Gather(r),
+                    DeviceColl::Scatter(r),
+                ]);
             }
             v
         };
@@ -483,7 +521,13 @@ mod tests {
         // The largest per-rank work bounds every rank's tasks.
         let bufs: Vec<Bufs> =
             (0..8).map(|q| Bufs { send: (q as u64 + 1) << 32, recv: (q as u64 + 9) << 32 }).collect();
-        for c in [Coll::AllReduce, Coll::AllToAll, Coll::Reduce(3), Coll::AllGather, Coll::Broadcast(0)] {
+        for c in [
+            DeviceColl::AllReduce,
+            DeviceColl::AllToAll,
+            DeviceColl::Reduce(3),
+            DeviceColl::AllGather,
+            DeviceColl::Broadcast(0),
+        ] {
             for r in 0..8 {
                 let moved: usize = tasks(c, 1000, 4, r, &bufs)
                     .iter()

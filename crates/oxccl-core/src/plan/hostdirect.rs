@@ -15,6 +15,7 @@
 //! Slices are whole cache lines (64 bytes) where the count allows, so two ranks never write
 //! the same line.
 
+use crate::coll::Collective;
 use std::ops::Range;
 
 /// The element range of slice `i` of `n` elements split `parts` ways, aligned to 64 bytes of
@@ -28,40 +29,28 @@ pub fn slice(n: usize, parts: usize, i: usize, es: usize) -> Range<usize> {
 }
 
 /// Bytes a rank contributes to an operation (what its inline post must hold).
-pub fn contribution_bytes(kind: DirectKind, count: usize, es: usize, nranks: usize, is_root: bool) -> usize {
+pub fn contribution_bytes(kind: Collective, count: usize, es: usize, nranks: usize, is_root: bool) -> usize {
     match kind {
-        DirectKind::AllReduce | DirectKind::Reduce | DirectKind::AllGather | DirectKind::Gather => count * es,
-        DirectKind::Broadcast => {
+        Collective::AllReduce | Collective::Reduce | Collective::AllGather | Collective::Gather => count * es,
+        Collective::Broadcast => {
             if is_root {
                 count * es
             } else {
                 0
             }
         }
-        DirectKind::ReduceScatter | DirectKind::AllToAll => count * es * nranks,
-        DirectKind::Scatter => {
+        Collective::ReduceScatter | Collective::AllToAll => count * es * nranks,
+        Collective::Scatter => {
             if is_root {
                 count * es * nranks
             } else {
                 0
             }
         }
-        DirectKind::AllToAllV => usize::MAX,
+        // Never inline: all-to-all-v's sizes differ per peer; point-to-point calls take no
+        // direct path.
+        Collective::AllToAllV | Collective::Send | Collective::Recv => usize::MAX,
     }
-}
-
-/// The collectives the direct path serves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DirectKind {
-    AllReduce,
-    Broadcast,
-    Reduce,
-    AllGather,
-    ReduceScatter,
-    AllToAll,
-    AllToAllV,
-    Gather,
-    Scatter,
 }
 
 /// What the cross-memory choices depend on besides the call; fixed per communicator and the
@@ -112,13 +101,14 @@ pub fn all_reduce_whole(bytes: usize, h: &Host) -> bool {
 /// An Intel Xeon guest (AMX, 2026-12-05): all-gather 0.40–0.66 at 256 KiB–1 MiB with 2 and 4
 /// ranks, so all-gather takes it at every size; a two-rank all-reduce where [`all_reduce_whole`]
 /// holds, against the ring: 128 KiB 0.54, 256 KiB 0.58, 512 KiB 0.80.
-pub fn cma_auto(kind: DirectKind, bytes: usize, h: &Host) -> bool {
+pub fn cma_auto(kind: Collective, bytes: usize, h: &Host) -> bool {
     let large = bytes >= crate::tuning::DIRECT_CMA_AUTO_MIN_BYTES;
     match kind {
-        DirectKind::AllToAll | DirectKind::AllToAllV | DirectKind::Scatter | DirectKind::AllGather => true,
-        DirectKind::Broadcast => !h.oversubscribed || large,
-        DirectKind::AllReduce => all_reduce_whole(bytes, h),
-        DirectKind::ReduceScatter | DirectKind::Reduce | DirectKind::Gather => false,
+        Collective::AllToAll | Collective::AllToAllV | Collective::Scatter | Collective::AllGather => true,
+        Collective::Broadcast => !h.oversubscribed || large,
+        Collective::AllReduce => all_reduce_whole(bytes, h),
+        Collective::ReduceScatter | Collective::Reduce | Collective::Gather => false,
+        Collective::Send | Collective::Recv => false,
     }
 }
 
@@ -138,20 +128,21 @@ pub fn cma_auto(kind: DirectKind, bytes: usize, h: &Host) -> bool {
 /// 7.83 / 6.51, 32 KiB 14.1 / 9.4; reduce 32 KiB 6.41 / 4.05. With 4 ranks on the 2 cores
 /// inline won or tied at every inline size (a pull waits for a system call that a spinning
 /// peer delays).
-pub fn cma_over_inline(kind: DirectKind, contribution: usize, h: &Host) -> bool {
+pub fn cma_over_inline(kind: Collective, contribution: usize, h: &Host) -> bool {
     if h.oversubscribed {
         return false;
     }
     let nranks = h.nranks;
     let per_peer = match kind {
-        DirectKind::AllGather | DirectKind::Gather | DirectKind::Broadcast | DirectKind::Reduce => {
+        Collective::AllGather | Collective::Gather | Collective::Broadcast | Collective::Reduce => {
             contribution
         }
-        DirectKind::AllToAll
-        | DirectKind::AllToAllV
-        | DirectKind::Scatter
-        | DirectKind::ReduceScatter
-        | DirectKind::AllReduce => contribution / nranks.max(1),
+        Collective::AllToAll
+        | Collective::AllToAllV
+        | Collective::Scatter
+        | Collective::ReduceScatter
+        | Collective::AllReduce => contribution / nranks.max(1),
+        Collective::Send | Collective::Recv => return false,
     };
     per_peer >= crate::tuning::DIRECT_CMA_OVER_INLINE_MIN_BYTES
 }
@@ -183,15 +174,15 @@ mod tests {
             for p in [2usize, 4] {
                 let h = host(p, over);
                 for b in [128 << 10, big, 64 << 20] {
-                    assert!(cma_auto(DirectKind::AllToAll, b, &h) && cma_auto(DirectKind::AllToAllV, b, &h));
-                    assert!(cma_auto(DirectKind::Scatter, b, &h));
-                    for k in [DirectKind::ReduceScatter, DirectKind::Reduce, DirectKind::Gather] {
+                    assert!(cma_auto(Collective::AllToAll, b, &h) && cma_auto(Collective::AllToAllV, b, &h));
+                    assert!(cma_auto(Collective::Scatter, b, &h));
+                    for k in [Collective::ReduceScatter, Collective::Reduce, Collective::Gather] {
                         assert!(!cma_auto(k, b, &h), "{k:?} {b} {over}");
                     }
-                    assert!(cma_auto(DirectKind::AllGather, b, &h));
-                    assert_eq!(cma_auto(DirectKind::Broadcast, b, &h), !over || b >= big);
+                    assert!(cma_auto(Collective::AllGather, b, &h));
+                    assert_eq!(cma_auto(Collective::Broadcast, b, &h), !over || b >= big);
                     // All-reduce: two ranks, below half the L2 (1 MiB here).
-                    assert_eq!(cma_auto(DirectKind::AllReduce, b, &h), p == 2 && b < 1 << 20, "{p} {b}");
+                    assert_eq!(cma_auto(Collective::AllReduce, b, &h), p == 2 && b < 1 << 20, "{p} {b}");
                 }
             }
         }
@@ -210,13 +201,13 @@ mod tests {
         let min = crate::tuning::DIRECT_CMA_OVER_INLINE_MIN_BYTES;
         for p in [2usize, 3, 8] {
             let (h, over) = (host(p, false), host(p, true));
-            for k in [DirectKind::AllGather, DirectKind::Gather, DirectKind::Broadcast, DirectKind::Reduce] {
+            for k in [Collective::AllGather, Collective::Gather, Collective::Broadcast, Collective::Reduce] {
                 assert!(cma_over_inline(k, min, &h), "{k:?} {p}");
                 assert!(!cma_over_inline(k, min - 1, &h), "{k:?} {p}");
                 assert!(!cma_over_inline(k, 64 << 10, &over), "{k:?} {p} oversubscribed");
             }
             for k in
-                [DirectKind::AllToAll, DirectKind::Scatter, DirectKind::ReduceScatter, DirectKind::AllReduce]
+                [Collective::AllToAll, Collective::Scatter, Collective::ReduceScatter, Collective::AllReduce]
             {
                 assert!(cma_over_inline(k, min * p, &h), "{k:?} {p}");
                 assert!(!cma_over_inline(k, min * p - 1, &h), "{k:?} {p}");

@@ -29,6 +29,7 @@ mod ring;
 pub mod sim;
 pub mod tree;
 
+use crate::coll::{Collective, RingColl};
 use crate::contract::{Seqs, Sig};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::CoreError;
@@ -39,7 +40,7 @@ use std::sync::Arc;
 
 pub use direct::{alltoallv_bytes, p2p_checked, DirectStream};
 
-pub use ring::{RingCollective, RingKind};
+pub use ring::RingCollective;
 
 /// Which of an operation's buffers a location refers to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -350,7 +351,24 @@ pub enum OpSpec {
 impl OpSpec {
     /// Whether the op is point-to-point (planned into the group's concurrent p2p lanes).
     pub fn is_p2p(&self) -> bool {
-        matches!(self, OpSpec::Send { .. } | OpSpec::Recv { .. })
+        self.collective().is_p2p()
+    }
+
+    /// The collective (or point-to-point operation) it is.
+    pub fn collective(&self) -> Collective {
+        match self {
+            OpSpec::AllReduce { .. } => Collective::AllReduce,
+            OpSpec::Broadcast { .. } => Collective::Broadcast,
+            OpSpec::Reduce { .. } => Collective::Reduce,
+            OpSpec::AllGather { .. } => Collective::AllGather,
+            OpSpec::ReduceScatter { .. } => Collective::ReduceScatter,
+            OpSpec::AllToAll { .. } => Collective::AllToAll,
+            OpSpec::AllToAllV { .. } => Collective::AllToAllV,
+            OpSpec::Gather { .. } => Collective::Gather,
+            OpSpec::Scatter { .. } => Collective::Scatter,
+            OpSpec::Send { .. } => Collective::Send,
+            OpSpec::Recv { .. } => Collective::Recv,
+        }
     }
 
     /// Where the op writes (every op but a send writes from there on).
@@ -371,7 +389,7 @@ impl OpSpec {
     }
 }
 
-fn ring_lanes(g: &Geometry, kind: RingKind, args: RingArgs) -> Result<Vec<Lane>, CoreError> {
+fn ring_lanes(g: &Geometry, kind: RingColl, args: RingArgs) -> Result<Vec<Lane>, CoreError> {
     let reduce = match args.op {
         Some(op) => Some(ReduceCtx::new(args.dtype, op, g.size as u32)?),
         None => None,
@@ -429,16 +447,8 @@ struct RingArgs {
 impl OpSpec {
     /// The collective the tuner knows this op as (none for all-to-all, gather, scatter and
     /// point-to-point, which have one algorithm).
-    pub fn tuned(&self) -> Option<crate::tuner::Coll> {
-        use crate::tuner::Coll;
-        Some(match self {
-            OpSpec::AllReduce { .. } => Coll::AllReduce,
-            OpSpec::Broadcast { .. } => Coll::Broadcast,
-            OpSpec::Reduce { .. } => Coll::Reduce,
-            OpSpec::AllGather { .. } => Coll::AllGather,
-            OpSpec::ReduceScatter { .. } => Coll::ReduceScatter,
-            _ => return None,
-        })
+    pub fn tuned(&self) -> Option<RingColl> {
+        RingColl::try_from(self.collective()).ok()
     }
 }
 
@@ -486,19 +496,19 @@ pub fn plan_op(g: &Geometry, op: &OpSpec) -> Result<Vec<Lane>, CoreError> {
             if oneshot::applies(g, count, dtype) && g.select.is_none() {
                 return Err(CoreError::malformed("plan", "one-shot all-reduce is planned by plan_group"));
             }
-            ring(RingKind::AllReduce, count, count, dtype, Some(op), None, src, dst)
+            ring(RingColl::AllReduce, count, count, dtype, Some(op), None, src, dst)
         }
         OpSpec::Broadcast { count, dtype, root, src, dst } => {
-            ring(RingKind::Broadcast, count, count, dtype, None, Some(root), src, dst)
+            ring(RingColl::Broadcast, count, count, dtype, None, Some(root), src, dst)
         }
         OpSpec::Reduce { count, dtype, op, root, src, dst } => {
-            ring(RingKind::Reduce, count, count, dtype, Some(op), Some(root), src, dst)
+            ring(RingColl::Reduce, count, count, dtype, Some(op), Some(root), src, dst)
         }
         OpSpec::AllGather { count, dtype, src, dst } => {
-            ring(RingKind::AllGather, count, count, dtype, None, None, src, dst)
+            ring(RingColl::AllGather, count, count, dtype, None, None, src, dst)
         }
         OpSpec::ReduceScatter { count, dtype, op, src, dst } => {
-            ring(RingKind::ReduceScatter, count, count, dtype, Some(op), None, src, dst)
+            ring(RingColl::ReduceScatter, count, count, dtype, Some(op), None, src, dst)
         }
         OpSpec::AllToAll { count, dtype, src, dst } => {
             let counts = vec![count; g.size];

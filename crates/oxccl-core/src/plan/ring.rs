@@ -10,18 +10,9 @@
 //! - Broadcast: a chain from the root's position; Reduce: a chain ending at it.
 
 use super::{Input, Loc, Port, Step};
+use crate::coll::RingColl;
 use crate::types::Rank;
 use std::sync::Arc;
-
-/// Which ring collective a generator produces.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RingKind {
-    AllReduce,
-    ReduceScatter,
-    AllGather,
-    Broadcast,
-    Reduce,
-}
 
 const PREV: Port = Port(0);
 const NEXT: Port = Port(0);
@@ -29,7 +20,7 @@ const NEXT: Port = Port(0);
 /// The step generator of one ring collective on one channel.
 #[derive(Clone, Debug)]
 pub struct RingCollective {
-    kind: RingKind,
+    kind: RingColl,
     /// Ring position → rank, to address per-rank blocks.
     ring: Arc<[Rank]>,
     p: usize,
@@ -52,7 +43,7 @@ pub struct RingCollective {
 impl RingCollective {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        kind: RingKind,
+        kind: RingColl,
         ring: Arc<[Rank]>,
         pos: usize,
         root_pos: usize,
@@ -87,7 +78,7 @@ impl RingCollective {
     fn start_loop(&mut self) {
         let remaining = self.end.saturating_sub(self.base);
         self.rc = match self.kind {
-            RingKind::AllReduce if self.p > 1 => self.chunk.min(remaining.div_ceil(self.p)),
+            RingColl::AllReduce if self.p > 1 => self.chunk.min(remaining.div_ceil(self.p)),
             _ => self.chunk.min(remaining),
         };
     }
@@ -97,9 +88,9 @@ impl RingCollective {
             return 1;
         }
         match self.kind {
-            RingKind::AllReduce => 2 * self.p - 1,
-            RingKind::ReduceScatter | RingKind::AllGather => self.p,
-            RingKind::Broadcast | RingKind::Reduce => 1,
+            RingColl::AllReduce => 2 * self.p - 1,
+            RingColl::ReduceScatter | RingColl::AllGather => self.p,
+            RingColl::Broadcast | RingColl::Reduce => 1,
         }
     }
 
@@ -107,7 +98,7 @@ impl RingCollective {
     fn loop_elems(&self) -> usize {
         let remaining = self.end - self.base;
         match self.kind {
-            RingKind::AllReduce if self.p > 1 => (self.rc * self.p).min(remaining),
+            RingColl::AllReduce if self.p > 1 => (self.rc * self.p).min(remaining),
             _ => self.rc,
         }
     }
@@ -127,11 +118,11 @@ impl RingCollective {
         if p == 1 {
             let n = self.loop_elems();
             let off = self.base * es;
-            let fin = matches!(self.kind, RingKind::AllReduce | RingKind::ReduceScatter | RingKind::Reduce);
+            let fin = matches!(self.kind, RingColl::AllReduce | RingColl::ReduceScatter | RingColl::Reduce);
             return Some(self.step(Input::Src(self.src.at(off)), Some(self.dst.at(off)), false, fin, n));
         }
         match self.kind {
-            RingKind::AllReduce => {
+            RingColl::AllReduce => {
                 let seg = match k {
                     0 => self.modp(self.pos + p - 1),
                     k if k < p - 1 => self.modp(self.pos + p - (k + 1)),
@@ -155,7 +146,7 @@ impl RingCollective {
                     _ => self.step(Input::Recv(PREV), Some(d), false, false, n),
                 })
             }
-            RingKind::ReduceScatter => {
+            RingColl::ReduceScatter => {
                 // Block of the rank at ring position `owner`; the owner is the last reducer.
                 let owner = match k {
                     0 => self.modp(self.pos + p - 1),
@@ -176,7 +167,7 @@ impl RingCollective {
                     ),
                 })
             }
-            RingKind::AllGather => {
+            RingColl::AllGather => {
                 let n = self.rc;
                 let owner = match k {
                     0 => self.pos,
@@ -189,7 +180,7 @@ impl RingCollective {
                     _ => self.step(Input::Recv(PREV), Some(d), false, false, n),
                 })
             }
-            RingKind::Broadcast => {
+            RingColl::Broadcast => {
                 let n = self.rc;
                 let off = self.base * es;
                 let d = self.modp(self.pos + p - self.root_pos);
@@ -199,7 +190,7 @@ impl RingCollective {
                     self.step(Input::Recv(PREV), Some(self.dst.at(off)), d < p - 1, false, n)
                 })
             }
-            RingKind::Reduce => {
+            RingColl::Reduce => {
                 let n = self.rc;
                 let off = self.base * es;
                 let d = self.modp(self.pos + p - self.root_pos);
@@ -221,7 +212,7 @@ impl RingCollective {
     /// trying each of the loop's `2P − 1` (a small call on many ranks has few).
     fn skip_empty(&mut self) {
         let p = self.p;
-        if self.kind != RingKind::AllReduce || p <= 1 || self.rc == 0 {
+        if self.kind != RingColl::AllReduce || p <= 1 || self.rc == 0 {
             return;
         }
         let m = self.loop_elems().div_ceil(self.rc);

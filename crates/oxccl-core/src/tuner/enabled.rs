@@ -1,7 +1,7 @@
 //! `NCCL_ALGO` and `NCCL_PROTO`: which algorithms and protocols each collective may use,
 //! parsed with NCCL's syntax; an unknown name is an error naming the variable and the name.
 
-use super::{Algo, Coll, Proto, COLLS};
+use super::{Algo, Proto, RingColl};
 
 /// NCCL's algorithm names that exist in NCCL but not here (accepted, never enabled).
 const FOREIGN_ALGOS: [&str; 6] = ["collnetdirect", "collnetchain", "collnet", "nvls", "nvlstree", "pat"];
@@ -34,13 +34,13 @@ fn parse_list<const K: usize>(
     for (i, part) in text.split(';').map(str::trim).filter(|p| !p.is_empty()).enumerate() {
         let (colls, list) = match part.split_once(':') {
             Some((c, l)) => {
-                let c = Coll::parse(c.trim()).ok_or(format!(
+                let c = RingColl::parse(c.trim()).ok_or(format!(
                     "{var}={text}: unknown collective {:?} (broadcast, reduce, allgather, reducescatter, allreduce)",
                     c.trim()
                 ))?;
                 (vec![c], l)
             }
-            None if i == 0 => (COLLS.to_vec(), part),
+            None if i == 0 => (RingColl::ALL.to_vec(), part),
             None => {
                 return Err(format!("{var}={text}: only the first part may omit \"collective:\" ({part:?})"))
             }
@@ -93,7 +93,7 @@ impl Enabled {
         .join(" ")
     }
 
-    pub fn allows(&self, c: Coll, a: Algo, p: Proto) -> bool {
+    pub fn allows(&self, c: RingColl, a: Algo, p: Proto) -> bool {
         self.algo[c as usize][a as usize] && self.proto[c as usize][p as usize]
     }
 }

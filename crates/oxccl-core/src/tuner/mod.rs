@@ -49,19 +49,9 @@ pub enum Algo {
 
 pub use crate::proto::{Proto, PROTOS};
 
-/// The collectives the tuner prices.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Coll {
-    Broadcast,
-    Reduce,
-    AllGather,
-    ReduceScatter,
-    AllReduce,
-}
+pub use crate::coll::RingColl;
 
 pub const ALGOS: [Algo; 3] = [Algo::Tree, Algo::Ring, Algo::Direct];
-pub const COLLS: [Coll; 5] =
-    [Coll::Broadcast, Coll::Reduce, Coll::AllGather, Coll::ReduceScatter, Coll::AllReduce];
 
 /// The most ranks a direct (one-step) call serves.
 pub const DIRECT_MAX_RANKS: usize = 8;
@@ -78,30 +68,11 @@ impl Algo {
     }
 
     /// Whether the algorithm exists for a collective.
-    pub fn runs(self, c: Coll) -> bool {
+    pub fn runs(self, c: RingColl) -> bool {
         match self {
             Algo::Ring => true,
-            Algo::Tree | Algo::Direct => c == Coll::AllReduce,
+            Algo::Tree | Algo::Direct => c == RingColl::AllReduce,
         }
-    }
-}
-
-impl Coll {
-    pub fn name(self) -> &'static str {
-        match self {
-            Coll::Broadcast => "broadcast",
-            Coll::Reduce => "reduce",
-            Coll::AllGather => "allgather",
-            Coll::ReduceScatter => "reducescatter",
-            Coll::AllReduce => "allreduce",
-        }
-    }
-
-    /// Parses `allreduce`, `all_reduce`, `AllReduce`, `all_reduce_perf`, …
-    pub fn parse(s: &str) -> Option<Coll> {
-        let k: String =
-            s.trim_end_matches("_perf").chars().filter(|c| *c != '_').collect::<String>().to_lowercase();
-        COLLS.into_iter().find(|c| c.name() == k)
     }
 }
 
@@ -111,11 +82,6 @@ impl fmt::Display for Algo {
     }
 }
 impl fmt::Display for Proto {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-impl fmt::Display for Coll {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
@@ -218,7 +184,7 @@ impl Model {
     }
 
     /// Why (algo, proto) cannot run `c` here, if it cannot.
-    pub fn unavailable(&self, c: Coll, a: Algo, p: Proto) -> Option<String> {
+    pub fn unavailable(&self, c: RingColl, a: Algo, p: Proto) -> Option<String> {
         if !a.runs(c) {
             return Some(format!("{a} runs only all-reduce"));
         }
@@ -244,7 +210,7 @@ impl Model {
     }
 
     /// The predicted time of one candidate, µs (`None` where it cannot run).
-    pub fn estimate(&self, c: Coll, bytes: usize, a: Algo, p: Proto, channels: usize) -> Option<f64> {
+    pub fn estimate(&self, c: RingColl, bytes: usize, a: Algo, p: Proto, channels: usize) -> Option<f64> {
         if self.unavailable(c, a, p).is_some() || self.nranks < 2 {
             return None;
         }
@@ -264,9 +230,13 @@ impl Model {
         let (lat, algbw) = match a {
             Algo::Ring => {
                 let (steps, inter, ratio) = match c {
-                    Coll::AllReduce => (2.0 * (pr - 1.0), 2.0 * (nh as f64 - 1.0), pr / (2.0 * (pr - 1.0))),
-                    Coll::AllGather | Coll::ReduceScatter => (pr - 1.0, nh as f64 - 1.0, pr / (pr - 1.0)),
-                    Coll::Broadcast | Coll::Reduce => (pr - 1.0, nh as f64 - 1.0, 1.0),
+                    RingColl::AllReduce => {
+                        (2.0 * (pr - 1.0), 2.0 * (nh as f64 - 1.0), pr / (2.0 * (pr - 1.0)))
+                    }
+                    RingColl::AllGather | RingColl::ReduceScatter => {
+                        (pr - 1.0, nh as f64 - 1.0, pr / (pr - 1.0))
+                    }
+                    RingColl::Broadcast | RingColl::Reduce => (pr - 1.0, nh as f64 - 1.0, 1.0),
                 };
                 (base + (steps - inter) * intra_hop + inter * net_hop, bus * ratio)
             }
@@ -301,7 +271,7 @@ impl Model {
 
     /// Every candidate for one call: the best channel count of each (algo, proto), runnable or
     /// not (`us` infinite where it cannot run).
-    pub fn candidates(&self, c: Coll, bytes: usize) -> Vec<Estimate> {
+    pub fn candidates(&self, c: RingColl, bytes: usize) -> Vec<Estimate> {
         let mut out = Vec::new();
         for a in ALGOS {
             if !a.runs(c) {
@@ -323,7 +293,7 @@ impl Model {
     }
 
     /// The cheapest candidate that `en` allows, or why there is none.
-    pub fn choose(&self, c: Coll, bytes: usize, en: &Enabled) -> Result<Estimate, NoCandidate> {
+    pub fn choose(&self, c: RingColl, bytes: usize, en: &Enabled) -> Result<Estimate, NoCandidate> {
         let cands = self.candidates(c, bytes);
         let best = cands
             .iter()
@@ -352,7 +322,7 @@ impl Model {
     /// The explain table: for each size, every candidate and the choice.
     pub fn explain(
         &self,
-        c: Coll,
+        c: RingColl,
         sizes: &[usize],
         en: &Enabled,
     ) -> Vec<(usize, Vec<Estimate>, Result<Estimate, NoCandidate>)> {
@@ -360,7 +330,7 @@ impl Model {
     }
 
     /// The table as text: one row per size, one column per (algo, proto), µs.
-    pub fn explain_text(&self, c: Coll, sizes: &[usize], en: &Enabled) -> String {
+    pub fn explain_text(&self, c: RingColl, sizes: &[usize], en: &Enabled) -> String {
         let rows = self.explain(c, sizes, en);
         let mut out = format!(
             "# {c} on {} ranks, {} host(s), {} per host; intra-host path {}; channels {}..{}\n",
@@ -558,7 +528,7 @@ pub struct Selector {
     /// call's size applies. Empty: the built-in rules (the direct path or one-shot for small
     /// calls, else the ring).
     pub all_reduce: Vec<(usize, Algo)>,
-    /// Per collective ([`Coll`] order): whether the direct path may serve it.
+    /// Per collective ([`RingColl`] order): whether the direct path may serve it.
     pub direct: [bool; 5],
     /// Per collective: why it cannot run under the settings, if it cannot.
     pub refuse: [Option<String>; 5],
@@ -579,7 +549,7 @@ impl Selector {
     }
 
     /// The protocol of collective `c`'s chunks in a call of `bytes`.
-    pub fn proto_for(&self, c: Coll, bytes: usize) -> Proto {
+    pub fn proto_for(&self, c: RingColl, bytes: usize) -> Proto {
         let r = &self.protos[c as usize];
         r.iter().find(|(b, _)| bytes <= *b).or(r.last()).map_or(Proto::Simple, |x| x.1)
     }
@@ -610,7 +580,7 @@ impl Selector {
             }
             rules
         }
-        for c in COLLS {
+        for c in RingColl::ALL {
             if sel.refuse[c as usize].is_some() {
                 continue;
             }
@@ -626,7 +596,7 @@ impl Selector {
                 if let Some(e) = over_conns {
                     push(&mut protos, b, e.proto);
                 }
-                if c == Coll::AllReduce {
+                if c == RingColl::AllReduce {
                     match m.choose(c, b, en) {
                         Ok(e) => push(&mut algos, b, e.algo),
                         Err(_) => ok = false,
@@ -634,7 +604,7 @@ impl Selector {
                 }
             }
             sel.protos[c as usize] = close(protos);
-            if c == Coll::AllReduce && ok {
+            if c == RingColl::AllReduce && ok {
                 sel.all_reduce = close(algos);
             }
         }
@@ -657,7 +627,7 @@ impl Selector {
             protos: Default::default(),
         };
         let mut ar = Vec::new();
-        for c in COLLS {
+        for c in RingColl::ALL {
             let ci = c as usize;
             sel.direct[ci] = en.algo[ci][Algo::Direct as usize];
             let Some(p) =
@@ -677,7 +647,7 @@ impl Selector {
                     Some(format!("{a} runs only all-reduce"))
                 } else if a == Algo::Tree && nranks < 3 {
                     Some("Tree needs at least 3 ranks".to_string())
-                } else if a == Algo::Direct && c == Coll::AllReduce && nranks > DIRECT_MAX_RANKS {
+                } else if a == Algo::Direct && c == RingColl::AllReduce && nranks > DIRECT_MAX_RANKS {
                     Some(format!("Direct serves at most {DIRECT_MAX_RANKS} ranks"))
                 } else {
                     None
@@ -688,10 +658,10 @@ impl Selector {
                 }
             }
             // Other collectives run on the ring or the direct path.
-            if c != Coll::AllReduce && ok.contains(&Algo::Ring) {
+            if c != RingColl::AllReduce && ok.contains(&Algo::Ring) {
                 continue;
             }
-            if c != Coll::AllReduce && ok == [Algo::Direct] {
+            if c != RingColl::AllReduce && ok == [Algo::Direct] {
                 sel.refuse[ci] =
                     Some(format!("{env}: {c} needs Ring (Direct alone cannot serve every size of it)"));
                 continue;
@@ -704,7 +674,7 @@ impl Selector {
                 });
                 continue;
             }
-            if c == Coll::AllReduce {
+            if c == RingColl::AllReduce {
                 ar = ok;
             }
         }

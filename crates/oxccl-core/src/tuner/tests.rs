@@ -14,7 +14,7 @@ fn last_tree(m: &Model) -> usize {
     let en = Enabled::default();
     explain_sizes()
         .into_iter()
-        .filter(|&b| m.choose(Coll::AllReduce, b, &en).unwrap().algo == Algo::Tree)
+        .filter(|&b| m.choose(RingColl::AllReduce, b, &en).unwrap().algo == Algo::Tree)
         .max()
         .unwrap_or(0)
 }
@@ -25,7 +25,7 @@ fn dgx_cluster_picks_tree_for_small_all_reduce_and_ring_from_256_mib() {
     assert_eq!((m.nranks, m.nhosts, m.intra_name.as_str(), m.ll128), (128, 16, "NVL", true));
     let en = Enabled::default();
     for b in explain_sizes() {
-        let c = m.choose(Coll::AllReduce, b, &en).unwrap();
+        let c = m.choose(RingColl::AllReduce, b, &en).unwrap();
         if b <= 1 << 20 {
             assert_eq!(c.algo, Algo::Tree, "{b} B: {c:?}");
         }
@@ -36,8 +36,8 @@ fn dgx_cluster_picks_tree_for_small_all_reduce_and_ring_from_256_mib() {
     let last = last_tree(&m);
     assert!((1 << 20..256 << 20).contains(&last), "DGX×16 last Tree size {last}");
     // Small calls use one channel, large ones many.
-    assert_eq!(m.choose(Coll::AllReduce, 8, &en).unwrap().channels, 1);
-    assert!(m.choose(Coll::AllReduce, 1 << 30, &en).unwrap().channels >= 2);
+    assert_eq!(m.choose(RingColl::AllReduce, 8, &en).unwrap().channels, 1);
+    assert!(m.choose(RingColl::AllReduce, 1 << 30, &en).unwrap().channels >= 2);
 }
 
 #[test]
@@ -46,11 +46,11 @@ fn the_pcie_cluster_switches_to_ring_earlier() {
     let p = model(PCIE16, 64);
     assert_eq!((p.nhosts, p.intra_name.as_str(), p.ll128), (16, "SYS", false));
     let en = Enabled::default();
-    assert_eq!(p.choose(Coll::AllReduce, 8, &en).unwrap().algo, Algo::Tree);
+    assert_eq!(p.choose(RingColl::AllReduce, 8, &en).unwrap().algo, Algo::Tree);
     assert!(last_tree(&p) * 8 <= last_tree(&d), "PCIe last tree {} vs DGX {}", last_tree(&p), last_tree(&d));
     // LL128 is never chosen where the NIC sits on the host bridge.
     for b in explain_sizes() {
-        assert_ne!(p.choose(Coll::AllReduce, b, &en).unwrap().proto, Proto::LL128, "{b}");
+        assert_ne!(p.choose(RingColl::AllReduce, b, &en).unwrap().proto, Proto::LL128, "{b}");
     }
 }
 
@@ -58,15 +58,15 @@ fn the_pcie_cluster_switches_to_ring_earlier() {
 fn one_host_prefers_the_ring_for_bandwidth_and_protocols_follow_size() {
     let m = model(DGX, 8);
     let en = Enabled::default();
-    let small = m.choose(Coll::AllReduce, 8, &en).unwrap();
-    let large = m.choose(Coll::AllReduce, 1 << 30, &en).unwrap();
+    let small = m.choose(RingColl::AllReduce, 8, &en).unwrap();
+    let large = m.choose(RingColl::AllReduce, 1 << 30, &en).unwrap();
     assert_eq!(small.proto, Proto::LL, "{small:?}");
     assert_eq!((large.algo, large.proto), (Algo::Ring, Proto::Simple), "{large:?}");
     // Only all-reduce has a tree.
-    for c in [Coll::AllGather, Coll::ReduceScatter, Coll::Broadcast, Coll::Reduce] {
+    for c in [RingColl::AllGather, RingColl::ReduceScatter, RingColl::Broadcast, RingColl::Reduce] {
         assert!(m.candidates(c, 1 << 20).iter().all(|e| e.algo == Algo::Ring), "{c}");
     }
-    let text = m.explain_text(Coll::AllReduce, &explain_sizes(), &en);
+    let text = m.explain_text(RingColl::AllReduce, &explain_sizes(), &en);
     assert_eq!(text.lines().count(), 3 + 30, "{text}");
     assert!(text.contains("Tree/LL") && text.contains("choice"), "{text}");
 }
@@ -74,18 +74,18 @@ fn one_host_prefers_the_ring_for_bandwidth_and_protocols_follow_size() {
 #[test]
 fn nccl_algo_and_proto_syntax() {
     let e = Enabled::parse(Some("ring;allreduce:tree,ring"), Some("LL,Simple;allreduce:^LL")).unwrap();
-    assert!(e.allows(Coll::AllGather, Algo::Ring, Proto::LL));
-    assert!(!e.allows(Coll::AllGather, Algo::Tree, Proto::Simple));
-    assert!(e.allows(Coll::AllReduce, Algo::Tree, Proto::LL128));
-    assert!(!e.allows(Coll::AllReduce, Algo::Tree, Proto::LL));
-    assert!(!e.allows(Coll::Broadcast, Algo::Ring, Proto::LL128));
+    assert!(e.allows(RingColl::AllGather, Algo::Ring, Proto::LL));
+    assert!(!e.allows(RingColl::AllGather, Algo::Tree, Proto::Simple));
+    assert!(e.allows(RingColl::AllReduce, Algo::Tree, Proto::LL128));
+    assert!(!e.allows(RingColl::AllReduce, Algo::Tree, Proto::LL));
+    assert!(!e.allows(RingColl::Broadcast, Algo::Ring, Proto::LL128));
     let e = Enabled::parse(Some("^tree"), Some("^LL128")).unwrap();
-    assert!(!e.allows(Coll::AllReduce, Algo::Tree, Proto::Simple));
-    assert!(e.allows(Coll::AllReduce, Algo::Ring, Proto::LL));
-    assert!(!e.allows(Coll::AllReduce, Algo::Ring, Proto::LL128));
+    assert!(!e.allows(RingColl::AllReduce, Algo::Tree, Proto::Simple));
+    assert!(e.allows(RingColl::AllReduce, Algo::Ring, Proto::LL));
+    assert!(!e.allows(RingColl::AllReduce, Algo::Ring, Proto::LL128));
     // Case does not matter; NCCL's other algorithm names are accepted (and never run).
     let e = Enabled::parse(Some("RING,NVLS,CollNetDirect,PAT"), Some("simple")).unwrap();
-    assert!(e.allows(Coll::AllReduce, Algo::Ring, Proto::Simple));
+    assert!(e.allows(RingColl::AllReduce, Algo::Ring, Proto::Simple));
     for (a, p, needle) in [
         (Some("trie"), None, "unknown name \"trie\""),
         (None, Some("LL256"), "unknown name \"LL256\""),
@@ -101,18 +101,18 @@ fn nccl_algo_and_proto_syntax() {
 fn an_override_that_cannot_apply_says_why() {
     let m = model(DGX, 8);
     let tree = Enabled::parse(Some("tree"), None).unwrap();
-    let e = m.choose(Coll::AllGather, 1 << 20, &tree).unwrap_err().0;
+    let e = m.choose(RingColl::AllGather, 1 << 20, &tree).unwrap_err().0;
     assert!(e.contains("NCCL_ALGO=tree") && e.contains("Tree runs only all-reduce"), "{e}");
-    assert_eq!(m.choose(Coll::AllReduce, 1 << 20, &tree).unwrap().algo, Algo::Tree);
+    assert_eq!(m.choose(RingColl::AllReduce, 1 << 20, &tree).unwrap().algo, Algo::Tree);
     let p = model(PCIE16, 64);
     let ll128 = Enabled::parse(None, Some("LL128")).unwrap();
-    let e = p.choose(Coll::AllReduce, 4096, &ll128).unwrap_err().0;
+    let e = p.choose(RingColl::AllReduce, 4096, &ll128).unwrap_err().0;
     assert!(e.contains("128-byte stores in order"), "{e}");
     let two = model(DGX, 2);
-    let e = two.choose(Coll::AllReduce, 8, &tree).unwrap_err().0;
+    let e = two.choose(RingColl::AllReduce, 8, &tree).unwrap_err().0;
     assert!(e.contains("at least 3 ranks"), "{e}");
     let nvls = Enabled::parse(Some("nvls"), None).unwrap();
-    let e = m.choose(Coll::AllReduce, 8, &nvls).unwrap_err().0;
+    let e = m.choose(RingColl::AllReduce, 8, &nvls).unwrap_err().0;
     assert!(e.contains("enables no algorithm"), "{e}");
 }
 
@@ -143,7 +143,7 @@ fn cpu_models_pick_direct_on_one_host_and_price_the_network_across_hosts() {
     let shm_model = Model::cpu(4, 1, &c, false, 1, 1);
     let m = shm_model.clone().over_sockets();
     assert_eq!((m.intra, m.intra_name.as_str()), (m.net, "TCP"));
-    let direct_8k = |m: &Model| m.estimate(Coll::AllReduce, 8 << 10, Algo::Direct, Proto::Simple, 1);
+    let direct_8k = |m: &Model| m.estimate(RingColl::AllReduce, 8 << 10, Algo::Direct, Proto::Simple, 1);
     assert_eq!(direct_8k(&shm_model), None, "8 KiB is above the shared-memory one-shot bound");
     assert!(direct_8k(&m).unwrap() > c.tcp_us, "{:?}", direct_8k(&m));
     let s = Selector::tuned(&m, &en, crate::tuning::ONE_SHOT_NET_MAX_BYTES);
@@ -162,22 +162,22 @@ fn cpu_models_pick_direct_on_one_host_and_price_the_network_across_hosts() {
     let tuned = Selector::tuned(&m, &ring, 4096);
     assert_eq!(tuned.all_reduce, vec![(usize::MAX, Algo::Ring)]);
     assert!(
-        m.candidates(Coll::AllReduce, 8).iter().all(|e| e.us.is_finite() || e.algo == Algo::Direct),
+        m.candidates(RingColl::AllReduce, 8).iter().all(|e| e.us.is_finite() || e.algo == Algo::Direct),
         "{:?}",
-        m.candidates(Coll::AllReduce, 8)
+        m.candidates(RingColl::AllReduce, 8)
     );
     assert!(m.proto_eff[0] < m.proto_eff[1] && m.proto_eff[1] < 1.0, "{:?}", m.proto_eff);
-    for c in COLLS {
+    for c in RingColl::ALL {
         assert_eq!(tuned.protos[c as usize], vec![(usize::MAX, Proto::Simple)], "{c}");
     }
     let ll = Enabled::parse(Some("ring"), Some("LL;allgather:LL128")).unwrap();
     let forced = Selector::tuned(&m, &ll, 4096);
-    assert_eq!(forced.proto_for(Coll::AllReduce, 1 << 20), Proto::LL);
-    assert_eq!(forced.proto_for(Coll::AllGather, 8), Proto::LL128);
+    assert_eq!(forced.proto_for(RingColl::AllReduce, 1 << 20), Proto::LL);
+    assert_eq!(forced.proto_for(RingColl::AllGather, 8), Proto::LL128);
     // The prediction grows with the measured latency.
     let slow = Model::cpu(16, 16, &CpuCosts { tcp_us: 200.0, ..c }, false, 1, 2);
     assert!(
-        slow.estimate(Coll::AllReduce, 8, Algo::Ring, Proto::Simple, 1).unwrap()
-            > m.estimate(Coll::AllReduce, 8, Algo::Ring, Proto::Simple, 1).unwrap() * 5.0
+        slow.estimate(RingColl::AllReduce, 8, Algo::Ring, Proto::Simple, 1).unwrap()
+            > m.estimate(RingColl::AllReduce, 8, Algo::Ring, Proto::Simple, 1).unwrap() * 5.0
     );
 }

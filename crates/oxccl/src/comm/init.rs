@@ -276,7 +276,7 @@ impl Communicator {
                     geometry
                         .select
                         .as_ref()
-                        .map(|s| s.protos[oxccl_core::tuner::Coll::AllReduce as usize].clone())
+                        .map(|s| s.protos[oxccl_core::tuner::RingColl::AllReduce as usize].clone())
                         .unwrap_or_default()
                 ),
             );

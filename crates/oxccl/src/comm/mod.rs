@@ -180,7 +180,7 @@ impl Communicator {
     /// same for topology files).
     pub fn explain(
         &self,
-        c: oxccl_core::tuner::Coll,
+        c: oxccl_core::tuner::RingColl,
     ) -> Vec<(
         usize,
         Vec<oxccl_core::tuner::Estimate>,

@@ -11,13 +11,13 @@
 //!   only their peers).
 
 use super::kernels::{Kop, MAX_TASKS};
-use oxccl_core::plan::device::{self, Coll, Task};
+use oxccl_core::plan::device::{self, DeviceColl, Task};
 use oxccl_core::{DataType, ReduceOp};
 
 /// What a call does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum What {
-    Coll(Coll),
+    Coll(DeviceColl),
     /// Send to this rank.
     Send(usize),
     /// Receive from this rank.
@@ -41,13 +41,13 @@ pub struct DevCall {
 
 impl DevCall {
     /// Collective `c` with operator `op` (ignored unless `c` reduces).
-    pub fn coll(c: Coll, t: DataType, op: ReduceOp, count: usize, send: u64, recv: u64) -> DevCall {
+    pub fn coll(c: DeviceColl, t: DataType, op: ReduceOp, count: usize, send: u64, recv: u64) -> DevCall {
         DevCall { what: What::Coll(c), t, op: Kop::Op(op), scalar: 0, count, send, recv }
     }
 
     /// A PreMulSum reduction: each rank's input scaled by its `scalar` (bits of one element of
     /// `t`), then summed.
-    pub fn premul(c: Coll, t: DataType, scalar: u64, count: usize, send: u64, recv: u64) -> DevCall {
+    pub fn premul(c: DeviceColl, t: DataType, scalar: u64, count: usize, send: u64, recv: u64) -> DevCall {
         DevCall { what: What::Coll(c), t, op: Kop::PreMulSum, scalar, count, send, recv }
     }
 
@@ -76,7 +76,7 @@ impl DevCall {
     }
 
     /// The collective, if the call is one.
-    pub fn collective(&self) -> Option<Coll> {
+    pub fn collective(&self) -> Option<DeviceColl> {
         match self.what {
             What::Coll(c) => Some(c),
             _ => None,
@@ -173,8 +173,8 @@ impl Unit {
 }
 
 /// Tasks a collective counts for packing: every rank alike, whatever its own tasks.
-fn nominal(c: Coll, p: usize) -> usize {
-    if c == Coll::AllToAll {
+fn nominal(c: DeviceColl, p: usize) -> usize {
+    if c == DeviceColl::AllToAll {
         p
     } else {
         1
@@ -240,13 +240,13 @@ mod tests {
     fn every_rank_packs_the_same_collectives_into_the_same_launches() {
         let p = 4;
         let calls = [
-            DevCall::coll(Coll::AllReduce, DataType::F32, ReduceOp::Sum, 2, 0, 0),
-            DevCall::coll(Coll::Broadcast(1), DataType::F16, ReduceOp::Sum, 3, 0, 0),
-            DevCall::coll(Coll::AllToAll, DataType::F32, ReduceOp::Sum, 5, 0, 0),
-            DevCall::coll(Coll::ReduceScatter, DataType::F32, ReduceOp::Sum, 5, 0, 0),
-            DevCall::coll(Coll::AllReduce, DataType::F32, ReduceOp::Max, 7, 0, 0),
-            DevCall::premul(Coll::AllReduce, DataType::F32, 3, 7, 0, 0),
-            DevCall::premul(Coll::AllReduce, DataType::F32, 4, 7, 0, 0),
+            DevCall::coll(DeviceColl::AllReduce, DataType::F32, ReduceOp::Sum, 2, 0, 0),
+            DevCall::coll(DeviceColl::Broadcast(1), DataType::F16, ReduceOp::Sum, 3, 0, 0),
+            DevCall::coll(DeviceColl::AllToAll, DataType::F32, ReduceOp::Sum, 5, 0, 0),
+            DevCall::coll(DeviceColl::ReduceScatter, DataType::F32, ReduceOp::Sum, 5, 0, 0),
+            DevCall::coll(DeviceColl::AllReduce, DataType::F32, ReduceOp::Max, 7, 0, 0),
+            DevCall::premul(DeviceColl::AllReduce, DataType::F32, 3, 7, 0, 0),
+            DevCall::premul(DeviceColl::AllReduce, DataType::F32, 4, 7, 0, 0),
         ];
         type Shape = (Option<(DataType, Kop)>, usize);
         let shapes: Vec<Vec<Shape>> = (0..p)
@@ -288,9 +288,9 @@ mod tests {
 
     #[test]
     fn unsupported_calls_say_why() {
-        let c = DevCall::coll(Coll::AllReduce, DataType::F32, ReduceOp::BitAnd, 1, 0, 0);
+        let c = DevCall::coll(DeviceColl::AllReduce, DataType::F32, ReduceOp::BitAnd, 1, 0, 0);
         assert!(unsupported(&c, 2).unwrap().contains("no device kernel"));
-        let c = DevCall::coll(Coll::Broadcast(3), DataType::F32, ReduceOp::Sum, 1, 0, 0);
+        let c = DevCall::coll(DeviceColl::Broadcast(3), DataType::F32, ReduceOp::Sum, 1, 0, 0);
         assert!(unsupported(&c, 2).unwrap().contains("rank 3 is not a rank"));
         assert_eq!(unsupported(&DevCall::send(1, DataType::U8, 4, 0), 2), None);
     }

@@ -18,7 +18,7 @@ use super::ipc::Engine;
 use super::kernels::Kop;
 use super::{CudaError, DevError, Stream};
 use crate::{Communicator, Rank};
-use oxccl_core::plan::device::{self, Coll, MAX_RANKS};
+use oxccl_core::plan::device::{self, DeviceColl, MAX_RANKS};
 use oxccl_core::{DataType, ReduceOp};
 use std::sync::Mutex;
 
@@ -235,7 +235,7 @@ impl<'c> DevComm<'c> {
         recv: u64,
         count: usize,
     ) -> Result<(), DevError> {
-        self.one(s, DevCall::coll(Coll::AllReduce, t, op, count, send, recv))
+        self.one(s, DevCall::coll(DeviceColl::AllReduce, t, op, count, send, recv))
     }
 
     pub fn broadcast(
@@ -247,7 +247,7 @@ impl<'c> DevComm<'c> {
         recv: u64,
         count: usize,
     ) -> Result<(), DevError> {
-        self.one(s, DevCall::coll(Coll::Broadcast(root.idx()), t, ReduceOp::Sum, count, send, recv))
+        self.one(s, DevCall::coll(DeviceColl::Broadcast(root.idx()), t, ReduceOp::Sum, count, send, recv))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -261,7 +261,7 @@ impl<'c> DevComm<'c> {
         recv: u64,
         count: usize,
     ) -> Result<(), DevError> {
-        self.one(s, DevCall::coll(Coll::Reduce(root.idx()), t, op, count, send, recv))
+        self.one(s, DevCall::coll(DeviceColl::Reduce(root.idx()), t, op, count, send, recv))
     }
 
     /// `count` elements from every rank into every rank's `recv` (`count × size` elements).
@@ -273,7 +273,7 @@ impl<'c> DevComm<'c> {
         recv: u64,
         count: usize,
     ) -> Result<(), DevError> {
-        self.one(s, DevCall::coll(Coll::AllGather, t, ReduceOp::Sum, count, send, recv))
+        self.one(s, DevCall::coll(DeviceColl::AllGather, t, ReduceOp::Sum, count, send, recv))
     }
 
     /// Block r (`count` elements) of the element-wise reduction into rank r's `recv`.
@@ -286,7 +286,7 @@ impl<'c> DevComm<'c> {
         recv: u64,
         count: usize,
     ) -> Result<(), DevError> {
-        self.one(s, DevCall::coll(Coll::ReduceScatter, t, op, count, send, recv))
+        self.one(s, DevCall::coll(DeviceColl::ReduceScatter, t, op, count, send, recv))
     }
 
     pub fn all_to_all(
@@ -297,7 +297,7 @@ impl<'c> DevComm<'c> {
         recv: u64,
         count: usize,
     ) -> Result<(), DevError> {
-        self.one(s, DevCall::coll(Coll::AllToAll, t, ReduceOp::Sum, count, send, recv))
+        self.one(s, DevCall::coll(DeviceColl::AllToAll, t, ReduceOp::Sum, count, send, recv))
     }
 
     pub fn gather(
@@ -309,7 +309,7 @@ impl<'c> DevComm<'c> {
         recv: u64,
         count: usize,
     ) -> Result<(), DevError> {
-        self.one(s, DevCall::coll(Coll::Gather(root.idx()), t, ReduceOp::Sum, count, send, recv))
+        self.one(s, DevCall::coll(DeviceColl::Gather(root.idx()), t, ReduceOp::Sum, count, send, recv))
     }
 
     pub fn scatter(
@@ -321,7 +321,7 @@ impl<'c> DevComm<'c> {
         recv: u64,
         count: usize,
     ) -> Result<(), DevError> {
-        self.one(s, DevCall::coll(Coll::Scatter(root.idx()), t, ReduceOp::Sum, count, send, recv))
+        self.one(s, DevCall::coll(DeviceColl::Scatter(root.idx()), t, ReduceOp::Sum, count, send, recv))
     }
 
     pub fn send(&self, s: &Stream, t: DataType, peer: Rank, buf: u64, count: usize) -> Result<(), DevError> {
@@ -378,14 +378,14 @@ fn staged(comm: &Communicator, ordinal: i32, stream: usize, calls: &[DevCall]) -
             };
             let t = c.t;
             match c.what {
-                What::Coll(Coll::AllReduce) => g.all_reduce_raw(t, s, r, op)?,
-                What::Coll(Coll::Broadcast(root)) => g.broadcast_raw(t, s, r, Rank::new(root))?,
-                What::Coll(Coll::Reduce(root)) => g.reduce_raw(t, s, r, op, Rank::new(root))?,
-                What::Coll(Coll::AllGather) => g.all_gather_raw(t, s, r)?,
-                What::Coll(Coll::ReduceScatter) => g.reduce_scatter_raw(t, s, r, op)?,
-                What::Coll(Coll::AllToAll) => g.all_to_all_raw(t, s, r)?,
-                What::Coll(Coll::Gather(root)) => g.gather_raw(t, s, r, Rank::new(root))?,
-                What::Coll(Coll::Scatter(root)) => g.scatter_raw(t, s, r, Rank::new(root))?,
+                What::Coll(DeviceColl::AllReduce) => g.all_reduce_raw(t, s, r, op)?,
+                What::Coll(DeviceColl::Broadcast(root)) => g.broadcast_raw(t, s, r, Rank::new(root))?,
+                What::Coll(DeviceColl::Reduce(root)) => g.reduce_raw(t, s, r, op, Rank::new(root))?,
+                What::Coll(DeviceColl::AllGather) => g.all_gather_raw(t, s, r)?,
+                What::Coll(DeviceColl::ReduceScatter) => g.reduce_scatter_raw(t, s, r, op)?,
+                What::Coll(DeviceColl::AllToAll) => g.all_to_all_raw(t, s, r)?,
+                What::Coll(DeviceColl::Gather(root)) => g.gather_raw(t, s, r, Rank::new(root))?,
+                What::Coll(DeviceColl::Scatter(root)) => g.scatter_raw(t, s, r, Rank::new(root))?,
                 What::Send(q) => g.send_raw(t, s, Rank::new(q))?,
                 What::Recv(q) => g.recv_raw(t, r, Rank::new(q))?,
             };
@@ -436,7 +436,7 @@ mod tests {
 
     #[test]
     fn staged_buffers_follow_nccls_sizes() {
-        let c = DevCall::coll(Coll::Gather(1), DataType::F32, ReduceOp::Sum, 10, 1, 2);
+        let c = DevCall::coll(DeviceColl::Gather(1), DataType::F32, ReduceOp::Sum, 10, 1, 2);
         assert_eq!(lens(&c, 4, 1), (40, 160));
         assert_eq!(lens(&c, 4, 0), (40, 0));
         assert_eq!(lens(&DevCall::send(2, DataType::F64, 3, 1), 4, 0), (24, 0));

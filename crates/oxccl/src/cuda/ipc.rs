@@ -13,6 +13,7 @@ use super::driver::{self, CuDevicePtr, IpcHandle};
 use super::kernels::{Kernels, Kop, Sync};
 use super::{CudaError, DevError, Device, Event, Stream};
 use crate::Communicator;
+use oxccl_core::contract::CallKind;
 use oxccl_core::plan::device::{self, Bufs, Task};
 use oxccl_core::{DataType, Rank, ReduceOp};
 use std::collections::HashMap;
@@ -163,19 +164,8 @@ fn u64_at(b: &[u8], o: usize) -> u64 {
 /// A collective's description as bytes: kind, root, type, operator, count, scalar.
 fn put_call(b: &mut [u8], c: &DevCall) {
     let (kind, root) = match c.what {
-        What::Coll(x) => (
-            match x {
-                device::Coll::AllReduce => 1u8,
-                device::Coll::Broadcast(_) => 2,
-                device::Coll::Reduce(_) => 3,
-                device::Coll::AllGather => 4,
-                device::Coll::ReduceScatter => 5,
-                device::Coll::AllToAll => 6,
-                device::Coll::Gather(_) => 7,
-                device::Coll::Scatter(_) => 8,
-            },
-            x.root().unwrap_or(0) as u32,
-        ),
+        // The contract check's codes (never 0, which marks no call).
+        What::Coll(x) => (CallKind::from(x.collective()) as u8, x.root().unwrap_or(0) as u32),
         _ => (0, 0),
     };
     b[0] = kind;
@@ -193,17 +183,8 @@ fn put_call(b: &mut [u8], c: &DevCall) {
 
 fn get_call(b: &[u8]) -> Option<DevCall> {
     let root = u32::from_le_bytes(b[4..8].try_into().ok()?) as usize;
-    let what = What::Coll(match b[0] {
-        1 => device::Coll::AllReduce,
-        2 => device::Coll::Broadcast(root),
-        3 => device::Coll::Reduce(root),
-        4 => device::Coll::AllGather,
-        5 => device::Coll::ReduceScatter,
-        6 => device::Coll::AllToAll,
-        7 => device::Coll::Gather(root),
-        8 => device::Coll::Scatter(root),
-        _ => return None,
-    });
+    let kind = CallKind::from_u8(b[0])?.collective()?;
+    let what = What::Coll(device::DeviceColl::of(kind, root)?);
     let t = DataType::from_nccl(b[1] as i32)?;
     let op = if b[3] == 1 { Kop::PreMulSum } else { Kop::Op(ReduceOp::from_nccl(b[2] as i32)?) };
     Some(DevCall { what, t, op, scalar: u64_at(b, 16), count: u64_at(b, 8) as usize, send: 0, recv: 0 })
@@ -611,9 +592,9 @@ mod tests {
             *x = i as u8;
         }
         for call in [
-            DevCall::coll(device::Coll::Reduce(5), DataType::Bf16, ReduceOp::Max, 1 << 40, 0, 0),
-            DevCall::premul(device::Coll::ReduceScatter, DataType::F16, 0x3c00, 77, 0, 0),
-            DevCall::coll(device::Coll::AllToAll, DataType::U8, ReduceOp::Sum, 3, 0, 0),
+            DevCall::coll(device::DeviceColl::Reduce(5), DataType::Bf16, ReduceOp::Max, 1 << 40, 0, 0),
+            DevCall::premul(device::DeviceColl::ReduceScatter, DataType::F16, 0x3c00, 77, 0, 0),
+            DevCall::coll(device::DeviceColl::AllToAll, DataType::U8, ReduceOp::Sum, 3, 0, 0),
         ] {
             let r = CollRec {
                 ok: true,

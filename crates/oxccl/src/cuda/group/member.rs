@@ -89,7 +89,7 @@ impl Member {
         recv: u64,
         count: usize,
     ) -> Result<(), CudaError> {
-        self.run(s, &[DevCall::coll(device::Coll::AllReduce, t, op, count, send, recv)])
+        self.run(s, &[DevCall::coll(device::DeviceColl::AllReduce, t, op, count, send, recv)])
     }
 
     /// Enqueues `calls` (a group: collectives every rank makes alike, in the same order, and
@@ -111,7 +111,7 @@ impl Member {
     /// The line protocol an all-reduce runs with, if any: LL up to [`LL_MAX_BYTES`], LL128
     /// up to [`LL128_MAX_BYTES`], as allowed (decided from what every rank has alike).
     pub(super) fn line_proto(&self, c: &DevCall) -> Option<LineProto> {
-        if c.what != What::Coll(device::Coll::AllReduce)
+        if c.what != What::Coll(device::DeviceColl::AllReduce)
             || c.count == 0
             || call::unsupported(c, self.shared.p).is_some()
         {

@@ -68,8 +68,8 @@ fn mail_is_taken_in_order_and_a_missing_send_is_named() {
 /// Ranks' collectives are compared by description; the first difference is named.
 #[test]
 fn mismatched_collectives_are_named() {
-    let a = DevCall::coll(device::Coll::AllReduce, DataType::F32, ReduceOp::Sum, 10, 1, 2);
-    let b = DevCall::coll(device::Coll::AllReduce, DataType::F32, ReduceOp::Max, 10, 3, 4);
+    let a = DevCall::coll(device::DeviceColl::AllReduce, DataType::F32, ReduceOp::Sum, 10, 1, 2);
+    let b = DevCall::coll(device::DeviceColl::AllReduce, DataType::F32, ReduceOp::Max, 10, 3, 4);
     let all =
         vec![Entry { calls: vec![a], ..Entry::default() }, Entry { calls: vec![b], ..Entry::default() }];
     let m = mismatch(0, &all).unwrap();
@@ -340,7 +340,7 @@ impl Rng {
 /// meeting's model: no deadlock, and every promise the counters make holds.
 #[test]
 fn planned_launches_meet_without_deadlock_and_keep_their_promises() {
-    use device::Coll;
+    use device::DeviceColl;
     let mut rng = Rng(7);
     let mut merged_total = 0;
     for trial in 0..300 {
@@ -355,11 +355,11 @@ fn planned_launches_meet_without_deadlock_and_keep_their_promises() {
         for _group in 0..8 {
             // Collectives every rank makes alike.
             let kinds = [
-                Coll::AllReduce,
-                Coll::AllGather,
-                Coll::AllToAll,
-                Coll::Broadcast(p - 1),
-                Coll::ReduceScatter,
+                DeviceColl::AllReduce,
+                DeviceColl::AllGather,
+                DeviceColl::AllToAll,
+                DeviceColl::Broadcast(p - 1),
+                DeviceColl::ReduceScatter,
             ];
             let colls: Vec<DevCall> = (0..rng.next(4))
                 .map(|_| {
@@ -409,7 +409,7 @@ fn planned_launches_meet_without_deadlock_and_keep_their_promises() {
                     .collect();
                 let ll = |u: &call::Unit| {
                     ll_on
-                        && matches!(u.calls.as_slice(), [c] if c.what == What::Coll(Coll::AllReduce) && c.bytes() <= LL_MAX_BYTES)
+                        && matches!(u.calls.as_slice(), [c] if c.what == What::Coll(DeviceColl::AllReduce) && c.bytes() <= LL_MAX_BYTES)
                 };
                 // Whether sends and receives ride in the last collective launch: decided
                 // alike from every rank's receive count (as the host meeting gives them).

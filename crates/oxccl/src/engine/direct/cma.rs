@@ -26,8 +26,9 @@ use crate::bootstrap::PeerInfo;
 use crate::error::{Error, Result};
 use crate::sys::cma;
 use crate::wait::Waiter;
+use oxccl_core::coll::Collective;
 use oxccl_core::config::CrossMemory;
-use oxccl_core::plan::hostdirect::{all_reduce_whole, cma_auto, cma_over_inline, slice, DirectKind};
+use oxccl_core::plan::hostdirect::{all_reduce_whole, cma_auto, cma_over_inline, slice};
 use oxccl_core::plan::OpSpec;
 use oxccl_core::reduce::ReduceCtx;
 use oxccl_core::tuning::{DIRECT_CMA_BLOCK_BYTES, DIRECT_STREAM_MIN_BYTES};
@@ -80,7 +81,7 @@ impl Direct {
             CrossMemory::Auto => {
                 // Sized as nccl-tests counts a call: all-gather by its whole output.
                 let n = c.count * c.dtype.size_bytes();
-                cma_auto(c.kind, if c.kind == DirectKind::AllGather { n * self.p } else { n }, &self.host)
+                cma_auto(c.kind, if c.kind == Collective::AllGather { n * self.p } else { n }, &self.host)
             }
         };
         let overlap = |a: (*mut u8, usize), b: (*mut u8, usize)| {
@@ -89,8 +90,8 @@ impl Direct {
         // All-to-all reads peers' inputs while they write their outputs; an all-reduce in place
         // would have to split its work (`run_cma`), which won only where the setting says all.
         let overlap_refused = match c.kind {
-            DirectKind::AllToAll | DirectKind::AllToAllV => true,
-            DirectKind::AllReduce => self.cma_mode == CrossMemory::Auto,
+            Collective::AllToAll | Collective::AllToAllV => true,
+            Collective::AllReduce => self.cma_mode == CrossMemory::Auto,
             _ => false,
         };
         wanted && self.cma.is_ok() && !(overlap_refused && overlap(src, dst))
@@ -249,7 +250,7 @@ impl Direct {
         // Where byte `at` of this rank's output lies (`need` checked the range first).
         let out = |at: usize| dst.0.wrapping_add(at);
         match c.kind {
-            DirectKind::AllReduce if all_reduce_whole(nb, &self.host) && !self.any_in_place(s) => {
+            Collective::AllReduce if all_reduce_whole(nb, &self.host) && !self.any_in_place(s) => {
                 // Two ranks: each reduces the whole of both inputs into its own output. The
                 // same bytes cross between the cores as with the split below (the peer's whole
                 // input instead of half its input and half its output), with no `mid` wait,
@@ -258,7 +259,7 @@ impl Direct {
                 need(nb)?;
                 self.reduce_pulled(&need_ctx()?, s, src, 0, nb, dst.0, stream)?;
             }
-            DirectKind::AllReduce => {
+            Collective::AllReduce => {
                 need(nb)?;
                 let r = slice(n, p, me, es);
                 let (off, len) = (r.start * es, r.len() * es);
@@ -271,35 +272,35 @@ impl Direct {
                     self.pull(q, s, 1, dst, off, len, out(off))?;
                 }
             }
-            DirectKind::ReduceScatter => {
+            Collective::ReduceScatter => {
                 need(nb)?;
                 self.reduce_pulled(&need_ctx()?, s, src, me * nb, nb, dst.0, stream)?;
             }
-            DirectKind::Reduce => {
+            Collective::Reduce => {
                 if me == c.root {
                     need(nb)?;
                     self.reduce_pulled(&need_ctx()?, s, src, 0, nb, dst.0, stream)?;
                 }
             }
-            DirectKind::Broadcast => {
+            Collective::Broadcast => {
                 need(nb)?;
                 self.pull(c.root, s, 0, src, 0, nb, dst.0)?;
             }
-            DirectKind::AllGather => {
+            Collective::AllGather => {
                 need(nb * p)?;
                 for i in 0..p {
                     let q = (me + i) % p;
                     self.pull(q, s, 0, src, 0, nb, out(q * nb))?;
                 }
             }
-            DirectKind::AllToAll => {
+            Collective::AllToAll => {
                 need(nb * p)?;
                 for i in 0..p {
                     let q = (me + i) % p;
                     self.pull(q, s, 0, src, me * nb, nb, out(q * nb))?;
                 }
             }
-            DirectKind::Gather => {
+            Collective::Gather => {
                 if me == c.root {
                     need(nb * p)?;
                     for q in 0..p {
@@ -307,11 +308,11 @@ impl Direct {
                     }
                 }
             }
-            DirectKind::Scatter => {
+            Collective::Scatter => {
                 need(nb)?;
                 self.pull(c.root, s, 0, src, me * nb, nb, dst.0)?;
             }
-            DirectKind::AllToAllV => {
+            Collective::AllToAllV => {
                 let OpSpec::AllToAllV { recv_counts, recv_displs, .. } = op else {
                     return Err(Error::Internal("all-to-all-v without its arrays".into()));
                 };
@@ -322,6 +323,9 @@ impl Direct {
                     need(at + cnt * es)?;
                     self.pull(q, s, 0, src, displ.saturating_mul(es), cnt * es, out(at))?;
                 }
+            }
+            Collective::Send | Collective::Recv => {
+                return Err(Error::Internal("a point-to-point call on the direct path".into()))
             }
         }
         Ok(())

@@ -35,9 +35,10 @@ use crate::sys::fd::{self, EventFd};
 use crate::transport::host::{host_call, HostRequest};
 use crate::transport::hostmem::{Ctl, FLAG_CMA, FLAG_INLINE, FLAG_SHARED, INLINE_BYTES};
 use crate::wait::Waiter;
+use oxccl_core::coll::Collective;
 use oxccl_core::config::CrossMemory;
 use oxccl_core::contract::Sig;
-use oxccl_core::plan::hostdirect::{contribution_bytes, slice, DirectKind, Host};
+use oxccl_core::plan::hostdirect::{contribution_bytes, slice, Host};
 use oxccl_core::plan::{Loc, OpSpec};
 use oxccl_core::reduce::{finalize, reduce_many, ReduceCtx};
 use oxccl_core::tuning::{
@@ -75,7 +76,7 @@ struct Desc {
 
 /// One call, described for the direct path.
 struct Call {
-    kind: DirectKind,
+    kind: Collective,
     count: usize,
     dtype: DataType,
     op: Option<ReduceOp>,
@@ -104,29 +105,29 @@ fn describe(op: &OpSpec) -> Option<Call> {
     };
     Some(match *op {
         OpSpec::AllReduce { count, dtype, op, src, dst } => {
-            c(DirectKind::AllReduce, count, dtype, Some(op), None, src, dst)
+            c(Collective::AllReduce, count, dtype, Some(op), None, src, dst)
         }
         OpSpec::Broadcast { count, dtype, root, src, dst } => {
-            c(DirectKind::Broadcast, count, dtype, None, Some(root), src, dst)
+            c(Collective::Broadcast, count, dtype, None, Some(root), src, dst)
         }
         OpSpec::Reduce { count, dtype, op, root, src, dst } => {
-            c(DirectKind::Reduce, count, dtype, Some(op), Some(root), src, dst)
+            c(Collective::Reduce, count, dtype, Some(op), Some(root), src, dst)
         }
         OpSpec::AllGather { count, dtype, src, dst } => {
-            c(DirectKind::AllGather, count, dtype, None, None, src, dst)
+            c(Collective::AllGather, count, dtype, None, None, src, dst)
         }
         OpSpec::ReduceScatter { count, dtype, op, src, dst } => {
-            c(DirectKind::ReduceScatter, count, dtype, Some(op), None, src, dst)
+            c(Collective::ReduceScatter, count, dtype, Some(op), None, src, dst)
         }
         OpSpec::AllToAll { count, dtype, src, dst } => {
-            c(DirectKind::AllToAll, count, dtype, None, None, src, dst)
+            c(Collective::AllToAll, count, dtype, None, None, src, dst)
         }
-        OpSpec::AllToAllV { dtype, src, dst, .. } => c(DirectKind::AllToAllV, 0, dtype, None, None, src, dst),
+        OpSpec::AllToAllV { dtype, src, dst, .. } => c(Collective::AllToAllV, 0, dtype, None, None, src, dst),
         OpSpec::Gather { count, dtype, root, src, dst } => {
-            c(DirectKind::Gather, count, dtype, None, Some(root), src, dst)
+            c(Collective::Gather, count, dtype, None, Some(root), src, dst)
         }
         OpSpec::Scatter { count, dtype, root, src, dst } => {
-            c(DirectKind::Scatter, count, dtype, None, Some(root), src, dst)
+            c(Collective::Scatter, count, dtype, None, Some(root), src, dst)
         }
         OpSpec::Send { .. } | OpSpec::Recv { .. } => return None,
     })
@@ -189,11 +190,11 @@ impl Direct {
     /// at 4) and broadcast (0.28-0.39 at 2 ranks; not at 4 ranks on 2 cores, 0.98-1.28).
     /// Kinds whose peers read a part of each contribution (reduce-scatter, all-to-all,
     /// reduce, gather, scatter) were 1.2-1.9 times slower with them, all-gather 1.0-1.1.
-    fn stream_inline(&self, kind: DirectKind, bytes: usize) -> bool {
+    fn stream_inline(&self, kind: Collective, bytes: usize) -> bool {
         bytes >= DIRECT_INLINE_STREAM_MIN_BYTES
             && match kind {
-                DirectKind::AllReduce => true,
-                DirectKind::Broadcast => !self.host.oversubscribed,
+                Collective::AllReduce => true,
+                Collective::Broadcast => !self.host.oversubscribed,
                 _ => false,
             }
     }
@@ -326,7 +327,7 @@ impl Direct {
         };
         let (p, me) = (self.p, self.me);
         let es = c.dtype.size_bytes();
-        if c.kind != DirectKind::AllToAllV && c.count == 0 {
+        if c.kind != Collective::AllToAllV && c.count == 0 {
             return Ok(Outcome::Done);
         }
         let ctx = match c.op {
@@ -566,44 +567,44 @@ impl Direct {
             }
         };
         match c.kind {
-            DirectKind::AllReduce => {
+            Collective::AllReduce => {
                 need(nb)?;
                 let ctx = ctx.ok_or_else(|| Error::Internal("reduction without context".into()))?;
                 Self::reduce_posted(ctx, &inl, dst, nb);
             }
-            DirectKind::Reduce => {
+            Collective::Reduce => {
                 if me == c.root {
                     need(nb)?;
                     let ctx = ctx.ok_or_else(|| Error::Internal("reduction without context".into()))?;
                     Self::reduce_posted(ctx, &inl, dst, nb);
                 }
             }
-            DirectKind::ReduceScatter => {
+            Collective::ReduceScatter => {
                 need(nb)?;
                 let ctx = ctx.ok_or_else(|| Error::Internal("reduction without context".into()))?;
                 // SAFETY: each post holds P × nb bytes; block `me` is in range.
                 let srcs: SmallVec<[*const u8; 8]> = inl.iter().map(|b| unsafe { b.add(me * nb) }).collect();
                 Self::reduce_posted(ctx, &srcs, dst, nb);
             }
-            DirectKind::Broadcast => {
+            Collective::Broadcast => {
                 need(nb)?;
                 copy(inl[c.root], dst, nb);
             }
-            DirectKind::AllGather => {
+            Collective::AllGather => {
                 need(nb * p)?;
                 for (q, b) in inl.iter().enumerate() {
                     // SAFETY: dst holds P × nb bytes (checked).
                     copy(*b, unsafe { dst.add(q * nb) }, nb);
                 }
             }
-            DirectKind::AllToAll => {
+            Collective::AllToAll => {
                 need(nb * p)?;
                 for (q, b) in inl.iter().enumerate() {
                     // SAFETY: posts hold P × nb bytes and dst P × nb (checked).
                     copy(unsafe { b.add(me * nb) }, unsafe { dst.add(q * nb) }, nb);
                 }
             }
-            DirectKind::Gather => {
+            Collective::Gather => {
                 if me == c.root {
                     need(nb * p)?;
                     for (q, b) in inl.iter().enumerate() {
@@ -612,12 +613,15 @@ impl Direct {
                     }
                 }
             }
-            DirectKind::Scatter => {
+            Collective::Scatter => {
                 need(nb)?;
                 // SAFETY: the root's post holds P × nb bytes.
                 copy(unsafe { inl[c.root].add(me * nb) }, dst, nb);
             }
-            DirectKind::AllToAllV => return Err(Error::Internal("all-to-all-v is never inlined".into())),
+            Collective::AllToAllV => return Err(Error::Internal("all-to-all-v is never inlined".into())),
+            Collective::Send | Collective::Recv => {
+                return Err(Error::Internal("a point-to-point call on the direct path".into()))
+            }
         }
         Ok(())
     }
@@ -713,7 +717,7 @@ impl Direct {
         };
         let need_ctx = || ctx.copied().ok_or_else(|| Error::Internal("reduction without context".into()));
         match c.kind {
-            DirectKind::AllReduce => {
+            Collective::AllReduce => {
                 let r = slice(n, p, me, es);
                 let (off, len) = (r.start * es, r.len() * es);
                 let mut srcs = SmallVec::<[*const u8; 8]>::new();
@@ -724,7 +728,7 @@ impl Direct {
                 }
                 self.reduce(&need_ctx()?, &srcs, &dsts, len, stream);
             }
-            DirectKind::Reduce => {
+            Collective::Reduce => {
                 let r = slice(n, p, me, es);
                 let (off, len) = (r.start * es, r.len() * es);
                 let mut srcs = SmallVec::<[*const u8; 8]>::new();
@@ -734,7 +738,7 @@ impl Direct {
                 let d = self.at(c.root, s, 1, dst, off, len)?;
                 self.reduce(&need_ctx()?, &srcs, &[d], len, stream);
             }
-            DirectKind::ReduceScatter => {
+            Collective::ReduceScatter => {
                 let mut srcs = SmallVec::<[*const u8; 8]>::new();
                 for q in 0..p {
                     srcs.push(self.at(q, s, 0, src, me * nb, nb)? as *const u8);
@@ -742,12 +746,12 @@ impl Direct {
                 let d = self.at(me, s, 1, dst, 0, nb)?;
                 self.reduce(&need_ctx()?, &srcs, &[d], nb, stream);
             }
-            DirectKind::Broadcast => {
+            Collective::Broadcast => {
                 let from = self.at(c.root, s, 0, src, 0, nb)?;
                 let to = self.at(me, s, 1, dst, 0, nb)?;
                 copy(from, to, nb);
             }
-            DirectKind::AllGather => {
+            Collective::AllGather => {
                 for i in 0..p {
                     let q = (me + i) % p;
                     let from = self.at(q, s, 0, src, 0, nb)?;
@@ -755,7 +759,7 @@ impl Direct {
                     copy(from, to, nb);
                 }
             }
-            DirectKind::AllToAll => {
+            Collective::AllToAll => {
                 for i in 0..p {
                     let q = (me + i) % p;
                     let from = self.at(q, s, 0, src, me * nb, nb)?;
@@ -763,17 +767,17 @@ impl Direct {
                     copy(from, to, nb);
                 }
             }
-            DirectKind::Gather => {
+            Collective::Gather => {
                 let from = self.at(me, s, 0, src, 0, nb)?;
                 let to = self.at(c.root, s, 1, dst, me * nb, nb)?;
                 copy(from, to, nb);
             }
-            DirectKind::Scatter => {
+            Collective::Scatter => {
                 let from = self.at(c.root, s, 0, src, me * nb, nb)?;
                 let to = self.at(me, s, 1, dst, 0, nb)?;
                 copy(from, to, nb);
             }
-            DirectKind::AllToAllV => {
+            Collective::AllToAllV => {
                 let OpSpec::AllToAllV { recv_counts, recv_displs, .. } = op else {
                     return Err(Error::Internal("all-to-all-v without its arrays".into()));
                 };
@@ -784,6 +788,9 @@ impl Direct {
                     let to = self.at(me, s, 1, dst, recv_displs[q] * es, cnt * es)?;
                     copy(from, to, cnt * es);
                 }
+            }
+            Collective::Send | Collective::Recv => {
+                return Err(Error::Internal("a point-to-point call on the direct path".into()))
             }
         }
         Ok(())
