@@ -71,7 +71,7 @@ fn explain_prints_every_candidate_and_honours_overrides() {
     assert_eq!(out.lines().filter(|l| l.trim_start().starts_with(char::is_numeric)).count(), 30);
     let (rc, out, _) = oxccl(&["explain", "allgather", "--topo", &dgx16], &[("NCCL_ALGO", "tree")]);
     assert_eq!(rc, 0);
-    assert!(out.contains("none: NCCL_ALGO=tree leaves allgather nothing that can run here: Tree/LL: Tree runs only all-reduce"), "{out}");
+    assert!(out.contains("none: NCCL_ALGO=tree leaves all_gather nothing that can run here: Tree/LL: Tree runs only all-reduce"), "{out}");
     let (rc, out, _) = oxccl(&["explain", "allreduce", "--topo", &dgx16], &[("NCCL_PROTO", "Simple")]);
     assert_eq!(rc, 0);
     assert!(out.lines().skip(3).all(|l| l.contains("/Simple ×")), "{out}");

@@ -99,7 +99,7 @@ fn settings_that_leave_a_collective_nothing_fail_that_call_and_only_that_call() 
         assert!(matches!(e, Error::InvalidUsage(_)), "{e}");
         assert!(
             e.to_string()
-                .contains("NCCL_ALGO=tree leaves allgather nothing that can run: Tree runs only all-reduce"),
+                .contains("NCCL_ALGO=tree leaves all_gather nothing that can run: Tree runs only all-reduce"),
             "{e}"
         );
         assert_eq!(v, vec![6; 8]);
@@ -119,7 +119,7 @@ fn settings_that_leave_a_collective_nothing_fail_that_call_and_only_that_call() 
         (e, v)
     });
     for (e, v) in out {
-        assert!(e.contains("enables no protocol for allgather"), "{e}");
+        assert!(e.contains("enables no protocol for all_gather"), "{e}");
         assert_eq!(v, vec![2; 4]);
     }
 }
