@@ -152,8 +152,14 @@ fn panel(svg: &mut String, series: &[Series], f: &Frame, y: Y, title: &str, unit
     let Frame { x0, y0, w, h } = *f;
     let xs: Vec<f64> =
         series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).filter(|v| *v > 0.0).collect();
-    let xmin = xs.iter().cloned().fold(f64::INFINITY, f64::min).max(1.0).log2().floor();
-    let xmax = xs.iter().cloned().fold(1.0f64, f64::max).log2().ceil().max(xmin + 1.0);
+    // No point to place (files without plottable rows): an empty 1..2 byte axis, where the
+    // folds below would make an infinite range and the tick loop never end.
+    let (xmin, xmax) = if xs.is_empty() {
+        (0.0, 1.0)
+    } else {
+        let xmin = xs.iter().cloned().fold(f64::INFINITY, f64::min).max(1.0).log2().floor();
+        (xmin, xs.iter().cloned().fold(1.0f64, f64::max).log2().ceil().max(xmin + 1.0))
+    };
     let (ya, yb) = log_range(series.iter().flat_map(|s| s.points.iter().map(move |p| y_of(p, y))));
     let px = |v: f64| x0 + (v.max(1.0).log2() - xmin) / (xmax - xmin) * w;
     let py = |v: f64| y0 + h - (v.max(1e-12).log10() - ya) / (yb - ya) * h;
@@ -276,6 +282,14 @@ mod tests {
         assert!(out.starts_with("<svg") && out.trim_end().ends_with("</svg>"));
         assert_eq!(out.matches("<polyline").count(), 4);
         assert!(out.contains("peer &lt;x&gt;") && out.contains(">8<") && out.contains(">512K<"));
+    }
+
+    #[test]
+    fn no_points_make_an_empty_plot() {
+        let s = svg(&[], "nothing");
+        assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"), "{s}");
+        let zero = Series { label: "zero".into(), points: vec![(0.0, 0.0, 0.0)] };
+        assert!(svg(&[zero], "zeros").trim_end().ends_with("</svg>"));
     }
 
     mod reading {
