@@ -292,14 +292,8 @@ pub(crate) mod tests {
                     dtype: "float".into(),
                     redop: "sum".into(),
                     root: -1,
-                    out_of_place: t.clone(),
-                    in_place: Timing {
-                        time: Time::Wall(None),
-                        alg_bw: None,
-                        bus_bw: None,
-                        nwrong: None,
-                        ..t
-                    },
+                    out_of_place: t,
+                    in_place: Timing { time: Time::Wall(None), alg_bw: None, bus_bw: None, nwrong: None },
                     actual_iterations: 20,
                     experiment_name: String::new(),
                 }],
