@@ -1,309 +1,172 @@
-//! A small JSON value type with a writer and a bounded parser, for the files oxccl writes and
-//! reads back (benchmark results, flight-recorder dumps, topology files).
+//! What oxccl's JSON file formats share. Each format (topology files, cluster files, the
+//! calibration cache, flight recorder dumps, benchmark and simulator results) is a serde type
+//! of the module that owns it, read and written with serde_json through this module.
+//!
+//! Rules:
+//! - Reading never panics. An error says what was wrong and where: serde_json's message ends
+//!   "at line L column C". This crate does no I/O, so the caller that read the file puts its
+//!   path in front ("PATH: …").
+//! - Integers are integer fields (`u64` values above 2^53 round-trip exactly); strings are
+//!   full JSON strings (every escape, surrogate pairs); "+1", `NaN` and trailing text are
+//!   refused.
+//! - A number that is not finite (±inf, NaN) is written as `null`. Fields that may hold one are
+//!   `Option<f64>` filled through [`finite`], so a reader sees `null` as "no value"; a
+//!   required number that is `null` is an error naming its place.
+//! - A format that starts with a version mark (`"oxccl_topo": 1`) is checked for it first
+//!   ([`check_mark`]), so a file of another kind is refused as such rather than for its first
+//!   field that does not fit; the mark's field is a [`Mark`].
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use serde::de::{DeserializeOwned, IgnoredAny};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// The deepest nesting [`Json::parse`] accepts (files may come from anywhere).
-const MAX_DEPTH: usize = 64;
-
-/// A JSON value.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Json {
-    Null,
-    Bool(bool),
-    Num(f64),
-    Str(String),
-    Arr(Vec<Json>),
-    Obj(BTreeMap<String, Json>),
+/// Reads `text` as a `T`; the error says what and where (line and column).
+pub fn parse<T: DeserializeOwned>(text: &str) -> Result<T, String> {
+    serde_json::from_str(text).map_err(|e| e.to_string())
 }
 
-impl Json {
-    pub fn get(&self, k: &str) -> Option<&Json> {
-        match self {
-            Json::Obj(m) => m.get(k),
-            _ => None,
-        }
-    }
+/// `v` as compact JSON text.
+pub fn to_text<T: Serialize>(v: &T) -> String {
+    // The formats are structs, sequences, options and enums with string names, which
+    // serde_json always writes (it fails only for maps whose keys are not strings).
+    serde_json::to_string(v).expect("oxccl's JSON formats always serialize")
+}
 
-    pub fn num(&self) -> Option<f64> {
-        match self {
-            Json::Num(n) => Some(*n),
-            Json::Str(s) => s.parse().ok(),
-            _ => None,
-        }
-    }
+/// `x` when it is finite; `None` (written `null`) for ±inf and NaN.
+pub fn finite(x: f64) -> Option<f64> {
+    x.is_finite().then_some(x)
+}
 
-    pub fn str(&self) -> Option<&str> {
-        match self {
-            Json::Str(s) => Some(s),
-            _ => None,
-        }
-    }
-
-    pub fn bool(&self) -> Option<bool> {
-        match self {
-            Json::Bool(b) => Some(*b),
-            _ => None,
-        }
-    }
-
-    /// The value as text.
-    pub fn to_text(&self) -> String {
-        let mut s = String::new();
-        self.write(&mut s);
-        s
-    }
-
-    pub fn arr(&self) -> &[Json] {
-        match self {
-            Json::Arr(a) => a,
-            _ => &[],
-        }
-    }
-
-    /// Writes the value as JSON text.
-    pub fn write(&self, out: &mut String) {
-        match self {
-            Json::Null => out.push_str("null"),
-            Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-            Json::Num(n) => {
-                if n.is_finite() {
-                    let _ = write!(out, "{n}");
-                } else {
-                    out.push_str("\"nan\"");
-                }
-            }
-            Json::Str(s) => {
-                out.push('"');
-                for c in s.chars() {
-                    match c {
-                        '"' => out.push_str("\\\""),
-                        '\\' => out.push_str("\\\\"),
-                        '\n' => out.push_str("\\n"),
-                        c if (c as u32) < 0x20 => {
-                            let _ = write!(out, "\\u{:04x}", c as u32);
-                        }
-                        c => out.push(c),
-                    }
-                }
-                out.push('"');
-            }
-            Json::Arr(a) => {
-                out.push('[');
-                for (i, v) in a.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    v.write(out);
-                }
-                out.push(']');
-            }
-            Json::Obj(m) => {
-                out.push('{');
-                for (i, (k, v)) in m.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    Json::Str(k.clone()).write(out);
-                    out.push(':');
-                    v.write(out);
-                }
-                out.push('}');
-            }
-        }
-    }
-
-    /// Parses JSON text.
-    pub fn parse(s: &str) -> Result<Json, String> {
-        let mut p = Parser { b: s.as_bytes(), i: 0, depth: 0 };
-        let v = p.value()?;
-        p.ws();
-        if p.i != p.b.len() {
-            return Err(format!("trailing characters at offset {}", p.i));
-        }
-        Ok(v)
+/// Checks that `text` is an object whose `key` is the number `version` (a format's mark);
+/// `what` names the format in the error ("an oxccl topology").
+pub fn check_mark(text: &str, key: &str, version: u32, what: &str) -> Result<(), String> {
+    let top: serde_json::Map<String, serde_json::Value> = parse(text)?;
+    match top.get(key).and_then(serde_json::Value::as_f64) {
+        Some(v) if v == f64::from(version) => Ok(()),
+        Some(v) => Err(format!("not {what} of version {version} (\"{key}\": {v})")),
+        None => Err(format!("not {what} (\"{key}\": {version} missing)")),
     }
 }
 
-/// Builds an object from pairs.
-pub fn obj(pairs: Vec<(&str, Json)>) -> Json {
-    Json::Obj(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+/// A format's version mark: written as `V`; read as anything, since [`check_mark`] has
+/// checked it before the whole file is read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mark<const V: u32>;
+
+impl<const V: u32> Serialize for Mark<V> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u32(V)
+    }
 }
 
-struct Parser<'a> {
-    b: &'a [u8],
-    i: usize,
-    depth: usize,
+impl<'de, const V: u32> Deserialize<'de> for Mark<V> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        IgnoredAny::deserialize(d).map(|_| Mark)
+    }
 }
 
-impl Parser<'_> {
-    fn ws(&mut self) {
-        while self.i < self.b.len() && self.b[self.i].is_ascii_whitespace() {
-            self.i += 1;
-        }
+/// What the formats' tests share: where serde_json says an error is, and proptest strategies.
+#[cfg(test)]
+pub(crate) mod testing {
+    use proptest::prelude::*;
+
+    /// Where byte `at` of `text` is, as serde_json says it: "line L column C", 1-based.
+    fn place_at(text: &str, at: usize) -> String {
+        let before = &text[..at];
+        let line = before.matches('\n').count() + 1;
+        format!("line {line} column {}", before.rsplit('\n').next().unwrap_or("").chars().count() + 1)
     }
 
-    fn err<T>(&self, what: &str) -> Result<T, String> {
-        Err(format!("JSON: {what} at offset {}", self.i))
+    /// Where the first `needle` in `text` starts (serde_json points at the first wrong character
+    /// of malformed text).
+    pub(crate) fn place(text: &str, needle: &str) -> String {
+        place_at(text, text.find(needle).expect("the needle is in the text"))
     }
 
-    fn value(&mut self) -> Result<Json, String> {
-        if self.depth >= MAX_DEPTH {
-            return self.err("nesting too deep");
-        }
-        self.depth += 1;
-        let v = self.value_inner();
-        self.depth -= 1;
-        v
+    /// Where the first `needle` in `text` ends (serde_json points at the last character of a
+    /// value of the wrong type or out of range).
+    pub(crate) fn place_end(text: &str, needle: &str) -> String {
+        let start = text.find(needle).expect("the needle is in the text");
+        place_at(text, start + needle.char_indices().last().map_or(0, |(i, _)| i))
     }
 
-    fn value_inner(&mut self) -> Result<Json, String> {
-        self.ws();
-        match self.b.get(self.i) {
-            None => self.err("unexpected end"),
-            Some(b'{') => {
-                self.i += 1;
-                let mut m = BTreeMap::new();
-                self.ws();
-                if self.b.get(self.i) == Some(&b'}') {
-                    self.i += 1;
-                    return Ok(Json::Obj(m));
-                }
-                loop {
-                    self.ws();
-                    let Json::Str(k) = self.value()? else {
-                        return self.err("object key is not a string");
-                    };
-                    self.ws();
-                    if self.b.get(self.i) != Some(&b':') {
-                        return self.err("expected ':'");
-                    }
-                    self.i += 1;
-                    let v = self.value()?;
-                    m.insert(k, v);
-                    self.ws();
-                    match self.b.get(self.i) {
-                        Some(b',') => self.i += 1,
-                        Some(b'}') => {
-                            self.i += 1;
-                            return Ok(Json::Obj(m));
-                        }
-                        _ => return self.err("expected ',' or '}'"),
-                    }
-                }
-            }
-            Some(b'[') => {
-                self.i += 1;
-                let mut a = Vec::new();
-                self.ws();
-                if self.b.get(self.i) == Some(&b']') {
-                    self.i += 1;
-                    return Ok(Json::Arr(a));
-                }
-                loop {
-                    a.push(self.value()?);
-                    self.ws();
-                    match self.b.get(self.i) {
-                        Some(b',') => self.i += 1,
-                        Some(b']') => {
-                            self.i += 1;
-                            return Ok(Json::Arr(a));
-                        }
-                        _ => return self.err("expected ',' or ']'"),
-                    }
-                }
-            }
-            Some(b'"') => {
-                self.i += 1;
-                let mut s = String::new();
-                loop {
-                    match self.b.get(self.i) {
-                        None => return self.err("unterminated string"),
-                        Some(b'"') => {
-                            self.i += 1;
-                            return Ok(Json::Str(s));
-                        }
-                        Some(b'\\') => {
-                            let c = self.b.get(self.i + 1).copied();
-                            self.i += 2;
-                            match c {
-                                Some(b'n') => s.push('\n'),
-                                Some(b't') => s.push('\t'),
-                                Some(b'u') => {
-                                    let h =
-                                        std::str::from_utf8(self.b.get(self.i..self.i + 4).unwrap_or(b""))
-                                            .unwrap_or("");
-                                    let v = u32::from_str_radix(h, 16)
-                                        .map_err(|_| "bad \\u escape".to_string())?;
-                                    s.push(char::from_u32(v).unwrap_or('?'));
-                                    self.i += 4;
-                                }
-                                Some(c) => s.push(c as char),
-                                None => return self.err("bad escape"),
-                            }
-                        }
-                        Some(_) => {
-                            let start = self.i;
-                            while self.i < self.b.len() && self.b[self.i] != b'"' && self.b[self.i] != b'\\' {
-                                self.i += 1;
-                            }
-                            s.push_str(
-                                std::str::from_utf8(&self.b[start..self.i])
-                                    .map_err(|_| "invalid UTF-8".to_string())?,
-                            );
-                        }
-                    }
-                }
-            }
-            Some(b't') if self.b[self.i..].starts_with(b"true") => {
-                self.i += 4;
-                Ok(Json::Bool(true))
-            }
-            Some(b'f') if self.b[self.i..].starts_with(b"false") => {
-                self.i += 5;
-                Ok(Json::Bool(false))
-            }
-            Some(b'n') if self.b[self.i..].starts_with(b"null") => {
-                self.i += 4;
-                Ok(Json::Null)
-            }
-            Some(_) => {
-                let start = self.i;
-                while self.i < self.b.len()
-                    && matches!(self.b[self.i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
-                {
-                    self.i += 1;
-                }
-                let t = std::str::from_utf8(&self.b[start..self.i]).unwrap_or("");
-                t.parse::<f64>().map(Json::Num).or_else(|_| self.err("bad value"))
-            }
-        }
+    /// Any text, with the characters JSON codecs get wrong (`\b`, `\f`, `\r`, quotes, a
+    /// character outside the BMP) more likely.
+    pub(crate) fn text() -> impl Strategy<Value = String> {
+        let c = prop_oneof![any::<char>(), Just('\u{8}'), Just('\u{c}'), Just('\r'), Just('"'), Just('😀')];
+        prop::collection::vec(c, 0..8).prop_map(String::from_iter)
+    }
+
+    /// Any positive finite number, subnormals included.
+    pub(crate) fn positive() -> impl Strategy<Value = f64> {
+        prop::num::f64::POSITIVE | prop::num::f64::NORMAL | prop::num::f64::SUBNORMAL
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::testing::place;
     use super::*;
 
-    #[test]
-    fn json_round_trip() {
-        let v = obj(vec![
-            ("a", Json::Num(1.5)),
-            ("b", Json::Arr(vec![Json::Bool(true), Json::Null, Json::Str("x\"y".into())])),
-        ]);
-        let mut s = String::new();
-        v.write(&mut s);
-        assert_eq!(Json::parse(&s).unwrap(), v);
-        assert!(Json::parse("{\"a\":").is_err());
-        assert!(Json::parse("[1,2]x").is_err());
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct T {
+        mark: Mark<3>,
+        s: String,
+        n: u64,
+        x: Option<f64>,
     }
 
     #[test]
-    fn deep_nesting_is_refused() {
-        let deep = "[".repeat(100) + &"]".repeat(100);
-        assert!(Json::parse(&deep).unwrap_err().contains("too deep"));
-        let ok = "[".repeat(10) + &"]".repeat(10);
-        assert!(Json::parse(&ok).is_ok());
+    fn strings_numbers_and_marks_follow_json_exactly() {
+        let t: T = parse(
+            r#"{"mark": 3, "s": "\b\f\r\t\n\"\\\/\u00e9\ud83d\ude00", "n": 18446744073709551615, "x": null}"#,
+        )
+        .unwrap();
+        assert_eq!(t, T { mark: Mark, s: "\u{8}\u{c}\r\t\n\"\\/é😀".into(), n: u64::MAX, x: None });
+        assert_eq!(to_text(&t), r#"{"mark":3,"s":"\b\f\r\t\n\"\\/é😀","n":18446744073709551615,"x":null}"#);
+        let inf = T { mark: Mark, s: String::new(), n: (1 << 53) + 1, x: finite(f64::INFINITY) };
+        assert_eq!(to_text(&inf), r#"{"mark":3,"s":"","n":9007199254740993,"x":null}"#);
+        assert_eq!(parse::<T>(&to_text(&inf)).unwrap(), inf);
+        assert_eq!(finite(f64::NAN), None);
+        assert_eq!(finite(-0.5), Some(-0.5));
+    }
+
+    #[test]
+    fn malformed_text_is_refused_with_its_place() {
+        let plus = "{\"mark\": 3, \"s\": \"a\", \"n\": +1, \"x\": 1}";
+        assert_eq!(parse::<T>(plus).unwrap_err(), format!("expected value at {}", place(plus, "+")));
+        let e = parse::<T>("{\"mark\": 3,\n \"s\": \"a\",\n \"n\": 1").unwrap_err();
+        assert_eq!(e, "EOF while parsing an object at line 3 column 7");
+        let e = parse::<T>("{\"mark\": 3, \"s\": \"\\ud83d\", \"n\": 1}").unwrap_err();
+        assert_eq!(e, "unexpected end of hex escape at line 1 column 25");
+        let nan = "{\"mark\": 3, \"s\": \"a\", \"n\": 1, \"x\": NaN}";
+        assert_eq!(parse::<T>(nan).unwrap_err(), format!("expected value at {}", place(nan, "NaN")));
+        let trailing = "{\"mark\": 3, \"s\": \"a\", \"n\": 1} x";
+        assert_eq!(
+            parse::<T>(trailing).unwrap_err(),
+            format!("trailing characters at {}", place(trailing, "x"))
+        );
+        let deep = "[".repeat(10_000) + &"]".repeat(10_000);
+        assert_eq!(
+            parse::<serde_json::Value>(&deep).unwrap_err(),
+            "recursion limit exceeded at line 1 column 128"
+        );
+    }
+
+    #[test]
+    fn the_mark_is_checked_first() {
+        assert_eq!(check_mark("{\"m\": 1, \"rest\": []}", "m", 1, "a test file"), Ok(()));
+        assert_eq!(check_mark("{\"m\": 1.0}", "m", 1, "a test file"), Ok(()));
+        assert_eq!(
+            check_mark("{\"m\": 2}", "m", 1, "a test file").unwrap_err(),
+            "not a test file of version 1 (\"m\": 2)"
+        );
+        assert_eq!(
+            check_mark("{}", "m", 1, "a test file").unwrap_err(),
+            "not a test file (\"m\": 1 missing)"
+        );
+        assert_eq!(
+            check_mark("[1]", "m", 1, "a test file").unwrap_err(),
+            "invalid type: sequence, expected a map at line 1 column 0"
+        );
     }
 }

@@ -7,8 +7,9 @@
 
 use crate::args::{Bench, Opts};
 use crate::colls::{self, Call, Counts};
-use crate::report::{float_str, g6, obj, Json};
+use crate::report::{self, float_str, g6, Device, Results, Row, RunConfig, Time, Timing};
 use oxccl::{Communicator, DataType, ReduceOp};
+use oxccl_core::json::finite;
 use std::time::Instant;
 
 /// The test-only fault hook: when set, rank 0 corrupts one element of every checked result
@@ -152,7 +153,7 @@ pub struct Runner<'c> {
     dev: Option<Dev<'c>>,
     o: Opts,
     out: bool,
-    json_results: Vec<Json>,
+    json_results: Vec<Row>,
     errors: u64,
     bw_sum: f64,
     bw_count: usize,
@@ -212,7 +213,7 @@ impl<'c> Runner<'c> {
     }
 
     /// The header and the device report; returns the JSON for them.
-    fn header(&self) -> oxccl::Result<(Json, Json)> {
+    fn header(&self) -> oxccl::Result<(RunConfig, Vec<Device>)> {
         let o = &self.o;
         let step = if o.step_factor > 1 {
             format!("{}(factor)", o.step_factor)
@@ -284,34 +285,33 @@ impl<'c> Runner<'c> {
             let l = String::from_utf8_lossy(&chunk[..end]).into_owned();
             self.print(&format!("{l}\n"));
             let p = &self.comm.peers()[r];
-            devices.push(obj(vec![
-                ("rank", Json::Num(r as f64)),
-                ("group", Json::Num(0.0)),
-                ("pid", Json::Num(p.pid as f64)),
-                ("hostname", Json::Str(p.hostname.clone())),
-                ("device", Json::Str("cpu".into())),
-                ("device_info", Json::Str(l.split("] ").nth(1).unwrap_or("").to_string())),
-            ]));
+            devices.push(Device {
+                rank: r as u64,
+                group: 0,
+                pid: p.pid.into(),
+                hostname: p.hostname.clone(),
+                device: "cpu".into(),
+                device_info: l.split("] ").nth(1).unwrap_or("").to_string(),
+            });
         }
-        let config = obj(vec![
-            ("nthreads", Json::Num(1.0)),
-            ("ngpus", Json::Num(1.0)),
-            ("minimum_bytes", Json::Num(o.min_bytes as f64)),
-            ("maximum_bytes", Json::Num(o.max_bytes as f64)),
-            (
-                if o.step_factor > 1 { "step_factor" } else { "step_bytes" },
-                Json::Num(if o.step_factor > 1 { o.step_factor } else { o.step_bytes } as f64),
-            ),
-            ("warmup_iters", Json::Num(o.warmup as f64)),
-            ("iterations", Json::Num(o.iters as f64)),
-            ("aggregated_iterations", Json::Num(o.agg as f64)),
-            ("validation", Json::Num(o.check as f64)),
-            ("blocking_collectives", Json::Bool(o.blocking != 0)),
-            ("per_iter_timing", Json::Bool(o.per_iter)),
-            ("registered_buffers", Json::Bool(o.register)),
-            ("nranks", Json::Num(self.comm.size() as f64)),
-        ]);
-        Ok((config, Json::Arr(devices)))
+        let by_factor = o.step_factor > 1;
+        let config = RunConfig {
+            nthreads: 1,
+            ngpus: 1,
+            minimum_bytes: o.min_bytes as u64,
+            maximum_bytes: o.max_bytes as u64,
+            step_factor: by_factor.then_some(o.step_factor as u64),
+            step_bytes: (!by_factor).then_some(o.step_bytes as u64),
+            warmup_iters: o.warmup as u64,
+            iterations: o.iters as u64,
+            aggregated_iterations: o.agg as u64,
+            validation: o.check as u64,
+            blocking_collectives: o.blocking != 0,
+            per_iter_timing: o.per_iter,
+            registered_buffers: o.register,
+            nranks: self.comm.size() as u64,
+        };
+        Ok((config, devices))
     }
 
     fn result_header(&self) {
@@ -527,13 +527,14 @@ impl<'c> Runner<'c> {
         s
     }
 
-    fn body_json(m: &Measured, cputime: bool) -> Json {
-        obj(vec![
-            (if cputime { "cpu_time" } else { "time" }, Json::Num(m.time_us)),
-            ("alg_bw", Json::Num(m.alg)),
-            ("bus_bw", Json::Num(m.bus)),
-            ("nwrong", m.wrong.map(|w| Json::Num(w as f64)).unwrap_or(Json::Null)),
-        ])
+    fn body_json(m: &Measured, cputime: bool) -> Timing {
+        let t = finite(m.time_us);
+        Timing {
+            time: if cputime { Time::Cpu(t) } else { Time::Wall(t) },
+            alg_bw: finite(m.alg),
+            bus_bw: finite(m.bus),
+            nwrong: m.wrong,
+        }
     }
 
     fn time_test(&mut self, dtype: DataType, op: ReduceOp, root: usize) -> oxccl::Result<()> {
@@ -589,17 +590,17 @@ impl<'c> Runner<'c> {
                 self.bw_count += 2;
                 let ts = if self.o.timestamps { format!("  {}", timestamp()) } else { String::new() };
                 self.print(&format!("{pre}{}{}{ts}\n", self.body(&m1), self.body(&m2)));
-                self.json_results.push(obj(vec![
-                    ("size", Json::Num((c.send.max(c.recv) * es) as f64)),
-                    ("count", Json::Num(c.param as f64)),
-                    ("type", Json::Str(dtype.name().into())),
-                    ("redop", Json::Str(opname.into())),
-                    ("root", Json::Num(root_s as f64)),
-                    ("out_of_place", Self::body_json(&m1, self.o.report_cputime)),
-                    ("in_place", Self::body_json(&m2, self.o.report_cputime)),
-                    ("actual_iterations", Json::Num(self.o.iters as f64)),
-                    ("experiment_name", Json::Str(String::new())),
-                ]));
+                self.json_results.push(Row {
+                    size: (c.send.max(c.recv) * es) as u64,
+                    count: c.param as u64,
+                    dtype: dtype.name().into(),
+                    redop: opname.into(),
+                    root: root_s,
+                    out_of_place: Self::body_json(&m1, self.o.report_cputime),
+                    in_place: Self::body_json(&m2, self.o.report_cputime),
+                    actual_iterations: self.o.iters as u64,
+                    experiment_name: String::new(),
+                });
                 if self.out && self.started.elapsed().as_secs() >= 2 {
                     eprintln!(
                         "# [oxccl-perf] {} {} {}: size {} done ({}/{}), {:.1} s",
@@ -682,29 +683,21 @@ impl<'c> Runner<'c> {
         }
         if self.out {
             if let Some(path) = &self.o.json {
-                let j = obj(vec![
-                    ("label", Json::Str(format!("oxccl P={}", self.comm.size()))),
-                    ("library", Json::Str(format!("oxccl {}", env!("CARGO_PKG_VERSION")))),
-                    ("benchmark", Json::Str(self.o.bench.program().into())),
-                    ("config", config),
-                    ("devices", devices),
-                    ("results", Json::Arr(std::mem::take(&mut self.json_results))),
-                    (
-                        "out_of_bounds",
-                        obj(vec![
-                            ("count", Json::Num(self.errors as f64)),
-                            ("okay", Json::Bool(self.errors == 0)),
-                        ]),
-                    ),
-                    (
-                        "average_bus_bandwidth",
-                        obj(vec![("bandwidth", Json::Num(avg)), ("okay", Json::Str("unchecked".into()))]),
-                    ),
-                    ("errors", Json::Arr(err.iter().map(|e| Json::Str(e.clone())).collect())),
-                ]);
-                let mut s = String::new();
-                j.write(&mut s);
-                match std::fs::write(path, s) {
+                let j = Results {
+                    label: format!("oxccl P={}", self.comm.size()),
+                    library: format!("oxccl {}", env!("CARGO_PKG_VERSION")),
+                    benchmark: self.o.bench.program().into(),
+                    config,
+                    devices,
+                    results: std::mem::take(&mut self.json_results),
+                    out_of_bounds: report::OutOfBounds { count: self.errors, okay: self.errors == 0 },
+                    average_bus_bandwidth: report::AverageBusBandwidth {
+                        bandwidth: finite(avg),
+                        okay: "unchecked".into(),
+                    },
+                    errors: err.iter().cloned().collect(),
+                };
+                match std::fs::write(path, j.to_json()) {
                     Ok(()) => println!("# Writing JSON output to {path}"),
                     Err(e) => eprintln!("oxccl-perf: cannot write {path}: {e}"),
                 }

@@ -201,6 +201,7 @@ fn explain(a: &ExplainArgs) {
             let costs = oxccl::calib::host_costs(
                 oxccl::sys::host::host_id(config.host_id.as_deref()),
                 config.calibrate.as_deref(),
+                &|w| eprintln!("oxccl explain: {w}"),
             );
             let m = Model::cpu(ranks, 1, &costs, config.direct && !config.shm_disable && ranks > 1, 1, 1);
             if config.shm_disable {

@@ -1,7 +1,9 @@
 //! `--plot`: bus bandwidth and time against size, on log axes, one line per result set, as
-//! an SVG written by hand (no dependencies).
+//! an SVG written by hand (no dependencies); [`read`] takes the lines from results files,
+//! refusing a file that is not JSON with its path and the place.
 
-use crate::report::Json;
+use oxccl_core::json;
+use serde::Deserialize;
 use std::fmt::Write as _;
 
 /// One line of the plot: a label and (size bytes, busbw GB/s, time µs) points.
@@ -11,30 +13,77 @@ pub struct Series {
     pub points: Vec<(f64, f64, f64)>,
 }
 
+/// What `--plot` reads of a results file: oxccl-perf's [`crate::report::Results`], nccl-tests'
+/// `-J` files, and the bench scripts' summaries (label and results only). Other keys are
+/// ignored; a missing or `null` number leaves the row out.
+#[derive(Deserialize)]
+struct PlotFile {
+    #[serde(default)]
+    label: Option<String>,
+    #[serde(default)]
+    results: Vec<PlotRow>,
+}
+
+#[derive(Deserialize)]
+struct PlotRow {
+    #[serde(default, rename = "type")]
+    dtype: Option<String>,
+    #[serde(default)]
+    redop: Option<String>,
+    #[serde(default)]
+    root: Option<Num>,
+    #[serde(default)]
+    size: Option<Num>,
+    #[serde(default)]
+    out_of_place: Option<PlotTiming>,
+}
+
+#[derive(Deserialize)]
+struct PlotTiming {
+    #[serde(default)]
+    time: Option<Num>,
+    #[serde(default)]
+    bus_bw: Option<Num>,
+}
+
+/// A number, or a number written as a string (as some tools write theirs).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Num {
+    Number(f64),
+    Text(String),
+}
+
+impl Num {
+    fn get(n: &Option<Num>) -> Option<f64> {
+        match n.as_ref()? {
+            Num::Number(x) => Some(*x),
+            Num::Text(t) => t.trim().parse().ok(),
+        }
+    }
+}
+
 /// Reads a results file (oxccl-perf's or nccl-tests' `-J` JSON) into one series per
-/// benchmark/type/op found in it, using out-of-place numbers.
+/// benchmark/type/op found in it, using out-of-place numbers. The error names the file and
+/// says what was wrong and where.
 pub fn read(path: &str) -> Result<Vec<Series>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
-    let j = Json::parse(&text).map_err(|e| format!("{path}: {e}"))?;
+    let j: PlotFile = json::parse(&text).map_err(|e| format!("{path}: {e}"))?;
     let label = j
-        .get("label")
-        .and_then(|l| l.str())
-        .map(String::from)
+        .label
         .unwrap_or_else(|| path.rsplit('/').next().unwrap_or(path).trim_end_matches(".json").to_string());
     let mut out: Vec<Series> = Vec::new();
-    for r in j.get("results").map(|r| r.arr()).unwrap_or(&[]) {
+    for r in &j.results {
         let key = format!(
             "{} {} {}",
-            r.get("type").and_then(|t| t.str()).unwrap_or(""),
-            r.get("redop").and_then(|t| t.str()).unwrap_or(""),
-            r.get("root").and_then(|t| t.num()).map(|x| x.to_string()).unwrap_or_default()
+            r.dtype.as_deref().unwrap_or(""),
+            r.redop.as_deref().unwrap_or(""),
+            Num::get(&r.root).map(|x| x.to_string()).unwrap_or_default()
         );
-        let (Some(size), Some(oop)) = (r.get("size").and_then(|s| s.num()), r.get("out_of_place")) else {
+        let (Some(size), Some(oop)) = (Num::get(&r.size), &r.out_of_place) else {
             continue;
         };
-        let (Some(t), Some(bw)) =
-            (oop.get("time").and_then(|t| t.num()), oop.get("bus_bw").and_then(|b| b.num()))
-        else {
+        let (Some(t), Some(bw)) = (Num::get(&oop.time), Num::get(&oop.bus_bw)) else {
             continue;
         };
         match out.iter_mut().find(|s| s.label.ends_with(&key)) {
@@ -103,8 +152,14 @@ fn panel(svg: &mut String, series: &[Series], f: &Frame, y: Y, title: &str, unit
     let Frame { x0, y0, w, h } = *f;
     let xs: Vec<f64> =
         series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).filter(|v| *v > 0.0).collect();
-    let xmin = xs.iter().cloned().fold(f64::INFINITY, f64::min).max(1.0).log2().floor();
-    let xmax = xs.iter().cloned().fold(1.0f64, f64::max).log2().ceil().max(xmin + 1.0);
+    // No point to place (files without plottable rows): an empty 1..2 byte axis, where the
+    // folds below would make an infinite range and the tick loop never end.
+    let (xmin, xmax) = if xs.is_empty() {
+        (0.0, 1.0)
+    } else {
+        let xmin = xs.iter().cloned().fold(f64::INFINITY, f64::min).max(1.0).log2().floor();
+        (xmin, xs.iter().cloned().fold(1.0f64, f64::max).log2().ceil().max(xmin + 1.0))
+    };
     let (ya, yb) = log_range(series.iter().flat_map(|s| s.points.iter().map(move |p| y_of(p, y))));
     let px = |v: f64| x0 + (v.max(1.0).log2() - xmin) / (xmax - xmin) * w;
     let py = |v: f64| y0 + h - (v.max(1e-12).log10() - ya) / (yb - ya) * h;
@@ -227,5 +282,88 @@ mod tests {
         assert!(out.starts_with("<svg") && out.trim_end().ends_with("</svg>"));
         assert_eq!(out.matches("<polyline").count(), 4);
         assert!(out.contains("peer &lt;x&gt;") && out.contains(">8<") && out.contains(">512K<"));
+    }
+
+    #[test]
+    fn no_points_make_an_empty_plot() {
+        let s = svg(&[], "nothing");
+        assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"), "{s}");
+        let zero = Series { label: "zero".into(), points: vec![(0.0, 0.0, 0.0)] };
+        assert!(svg(&[zero], "zeros").trim_end().ends_with("</svg>"));
+    }
+
+    mod reading {
+        use super::*;
+        use crate::report::tests::strategies::{measured, text};
+        use proptest::prelude::*;
+
+        fn scratch(name: &str, text: &str) -> String {
+            let dir = std::env::temp_dir().join(format!("oxccl-plot-test-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join(name).to_str().unwrap().to_string();
+            std::fs::write(&path, text).unwrap();
+            path
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+            #[test]
+            fn a_results_file_reads_back_as_its_points(
+                label in text(), rows in prop::collection::vec((0u64..1 << 60, measured(), measured()), 1..6),
+            ) {
+                let body = |t: Option<f64>, bw: Option<f64>| serde_json::json!({"time": t, "bus_bw": bw});
+                let results: Vec<_> = rows
+                    .iter()
+                    .map(|(size, t, bw)| serde_json::json!({"size": size, "type": "float", "redop": "sum", "root": -1, "out_of_place": body(*t, *bw)}))
+                    .collect();
+                let path = scratch("prop.json", &serde_json::json!({"label": label, "results": results}).to_string());
+                let s = read(&path).unwrap();
+                let want: Vec<(f64, f64, f64)> = rows
+                    .iter()
+                    .filter_map(|(size, t, bw)| Some((*size as f64, (*bw)?, (*t)?)))
+                    .collect();
+                if want.is_empty() {
+                    prop_assert!(s.is_empty());
+                } else {
+                    prop_assert_eq!(s.len(), 1);
+                    prop_assert_eq!(&s[0].label, &label);
+                    prop_assert_eq!(&s[0].points, &want);
+                }
+            }
+        }
+
+        #[test]
+        fn numbers_as_text_and_nulls_are_read_and_malformed_files_named() {
+            let path = scratch(
+                "mixed.json",
+                r#"{"results": [{"size": "1024", "type": "float", "redop": "sum", "root": 0,
+                                 "out_of_place": {"time": " 2.5", "bus_bw": 1e1}},
+                                {"size": 2048, "out_of_place": {"time": null, "bus_bw": 3}},
+                                {"size": 4096, "out_of_place": {"time": 7, "bus_bw": 8}}]}"#,
+            );
+            let s = read(&path).unwrap();
+            assert_eq!(s.len(), 2);
+            assert_eq!(
+                (s[0].label.as_str(), s[0].points.as_slice()),
+                (
+                    format!("{} float sum 0", path.trim_end_matches(".json").rsplit('/').next().unwrap())
+                        .as_str(),
+                    &[(1024.0, 10.0, 2.5)][..]
+                )
+            );
+            assert_eq!(s[1].points, [(4096.0, 8.0, 7.0)]);
+            let bad = scratch("bad.json", "{\"label\": \"x\",\n \"results\": [{\"size\": +1}]}");
+            assert_eq!(read(&bad).unwrap_err(), format!("{bad}: expected value at line 2 column 23"));
+            let cut = scratch("cut.json", "{\"label\": \"x\",\n \"results\": [{\"size\": 1");
+            assert_eq!(
+                read(&cut).unwrap_err(),
+                format!("{cut}: EOF while parsing an object at line 2 column 23")
+            );
+            let weird = scratch("weird.json", "{\"results\": [{\"size\": true}]}");
+            assert_eq!(
+                read(&weird).unwrap_err(),
+                format!("{weird}: data did not match any variant of untagged enum Num at line 1 column 27")
+            );
+        }
     }
 }

@@ -22,11 +22,13 @@
 //! rounded call's, the bandwidths the call's size over it.
 
 use crate::plot::Series;
-use crate::report::{float_str, obj, Json};
+use crate::report::float_str;
 use crate::sizes::parse_size;
 use clap::Args;
+use oxccl_core::json::{self, finite};
 use oxccl_core::netsim::{model_of, simulate, Cluster, Spec};
 use oxccl_core::tuner::{Algo, Enabled, Proto, RingColl};
+use serde::{Deserialize, Serialize};
 
 /// One simulated point.
 #[derive(Clone, Debug)]
@@ -296,6 +298,7 @@ pub fn run(o: &Opts) -> Result<Vec<Point>, String> {
         let costs = oxccl::calib::host_costs(
             oxccl::sys::host::host_id(config.host_id.as_deref()),
             config.calibrate.as_deref(),
+            &|w| eprintln!("oxccl sim: {w}"),
         );
         Cluster::from_cpu(&costs, o.ranks.iter().copied().max().unwrap_or(2), 1)
     } else {
@@ -366,7 +369,7 @@ pub fn run(o: &Opts) -> Result<Vec<Point>, String> {
         }
     }
     if let Some(f) = &o.json {
-        std::fs::write(f, json(&c, &points).to_text()).map_err(|e| format!("{f}: {e}"))?;
+        std::fs::write(f, results_json(&c, &points)).map_err(|e| format!("{f}: {e}"))?;
         println!("# Writing JSON output to {f}");
     }
     if let Some(f) = &o.plot {
@@ -385,23 +388,43 @@ pub fn run(o: &Opts) -> Result<Vec<Point>, String> {
     Ok(points)
 }
 
-fn json(c: &Cluster, points: &[Point]) -> Json {
+/// `--json`: the sweep's points, in nccl-tests' names where they have one.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct SimResults {
+    cluster: String,
+    results: Vec<SimRow>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct SimRow {
+    ranks: u64,
+    algo: String,
+    proto: String,
+    /// Bytes.
+    size: u64,
+    /// µs; GB/s (`null` where not finite).
+    time: Option<f64>,
+    alg_bw: Option<f64>,
+    bus_bw: Option<f64>,
+    /// How it was simulated.
+    simulated: String,
+}
+
+fn results_json(c: &Cluster, points: &[Point]) -> String {
     let results = points
         .iter()
-        .map(|p| {
-            obj(vec![
-                ("ranks", Json::Num(p.ranks as f64)),
-                ("algo", Json::Str(format!("{:?}", p.algo))),
-                ("proto", Json::Str(p.proto.name().into())),
-                ("size", Json::Num(p.bytes as f64)),
-                ("time", Json::Num(p.us)),
-                ("alg_bw", Json::Num(p.algbw)),
-                ("bus_bw", Json::Num(p.busbw)),
-                ("simulated", Json::Str(p.how.clone())),
-            ])
+        .map(|p| SimRow {
+            ranks: p.ranks as u64,
+            algo: format!("{:?}", p.algo),
+            proto: p.proto.name().into(),
+            size: p.bytes as u64,
+            time: finite(p.us),
+            alg_bw: finite(p.algbw),
+            bus_bw: finite(p.busbw),
+            simulated: p.how.clone(),
         })
         .collect();
-    obj(vec![("cluster", Json::Str(c.name.clone())), ("results", Json::Arr(results))])
+    json::to_text(&SimResults { cluster: c.name.clone(), results })
 }
 
 /// `oxccl sim --bootstrap`: the bootstrap's cost model, dense against sparse, per rank count.
@@ -414,6 +437,7 @@ pub fn run_bootstrap(a: &SimArgs) -> Result<(), String> {
         let costs = oxccl::calib::host_costs(
             oxccl::sys::host::host_id(config.host_id.as_deref()),
             config.calibrate.as_deref(),
+            &|w| eprintln!("oxccl sim: {w}"),
         );
         Cluster::from_cpu(&costs, 2, 1)
     } else {
@@ -546,5 +570,58 @@ mod tests {
         assert_eq!(err("--bootstrap --cluster x -b 8").kind(), ErrorKind::ArgumentConflict);
         let e = err("--bootstrap --cluster x --join-us -1").to_string();
         assert!(e.contains("--join-us") && e.contains("not a positive number"), "{e}");
+    }
+
+    mod results_format {
+        use super::*;
+        use crate::report::tests::strategies::{measured, text};
+        use proptest::prelude::*;
+
+        prop_compose! {
+            fn row()(
+                ranks in any::<u64>(), algo in text(), proto in text(), size in any::<u64>(),
+                time in measured(), alg_bw in measured(), bus_bw in measured(), simulated in text(),
+            ) -> SimRow {
+                SimRow { ranks, algo, proto, size, time, alg_bw, bus_bw, simulated }
+            }
+        }
+
+        proptest! {
+            #[test]
+            fn any_sim_results_round_trip_exactly(cluster in text(), results in prop::collection::vec(row(), 0..4)) {
+                let r = SimResults { cluster, results };
+                prop_assert_eq!(json::parse::<SimResults>(&json::to_text(&r)).unwrap(), r);
+            }
+        }
+
+        #[test]
+        fn points_are_written_with_null_where_not_finite() {
+            let c = Cluster::parse(
+                &std::fs::read_to_string(format!(
+                    "{}/../../fixtures/clusters/summit.json",
+                    env!("CARGO_MANIFEST_DIR")
+                ))
+                .unwrap(),
+            )
+            .unwrap();
+            let p = Point {
+                ranks: 96,
+                algo: Algo::Ring,
+                proto: Proto::Simple,
+                bytes: (1 << 53) + 1,
+                us: 0.0,
+                algbw: f64::INFINITY,
+                busbw: f64::NAN,
+                how: "exact".into(),
+                wall_s: 0.0,
+            };
+            assert_eq!(
+                results_json(&c, &[p]),
+                format!(
+                    "{{\"cluster\":{},\"results\":[{{\"ranks\":96,\"algo\":\"Ring\",\"proto\":\"Simple\",\"size\":9007199254740993,\"time\":0.0,\"alg_bw\":null,\"bus_bw\":null,\"simulated\":\"exact\"}}]}}",
+                    json::to_text(&c.name)
+                )
+            );
+        }
     }
 }

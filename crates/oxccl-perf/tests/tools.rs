@@ -116,3 +116,39 @@ fn sim_bootstrap_prints_the_model_dense_against_sparse() {
     assert_ne!(rc, 0);
     assert!(err.contains("--join-us"), "{err}");
 }
+
+/// A file from outside that is not what it should be (a topology with a number written "+1",
+/// a cluster cut short, a dump with a lone surrogate): the command fails with one line naming
+/// the file, the line and column, and what was wrong; never a panic.
+#[test]
+fn malformed_files_are_refused_naming_the_file_and_the_place() {
+    let dir = std::env::temp_dir().join(format!("oxccl-tools-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let put = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let topo = put("topo.json", "{\"oxccl_topo\": 1,\n \"hosts\": [{\"name\": \"h\", \"repeat\": +2}]}");
+    let (rc, _, err) = oxccl(&["topo", "--topo", &topo], &[]);
+    assert_eq!(rc, 1);
+    assert_eq!(err, format!("oxccl topo: {topo}: topology file: expected value at line 2 column 36\n"));
+    let (rc, _, err) = oxccl(&["topo"], &[("NCCL_TOPO_FILE", &topo)]);
+    assert_eq!(rc, 1);
+    assert_eq!(
+        err,
+        format!("oxccl topo: NCCL_TOPO_FILE={topo}: topology file: expected value at line 2 column 36\n")
+    );
+    let cluster = put("cluster.json", "{\"name\": \"c\",\n \"gpus_per_node\": 4,\n \"intra\": {\"gbs\": ");
+    let (rc, _, err) = oxccl(&["sim", "--bootstrap", "--cluster", &cluster], &[]);
+    assert_ne!(rc, 0);
+    assert!(
+        err.contains(&format!("{cluster}: cluster: EOF while parsing a value at line 3 column 18")),
+        "{err}"
+    );
+    let dump = put("dump.json", "{\"oxccl_flight_recorder\": 1, \"reason\": \"\\ud800\"}");
+    let (rc, _, err) = oxccl(&["analyze", &dump], &[]);
+    assert_eq!(rc, 1);
+    assert_eq!(err, format!("oxccl analyze: {dump}: unexpected end of hex escape at line 1 column 47\n"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

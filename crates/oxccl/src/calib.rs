@@ -3,17 +3,18 @@
 //! loopback latency and bandwidth, and what writing and reading the LL / LL128 formats costs. Measured once per host and cached in
 //! `OXCCL_CACHE_DIR` (else `$XDG_CACHE_HOME/oxccl/`, else `~/.cache/oxccl/`, else the
 //! temporary directory: [`crate::env::cache_dir`]), keyed by host identity and oxccl version. `OXCCL_CALIBRATE=0` uses the built-in values instead,
-//! `=force` measures again.
+//! `=force` measures again. The cache file is [`CpuCosts`]' serde form; one that cannot be
+//! read as such is reported (path, line and column) and measured again.
 //!
 //! Every rank publishes its host's numbers in the peer table, and every rank builds its model
 //! from rank 0's, so all ranks of a communicator make the same choices.
 
-use oxccl_core::json::{obj, Json};
+use oxccl_core::json;
 use oxccl_core::proto;
 use oxccl_core::tuner::{CpuCosts, Proto};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -26,31 +27,35 @@ fn cache_file(host_id: u64) -> PathBuf {
     dir.join(format!("calibration-{host_id:016x}-v{}.json", env!("CARGO_PKG_VERSION")))
 }
 
+/// The cache file: [`CpuCosts`]' serde form (numbers that are not finite are written `null`).
 fn to_json(c: &CpuCosts) -> String {
-    obj(vec![
-        ("copy_gbs", Json::Num(c.copy_gbs)),
-        ("hop_us", Json::Num(c.hop_us)),
-        ("tcp_us", Json::Num(c.tcp_us)),
-        ("tcp_gbs", Json::Num(c.tcp_gbs)),
-        ("ll_gbs", Json::Num(c.ll_gbs)),
-        ("ll128_gbs", Json::Num(c.ll128_gbs)),
-        ("measured", Json::Bool(c.measured)),
-    ])
-    .to_text()
+    json::to_text(c)
 }
 
-fn from_json(t: &str) -> Option<CpuCosts> {
-    let v = Json::parse(t).ok()?;
-    let n = |k: &str| v.get(k).and_then(Json::num).filter(|x| x.is_finite() && *x > 0.0);
-    Some(CpuCosts {
-        copy_gbs: n("copy_gbs")?,
-        hop_us: n("hop_us")?,
-        tcp_us: n("tcp_us")?,
-        tcp_gbs: n("tcp_gbs")?,
-        ll_gbs: n("ll_gbs")?,
-        ll128_gbs: n("ll128_gbs")?,
-        measured: v.get("measured").and_then(Json::bool).unwrap_or(false),
-    })
+/// Reads a cache file; the error says what was wrong and where.
+fn from_json(t: &str) -> Result<CpuCosts, String> {
+    let c: CpuCosts = json::parse(t)?;
+    let bad = [
+        ("copy_gbs", c.copy_gbs),
+        ("hop_us", c.hop_us),
+        ("tcp_us", c.tcp_us),
+        ("tcp_gbs", c.tcp_gbs),
+        ("ll_gbs", c.ll_gbs),
+        ("ll128_gbs", c.ll128_gbs),
+    ]
+    .into_iter()
+    .find(|(_, x)| !(x.is_finite() && *x > 0.0));
+    match bad {
+        Some((k, x)) => Err(format!("\"{k}\" is {x}, not a positive number")),
+        None => Ok(c),
+    }
+}
+
+/// The cached costs in `f`: `None` when there are none; a file that cannot be read as a
+/// cache is reported through `warn` (with its path and the place) and then treated as none.
+fn cached(f: &Path, warn: &dyn Fn(&str)) -> Option<CpuCosts> {
+    let t = std::fs::read_to_string(f).ok()?;
+    from_json(&t).map_err(|e| warn(&format!("calibration cache {}: {e}; measuring again", f.display()))).ok()
 }
 
 /// Single-thread copy bandwidth of 8 MiB buffers (larger than most L2s), GB/s.
@@ -223,16 +228,16 @@ pub fn measure() -> CpuCosts {
 }
 
 /// This host's costs: cached, measured, or the built-in values (`OXCCL_CALIBRATE`). Computed
-/// once per process.
-pub fn host_costs(host_id: u64, setting: Option<&str>) -> CpuCosts {
+/// once per process; a cache file that cannot be read as one is reported through `warn` and
+/// measured again.
+pub fn host_costs(host_id: u64, setting: Option<&str>, warn: &dyn Fn(&str)) -> CpuCosts {
     static C: OnceLock<CpuCosts> = OnceLock::new();
     *C.get_or_init(|| {
         match setting.map(str::trim) {
             Some("0") | Some("off") => return CpuCosts::default(),
             Some("force") => {}
             _ => {
-                if let Some(c) = std::fs::read_to_string(cache_file(host_id)).ok().and_then(|t| from_json(&t))
-                {
+                if let Some(c) = cached(&cache_file(host_id), warn) {
                     return c;
                 }
             }
@@ -242,7 +247,7 @@ pub fn host_costs(host_id: u64, setting: Option<&str>) -> CpuCosts {
         let f = cache_file(host_id);
         let _lock = crate::sys::fd::lock_file(&f.with_extension("lock"), 2 * BUDGET);
         if setting.map(str::trim) != Some("force") {
-            if let Some(c) = std::fs::read_to_string(&f).ok().and_then(|t| from_json(&t)) {
+            if let Some(c) = cached(&f, &|_| {}) {
                 return c;
             }
         }
@@ -272,7 +277,96 @@ mod tests {
         assert!(c.hop_us > 0.0 && c.hop_us < 100_000.0, "{c:?}");
         assert!(c.tcp_us > 0.0 && c.tcp_gbs > 0.0, "{c:?}");
         assert!(c.ll_gbs > 0.0 && c.ll128_gbs > 0.0, "{c:?}");
-        assert_eq!(from_json(&to_json(&c)), Some(c));
-        assert_eq!(from_json("{\"copy_gbs\": -1}"), None);
+        assert_eq!(from_json(&to_json(&c)), Ok(c));
+    }
+
+    mod cache_format {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn positive() -> impl Strategy<Value = f64> {
+            prop::num::f64::POSITIVE | prop::num::f64::NORMAL | prop::num::f64::SUBNORMAL
+        }
+
+        prop_compose! {
+            fn costs()(
+                copy_gbs in positive(), hop_us in positive(), tcp_us in positive(),
+                tcp_gbs in positive(), ll_gbs in positive(), ll128_gbs in positive(),
+                measured in any::<bool>(),
+            ) -> CpuCosts {
+                CpuCosts { copy_gbs, hop_us, tcp_us, tcp_gbs, ll_gbs, ll128_gbs, measured }
+            }
+        }
+
+        proptest! {
+            #[test]
+            fn any_costs_round_trip_exactly(c in costs()) {
+                prop_assert_eq!(from_json(&to_json(&c)), Ok(c));
+            }
+        }
+
+        const TEXT: &str = r#"{"copy_gbs":5.5,"hop_us":0.5,"tcp_us":15,"tcp_gbs":2,"ll_gbs":1,"ll128_gbs":4,"measured":true}"#;
+
+        #[test]
+        fn the_format_is_the_fields_by_name() {
+            let c = CpuCosts {
+                copy_gbs: 5.5,
+                hop_us: 0.5,
+                tcp_us: 15.0,
+                tcp_gbs: 2.0,
+                ll_gbs: 1.0,
+                ll128_gbs: 4.0,
+                measured: true,
+            };
+            assert_eq!(from_json(TEXT), Ok(c));
+            assert_eq!(
+                to_json(&c),
+                r#"{"copy_gbs":5.5,"hop_us":0.5,"tcp_us":15.0,"tcp_gbs":2.0,"ll_gbs":1.0,"ll128_gbs":4.0,"measured":true}"#
+            );
+            // Written without "measured" (built-in values): false.
+            let built_in = TEXT.replace(r#","measured":true"#, "");
+            assert_eq!(from_json(&built_in), Ok(CpuCosts { measured: false, ..c }));
+        }
+
+        #[test]
+        fn bad_numbers_and_malformed_files_are_refused_with_the_place() {
+            let inf = CpuCosts { tcp_gbs: f64::INFINITY, ..CpuCosts::default() };
+            let text = to_json(&inf);
+            assert!(text.contains(r#""tcp_gbs":null"#), "{text}");
+            let at = text.find("null").unwrap() + 4;
+            assert_eq!(
+                from_json(&text),
+                Err(format!("invalid type: null, expected f64 at line 1 column {at}"))
+            );
+            let zero = TEXT.replace(r#""hop_us":0.5"#, r#""hop_us":0"#);
+            assert_eq!(from_json(&zero), Err("\"hop_us\" is 0, not a positive number".into()));
+            let plus = TEXT.replace(r#""tcp_us":15"#, r#""tcp_us":+15"#);
+            let at = plus.find('+').unwrap() + 1;
+            assert_eq!(from_json(&plus), Err(format!("expected value at line 1 column {at}")));
+            assert_eq!(from_json(&TEXT[..40]), Err("EOF while parsing an object at line 1 column 40".into()));
+            assert_eq!(
+                from_json("{\"copy_gbs\": -1}"),
+                Err("missing field `hop_us` at line 1 column 16".into())
+            );
+        }
+
+        #[test]
+        fn a_broken_cache_file_is_reported_with_its_path_and_measured_again() {
+            let f = std::env::temp_dir().join(format!("oxccl-calib-test-{}.json", std::process::id()));
+            std::fs::write(&f, "{\"copy_gbs\": 5,\n \"hop_us\": ").unwrap();
+            let said = std::cell::RefCell::new(Vec::new());
+            assert_eq!(cached(&f, &|w| said.borrow_mut().push(w.to_string())), None);
+            assert_eq!(
+                said.into_inner(),
+                [format!(
+                    "calibration cache {}: EOF while parsing a value at line 2 column 11; measuring again",
+                    f.display()
+                )]
+            );
+            std::fs::write(&f, TEXT).unwrap();
+            assert_eq!(cached(&f, &|w| panic!("{w}")).map(|c| c.copy_gbs), Some(5.5));
+            let _ = std::fs::remove_file(&f);
+            assert_eq!(cached(&f, &|w| panic!("{w}")), None);
+        }
     }
 }

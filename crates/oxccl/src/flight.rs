@@ -9,7 +9,8 @@
 
 use crate::error::Error;
 use oxccl_core::contract::{CallKind, Sig};
-use oxccl_core::json::Json;
+use oxccl_core::json::{self, Mark};
+use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -114,61 +115,56 @@ impl Recorder {
         Ok(path)
     }
 
+    /// The dump: a [`Dump`] as JSON.
     fn to_json(&self, why: &str) -> String {
         let m = &self.member;
         let unix_us = self.clock.to_unix();
-        let mut s = String::new();
-        let _ = write!(
-            s,
-            "{{\"oxccl_flight_recorder\":1,\"version\":{},\"reason\":{},\"time_us\":{},\"host\":{},\"pid\":{},\"rank\":{},\"size\":{},\"comm\":{},\"peers\":[",
-            json_str(env!("CARGO_PKG_VERSION")),
-            json_str(why),
-            now_us(),
-            json_str(&crate::sys::host::hostname()),
-            std::process::id(),
-            m.rank,
-            m.size,
-            json_str(&m.comm)
-        );
-        for (i, (h, pid)) in m.peers.iter().enumerate() {
-            let _ = write!(
-                s,
-                "{}{{\"rank\":{i},\"host\":{},\"pid\":{pid}}}",
-                if i > 0 { "," } else { "" },
-                json_str(h)
-            );
-        }
-        s.push_str("],\"calls\":[");
-        for (i, e) in self.lock().iter().enumerate() {
-            let state = match (&e.end, &e.error) {
-                (None, _) => "running",
-                (Some(_), None) => "done",
-                (Some(_), Some(_)) => "failed",
-            };
-            let (seq, call) = if e.sig.kind == CallKind::P2p || !e.sig.checked() {
-                ("null".to_string(), e.what.to_string())
-            } else {
-                (e.sig.seq.to_string(), e.sig.to_string())
-            };
-            let _ = write!(
-                s,
-                "{}{{\"id\":{},\"seq\":{seq},\"op\":{},\"call\":{},\"state\":\"{state}\",\"start_us\":{},\"end_us\":{},\"error\":{}}}",
-                if i > 0 { "," } else { "" },
-                e.id,
-                json_str(e.what),
-                json_str(&call),
-                unix_us(e.start),
-                e.end.map_or("null".into(), |t| unix_us(t).to_string()),
-                e.error.as_deref().map_or("null".into(), json_str),
-            );
-        }
-        s.push_str("]}\n");
-        s
+        let calls = self
+            .lock()
+            .iter()
+            .map(|e| {
+                let state = match (&e.end, &e.error) {
+                    (None, _) => "running",
+                    (Some(_), None) => "done",
+                    (Some(_), Some(_)) => "failed",
+                };
+                let (seq, call) = if e.sig.kind == CallKind::P2p || !e.sig.checked() {
+                    (None, e.what.to_string())
+                } else {
+                    (Some(e.sig.seq), e.sig.to_string())
+                };
+                Call {
+                    id: e.id,
+                    seq,
+                    op: e.what.into(),
+                    call,
+                    state: state.into(),
+                    start_us: unix_us(e.start),
+                    end_us: e.end.map(&unix_us),
+                    error: e.error.clone(),
+                }
+            })
+            .collect();
+        let dump = Dump {
+            oxccl_flight_recorder: Mark,
+            version: env!("CARGO_PKG_VERSION").into(),
+            reason: why.into(),
+            time_us: now_us(),
+            host: crate::sys::host::hostname(),
+            pid: std::process::id().into(),
+            rank: m.rank,
+            size: m.size,
+            comm: m.comm.clone(),
+            peers: m
+                .peers
+                .iter()
+                .enumerate()
+                .map(|(rank, (host, pid))| Peer { rank, host: host.clone(), pid: (*pid).into() })
+                .collect(),
+            calls,
+        };
+        json::to_text(&dump) + "\n"
     }
-}
-
-fn json_str(v: &str) -> String {
-    Json::Str(v.to_string()).to_text()
 }
 
 /// SIGUSR1: every live recorder of the process dumps. The handler only writes a byte to a
@@ -208,76 +204,57 @@ mod signal {
 // ---------------------------------------------------------------- analysis
 
 /// One call as a dump records it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Call {
     pub id: u64,
+    /// The collective's number (`null`: a point-to-point or unchecked call).
     pub seq: Option<u64>,
+    /// The API call (`all_reduce`).
+    #[serde(default)]
+    pub op: String,
+    /// The call described (`all_reduce call #4 (float × 8, sum)`).
     pub call: String,
+    /// `running`, `done` or `failed`.
     pub state: String,
     pub start_us: u64,
     pub end_us: Option<u64>,
     pub error: Option<String>,
 }
 
-/// One rank's dump.
-#[derive(Clone, Debug, PartialEq)]
+/// Every rank of the communicator, as the dumping rank knew it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Peer {
+    pub rank: usize,
+    pub host: String,
+    pub pid: u64,
+}
+
+/// One rank's dump: the file's shape, field for field (times in Unix microseconds).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Dump {
+    pub oxccl_flight_recorder: Mark<1>,
+    /// oxccl's version.
+    #[serde(default)]
+    pub version: String,
+    /// Why it was written (`timeout`, `SIGUSR1`, …).
     pub reason: String,
+    /// When it was written.
+    #[serde(default)]
+    pub time_us: u64,
     pub host: String,
     pub pid: u64,
     pub rank: usize,
     pub size: usize,
     pub comm: String,
-    pub peers: Vec<(String, u64)>,
+    pub peers: Vec<Peer>,
     pub calls: Vec<Call>,
 }
 
 impl Dump {
-    /// Reads a dump written by [`Recorder::dump`].
+    /// Reads a dump written by [`Recorder::dump`]; the error says what was wrong and where.
     pub fn parse(text: &str) -> Result<Dump, String> {
-        let o = Json::parse(text)?;
-        if !matches!(o, Json::Obj(_)) {
-            return Err("not a JSON object".into());
-        }
-        if o.get("oxccl_flight_recorder").and_then(|v| v.num()) != Some(1.0) {
-            return Err("not an oxccl flight recorder dump (version 1)".into());
-        }
-        let s =
-            |k: &str| o.get(k).and_then(|v| v.str()).map(str::to_string).ok_or(format!("field {k} missing"));
-        let n =
-            |k: &str| o.get(k).and_then(|v| v.num()).map(|x| x as u64).ok_or(format!("field {k} missing"));
-        let peers = o
-            .get("peers")
-            .map(|v| v.arr())
-            .ok_or("field peers missing")?
-            .iter()
-            .filter_map(|p| Some((p.get("host")?.str()?.to_string(), p.get("pid")?.num()? as u64)))
-            .collect();
-        let mut calls = Vec::new();
-        for c in o.get("calls").map(|v| v.arr()).ok_or("field calls missing")? {
-            if !matches!(c, Json::Obj(_)) {
-                return Err("a call is not an object".into());
-            }
-            calls.push(Call {
-                id: c.get("id").and_then(|v| v.num()).ok_or("call without id")? as u64,
-                seq: c.get("seq").and_then(|v| v.num()).map(|x| x as u64),
-                call: c.get("call").and_then(|v| v.str()).unwrap_or("?").to_string(),
-                state: c.get("state").and_then(|v| v.str()).unwrap_or("?").to_string(),
-                start_us: c.get("start_us").and_then(|v| v.num()).unwrap_or(0.0) as u64,
-                end_us: c.get("end_us").and_then(|v| v.num()).map(|x| x as u64),
-                error: c.get("error").and_then(|v| v.str()).map(str::to_string),
-            });
-        }
-        Ok(Dump {
-            reason: s("reason")?,
-            host: s("host")?,
-            pid: n("pid")?,
-            rank: n("rank")? as usize,
-            size: n("size")? as usize,
-            comm: s("comm")?,
-            peers,
-            calls,
-        })
+        json::check_mark(text, "oxccl_flight_recorder", 1, "an oxccl flight recorder dump")?;
+        json::parse(text)
     }
 
     /// The last collective this rank started: (number, description, state).
@@ -298,7 +275,7 @@ pub fn analyze(dumps: &[Dump]) -> Result<String, String> {
     let _ = writeln!(out, "communicator {} of {size} ranks, {} dump(s)", first.comm, dumps.len());
     let have: Vec<usize> = dumps.iter().map(|d| d.rank).collect();
     for r in (0..size).filter(|r| !have.contains(r)) {
-        let (h, pid) = first.peers.get(r).cloned().unwrap_or_default();
+        let (h, pid) = first.peers.get(r).map(|p| (p.host.as_str(), p.pid)).unwrap_or_default();
         let _ = writeln!(out, "rank {r} (host {h}, pid {pid}): no dump (did its process die?)");
     }
     // Where each rank is: the last collective it entered (a rank in none yet: before #0).
@@ -441,7 +418,7 @@ mod tests {
         assert_eq!((d0.rank, d0.size, d0.calls.len()), (0, 3, 4));
         assert_eq!(d0.calls[3].error.as_deref(), Some("internal error: a \"quoted\"\nmessage"));
         assert_eq!(d0.calls[3].state, "failed");
-        assert_eq!(d0.peers[2], ("h2".to_string(), 12));
+        assert_eq!(d0.peers[2], Peer { rank: 2, host: "h2".into(), pid: 12 });
         let v = analyze_files(&paths).unwrap();
         assert!(v.contains("verdict: rank(s) [2] stopped first, after all_reduce call #4 (float × 8, sum) (done): it never reached call #5, which rank(s) [0, 1] waited in"), "{v}");
         assert!(v.contains("first error: rank 0 in all_reduce call #5"), "{v}");
@@ -466,5 +443,126 @@ mod tests {
         assert!(Dump::parse("{\"x\":1}").is_err());
         assert!(Dump::parse("[1,2").is_err());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    mod dump_format {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Any text, with the escapes JSON writers get wrong more likely.
+        fn text() -> impl Strategy<Value = String> {
+            let c = prop_oneof![any::<char>(), Just('\u{8}'), Just('\u{c}'), Just('\r'), Just('😀')];
+            prop::collection::vec(c, 0..8).prop_map(String::from_iter)
+        }
+
+        prop_compose! {
+            fn call()(
+                id in any::<u64>(), seq in any::<Option<u64>>(), op in text(), call in text(),
+                state in text(), start_us in any::<u64>(), end_us in any::<Option<u64>>(),
+                error in prop::option::of(text()),
+            ) -> Call {
+                Call { id, seq, op, call, state, start_us, end_us, error }
+            }
+        }
+
+        prop_compose! {
+            fn dump()(
+                version in text(), reason in text(), time_us in any::<u64>(), host in text(),
+                pid in any::<u64>(), rank in any::<usize>(), size in any::<usize>(), comm in text(),
+                peers in prop::collection::vec((any::<usize>(), text(), any::<u64>()), 0..4),
+                calls in prop::collection::vec(call(), 0..4),
+            ) -> Dump {
+                let peers = peers.into_iter().map(|(rank, host, pid)| Peer { rank, host, pid }).collect();
+                Dump {
+                    oxccl_flight_recorder: Mark, version, reason, time_us, host, pid, rank, size, comm,
+                    peers, calls,
+                }
+            }
+        }
+
+        proptest! {
+            #[test]
+            fn any_dump_round_trips_exactly(d in dump()) {
+                prop_assert_eq!(Dump::parse(&json::to_text(&d)).unwrap(), d);
+            }
+        }
+
+        #[test]
+        fn the_recorder_writes_the_documented_shape() {
+            let dir = std::env::temp_dir();
+            let rec = Recorder::new(4, Member { comm: "s\u{8}\u{c}\r😀".into(), ..member(1) }, Some(dir));
+            let l = Loc::start(BufId(0));
+            let ar = OpSpec::AllReduce { count: 8, dtype: DataType::F32, op: ReduceOp::Sum, src: l, dst: l };
+            let id = rec.begin(Sig::of(&ar, 0), "all_reduce");
+            rec.end(id, None);
+            rec.begin(Sig::of(&ar, 1), "all_reduce");
+            let text = rec.to_json("a \"why\"");
+            let host = json::to_text(&crate::sys::host::hostname());
+            let head = format!(
+                "{{\"oxccl_flight_recorder\":1,\"version\":\"{}\",\"reason\":\"a \\\"why\\\"\",\"time_us\":",
+                env!("CARGO_PKG_VERSION")
+            );
+            assert!(text.starts_with(&head), "{text}");
+            let tail = format!(
+                ",\"host\":{host},\"pid\":{},\"rank\":1,\"size\":3,\"comm\":\"s\\b\\f\\r😀\",\"peers\":[{{\"rank\":0,\"host\":\"h0\",\"pid\":10}},{{\"rank\":1,\"host\":\"h1\",\"pid\":11}},{{\"rank\":2,\"host\":\"h2\",\"pid\":12}}],\"calls\":[{{\"id\":1,\"seq\":0,\"op\":\"all_reduce\",\"call\":\"all_reduce call #0 (float × 8, sum)\",\"state\":\"done\",\"start_us\":",
+                std::process::id()
+            );
+            assert!(text.contains(&tail), "{text}");
+            assert!(text.ends_with(",\"end_us\":null,\"error\":null}]}\n"), "{text}");
+            let d = Dump::parse(&text).unwrap();
+            assert_eq!(d.comm, "s\u{8}\u{c}\r😀");
+            assert_eq!(d.calls.len(), 2);
+            assert_eq!(
+                (d.calls[1].seq, d.calls[1].state.as_str(), d.calls[1].end_us),
+                (Some(1), "running", None)
+            );
+        }
+
+        #[test]
+        fn large_numbers_round_trip_and_bad_ones_are_refused() {
+            let text = r#"{"oxccl_flight_recorder": 1, "reason": "r", "host": "h", "pid": 9007199254740993, "rank": 0,
+                "size": 1, "comm": "c", "peers": [],
+                "calls": [{"id": 18446744073709551615, "seq": 9007199254740993, "call": "x", "state": "done",
+                           "start_us": 9007199254740995, "end_us": null, "error": "\ud83d\ude00"}]}"#;
+            let d = Dump::parse(text).unwrap();
+            assert_eq!(d.pid, (1 << 53) + 1);
+            let c = &d.calls[0];
+            assert_eq!((c.id, c.seq, c.start_us), (u64::MAX, Some((1 << 53) + 1), (1 << 53) + 3));
+            assert_eq!(c.error.as_deref(), Some("😀"));
+            assert_eq!(Dump::parse(&json::to_text(&d)).unwrap(), d);
+            let plus = text.replace("\"rank\": 0", "\"rank\": +0");
+            let at = plus.find('+').unwrap() + 1;
+            assert_eq!(Dump::parse(&plus).unwrap_err(), format!("expected value at line 1 column {at}"));
+            let neg = text.replace("\"size\": 1", "\"size\": -1");
+            assert_eq!(
+                Dump::parse(&neg).unwrap_err(),
+                "invalid value: integer `-1`, expected usize at line 2 column 26"
+            );
+            assert_eq!(
+                Dump::parse("{\"oxccl_flight_recorder\": 2}").unwrap_err(),
+                "not an oxccl flight recorder dump of version 1 (\"oxccl_flight_recorder\": 2)"
+            );
+        }
+
+        #[test]
+        fn a_truncated_dump_is_refused_naming_the_file_and_the_place() {
+            let dir = std::env::temp_dir().join(format!("oxccl-flight-trunc-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let rec = Recorder::new(4, member(0), Some(dir.clone()));
+            let path = rec.dump("timeout").unwrap();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let cut = &text[..text.find("\"peers\"").unwrap() + 12];
+            std::fs::write(&path, cut).unwrap();
+            let e = analyze_files(&[&path]).unwrap_err();
+            assert_eq!(
+                e,
+                format!(
+                    "{}: EOF while parsing a string at line 1 column {}",
+                    path.display(),
+                    cut.chars().count()
+                )
+            );
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 }

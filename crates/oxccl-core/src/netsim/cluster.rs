@@ -1,7 +1,9 @@
 //! A cluster as the simulator sees it: nodes of GPUs joined by an intra-node fabric, NICs,
 //! and a fat tree (or rail-optimised fat tree) of switch tiers; per link class a bandwidth and
 //! a per-hop latency for each algorithm and protocol. Read from JSON (`fixtures/clusters/`),
-//! where every number carries its unit in its name and the file lists its sources.
+//! where every number carries its unit in its name and the file lists its sources; the file's
+//! serde type is `ClusterFile`, checked field by field into a [`Cluster`] (errors name the
+//! field, or serde_json's line and column), and [`Cluster::to_json`] writes it back.
 //!
 //! ```json
 //! { "name": "…", "sources": ["…"],
@@ -16,8 +18,9 @@
 //! last tier spans the cluster); a tier's uplink carries `nodes × NICs × net gbs /
 //! oversubscription` (per rail when rail-optimised).
 
-use crate::json::Json;
+use crate::json;
 use crate::tuner::{Algo, Proto};
+use serde::{Deserialize, Serialize};
 
 /// A link class: bandwidth and per-hop latency by algorithm and protocol.
 #[derive(Clone, Debug, PartialEq)]
@@ -66,84 +69,151 @@ pub struct Cluster {
     pub tiers: Vec<Tier>,
 }
 
-fn num(j: &Json, k: &str) -> Result<f64, String> {
-    j.get(k).and_then(Json::num).ok_or_else(|| format!("cluster: \"{k}\" must be a number"))
+/// The file's shape (module docs); [`Cluster::parse`] checks it into a [`Cluster`].
+#[derive(Serialize, Deserialize)]
+struct ClusterFile {
+    #[serde(default = "default_name")]
+    name: String,
+    #[serde(default)]
+    sources: Vec<String>,
+    gpus_per_node: u64,
+    nics_per_node: u64,
+    #[serde(default)]
+    rail_optimized: bool,
+    intra: LinkFile,
+    net: LinkFile,
+    base_us: BaseFile,
+    #[serde(default)]
+    tiers: Vec<TierFile>,
 }
 
-fn triple(j: &Json, k: &str) -> Result<[f64; 3], String> {
-    let a = j.get(k).map(Json::arr).unwrap_or(&[]);
+fn default_name() -> String {
+    "cluster".into()
+}
+
+#[derive(Serialize, Deserialize)]
+struct LinkFile {
+    gbs: f64,
+    ring_us: Vec<f64>,
+    tree_us: Vec<f64>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct BaseFile {
+    ring: Vec<f64>,
+    tree: Vec<f64>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct TierFile {
+    #[serde(default = "default_tier")]
+    name: String,
+    nodes: u64,
+    switch_us: f64,
+    #[serde(default = "one")]
+    oversubscription: f64,
+}
+
+fn default_tier() -> String {
+    "switch".into()
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+fn triple(a: &[f64], k: &str) -> Result<[f64; 3], String> {
     match a {
-        [x, y, z] => match (x.num(), y.num(), z.num()) {
-            (Some(x), Some(y), Some(z)) if [x, y, z].iter().all(|v| v.is_finite() && *v >= 0.0) => {
-                Ok([x, y, z])
-            }
-            _ => Err(format!("cluster: \"{k}\" must be three non-negative numbers [LL, LL128, Simple]")),
-        },
+        &[x, y, z] if a.iter().all(|v| v.is_finite() && *v >= 0.0) => Ok([x, y, z]),
+        [_, _, _] => Err(format!("cluster: \"{k}\" must be three non-negative numbers [LL, LL128, Simple]")),
         _ => Err(format!("cluster: \"{k}\" must be three numbers [LL, LL128, Simple]")),
     }
 }
 
-fn link(j: &Json, k: &str) -> Result<LinkClass, String> {
-    let l = j.get(k).ok_or_else(|| format!("cluster: \"{k}\" is missing"))?;
-    let gbs = num(l, "gbs")?;
-    if gbs.is_nan() || gbs <= 0.0 {
+fn link(l: &LinkFile, k: &str) -> Result<LinkClass, String> {
+    if l.gbs.is_nan() || l.gbs <= 0.0 {
         return Err(format!("cluster: {k}.gbs must be positive"));
     }
-    Ok(LinkClass { gbs, ring_us: triple(l, "ring_us")?, tree_us: triple(l, "tree_us")? })
+    Ok(LinkClass {
+        gbs: l.gbs,
+        ring_us: triple(&l.ring_us, &format!("{k}.ring_us"))?,
+        tree_us: triple(&l.tree_us, &format!("{k}.tree_us"))?,
+    })
+}
+
+fn link_file(l: &LinkClass) -> LinkFile {
+    LinkFile { gbs: l.gbs, ring_us: l.ring_us.to_vec(), tree_us: l.tree_us.to_vec() }
 }
 
 impl Cluster {
-    /// Parses a cluster file; errors name the field.
+    /// Parses a cluster file; errors name the field, or the place (line and column) where the
+    /// text is not a cluster file.
     pub fn parse(text: &str) -> Result<Cluster, String> {
-        let j = Json::parse(text).map_err(|e| format!("cluster: {e}"))?;
-        let count = |k: &str| -> Result<usize, String> {
-            let v = num(&j, k)?;
-            if v < 1.0 || v.fract() != 0.0 || v > 1e6 {
+        let f: ClusterFile = json::parse(text).map_err(|e| format!("cluster: {e}"))?;
+        let count = |k: &str, v: u64| -> Result<usize, String> {
+            if !(1..=1_000_000).contains(&v) {
                 return Err(format!("cluster: \"{k}\" must be a whole number from 1"));
             }
             Ok(v as usize)
         };
-        let base = j.get("base_us").ok_or("cluster: \"base_us\" is missing")?;
         let mut tiers = Vec::new();
-        for (i, t) in j.get("tiers").map(Json::arr).unwrap_or(&[]).iter().enumerate() {
-            let nodes = num(t, "nodes")?;
-            if nodes < 1.0 || nodes.fract() != 0.0 {
+        for (i, t) in f.tiers.into_iter().enumerate() {
+            let nodes = usize::try_from(t.nodes).unwrap_or(usize::MAX);
+            if nodes < 1 {
                 return Err(format!("cluster: tiers[{i}].nodes must be a whole number from 1"));
             }
-            let over = t.get("oversubscription").and_then(Json::num).unwrap_or(1.0);
-            if over.is_nan() || over < 1.0 {
+            if t.oversubscription.is_nan() || t.oversubscription < 1.0 {
                 return Err(format!("cluster: tiers[{i}].oversubscription must be at least 1"));
             }
             if let Some(prev) = tiers.last().map(|p: &Tier| p.nodes) {
-                if (nodes as usize) % prev != 0 || nodes as usize <= prev {
+                if nodes % prev != 0 || nodes <= prev {
                     return Err(format!("cluster: tiers[{i}].nodes ({nodes}) must be a larger multiple of the tier below's ({prev})"));
                 }
             }
             tiers.push(Tier {
-                name: t.get("name").and_then(Json::str).unwrap_or("switch").to_string(),
-                nodes: nodes as usize,
-                switch_us: num(t, "switch_us")?,
-                oversubscription: over,
+                name: t.name,
+                nodes,
+                switch_us: t.switch_us,
+                oversubscription: t.oversubscription,
             });
         }
         Ok(Cluster {
-            name: j.get("name").and_then(Json::str).unwrap_or("cluster").to_string(),
-            sources: j
-                .get("sources")
-                .map(Json::arr)
-                .unwrap_or(&[])
-                .iter()
-                .filter_map(|s| s.str().map(String::from))
-                .collect(),
-            gpus_per_node: count("gpus_per_node")?,
-            nics_per_node: count("nics_per_node")?,
-            rail_optimized: j.get("rail_optimized").and_then(Json::bool).unwrap_or(false),
-            intra: link(&j, "intra")?,
-            net: link(&j, "net")?,
-            base_ring_us: triple(base, "ring")?,
-            base_tree_us: triple(base, "tree")?,
+            name: f.name,
+            sources: f.sources,
+            gpus_per_node: count("gpus_per_node", f.gpus_per_node)?,
+            nics_per_node: count("nics_per_node", f.nics_per_node)?,
+            rail_optimized: f.rail_optimized,
+            intra: link(&f.intra, "intra")?,
+            net: link(&f.net, "net")?,
+            base_ring_us: triple(&f.base_us.ring, "base_us.ring")?,
+            base_tree_us: triple(&f.base_us.tree, "base_us.tree")?,
             tiers,
         })
+    }
+
+    /// The file format ([`Cluster::parse`] reads it back equal; numbers that are not finite
+    /// are written `null`, which it refuses).
+    pub fn to_json(&self) -> String {
+        json::to_text(&ClusterFile {
+            name: self.name.clone(),
+            sources: self.sources.clone(),
+            gpus_per_node: self.gpus_per_node as u64,
+            nics_per_node: self.nics_per_node as u64,
+            rail_optimized: self.rail_optimized,
+            intra: link_file(&self.intra),
+            net: link_file(&self.net),
+            base_us: BaseFile { ring: self.base_ring_us.to_vec(), tree: self.base_tree_us.to_vec() },
+            tiers: self
+                .tiers
+                .iter()
+                .map(|t| TierFile {
+                    name: t.name.clone(),
+                    nodes: t.nodes as u64,
+                    switch_us: t.switch_us,
+                    oversubscription: t.oversubscription,
+                })
+                .collect(),
+        }) + "\n"
     }
 
     /// This host as the simulator sees it, from the calibration probe's measurements (the
@@ -244,5 +314,111 @@ mod tests {
         assert!(Cluster::parse(&bad).unwrap_err().contains("ring_us"));
         let bad = TEXT.replace("\"gbs\": 25", "\"gbs\": 0");
         assert!(Cluster::parse(&bad).unwrap_err().contains("net.gbs"));
+    }
+
+    mod file_format {
+        use super::*;
+        use crate::json::testing::{place, place_end, positive, text};
+        use proptest::prelude::*;
+
+        fn us() -> impl Strategy<Value = f64> {
+            prop_oneof![Just(0.0), positive()]
+        }
+
+        fn triple() -> impl Strategy<Value = [f64; 3]> {
+            [us(), us(), us()]
+        }
+
+        fn class() -> impl Strategy<Value = LinkClass> {
+            (positive(), triple(), triple()).prop_map(|(gbs, ring_us, tree_us)| LinkClass {
+                gbs,
+                ring_us,
+                tree_us,
+            })
+        }
+
+        fn tiers() -> impl Strategy<Value = Vec<Tier>> {
+            let tier = (text(), 2usize..9, prop::num::f64::ANY, 1.0f64..64.0);
+            (1usize..100, prop::collection::vec(tier, 0..4)).prop_map(|(first, tiers)| {
+                let mut nodes = first;
+                tiers
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (name, times, switch_us, oversubscription))| {
+                        nodes *= if i == 0 { 1 } else { times };
+                        let switch_us = if switch_us.is_finite() { switch_us } else { 0.0 };
+                        Tier { name, nodes, switch_us, oversubscription }
+                    })
+                    .collect()
+            })
+        }
+
+        prop_compose! {
+            fn cluster()(
+                name in text(), sources in prop::collection::vec(text(), 0..3),
+                gpus_per_node in 1usize..=1_000_000, nics_per_node in 1usize..=1_000_000,
+                rail_optimized in any::<bool>(), intra in class(), net in class(),
+                base_ring_us in triple(), base_tree_us in triple(), tiers in tiers(),
+            ) -> Cluster {
+                Cluster {
+                    name, sources, gpus_per_node, nics_per_node, rail_optimized, intra, net,
+                    base_ring_us, base_tree_us, tiers,
+                }
+            }
+        }
+
+        proptest! {
+            #[test]
+            fn any_cluster_round_trips_exactly(c in cluster()) {
+                prop_assert_eq!(Cluster::parse(&c.to_json()).unwrap(), c);
+            }
+        }
+
+        #[test]
+        fn the_fixtures_round_trip() {
+            for f in ["summit", "summit-nccl-model", "dgx-h100-ib"] {
+                let path = format!("{}/../../fixtures/clusters/{f}.json", env!("CARGO_MANIFEST_DIR"));
+                let c = Cluster::parse(&std::fs::read_to_string(path).unwrap()).unwrap();
+                assert_eq!(Cluster::parse(&c.to_json()).unwrap(), c, "{f}");
+            }
+        }
+
+        #[test]
+        fn escapes_numbers_and_malformed_text() {
+            let c =
+                Cluster::parse(&TEXT.replace(r#""name": "t""#, r#""name": "\b\f\r\ud83d\ude00""#)).unwrap();
+            assert_eq!(c.name, "\u{8}\u{c}\r😀");
+            assert!(c.to_json().starts_with(r#"{"name":"\b\f\r😀","sources":["a"],"gpus_per_node":4,"#));
+            let plus = TEXT.replace(r#""gpus_per_node": 4"#, r#""gpus_per_node": +4"#);
+            let e = Cluster::parse(&plus).unwrap_err();
+            assert_eq!(e, format!("cluster: expected value at {}", place(&plus, "+4")));
+            // 2^64 does not fit a u64: serde_json reads it as a float, and says so.
+            let big = TEXT.replace(r#""gpus_per_node": 4"#, r#""gpus_per_node": 18446744073709551616"#);
+            assert_eq!(
+                Cluster::parse(&big).unwrap_err(),
+                format!(
+                    "cluster: invalid type: floating point `1.8446744073709552e+19`, expected u64 at {}",
+                    place_end(&big, "18446744073709551616")
+                )
+            );
+            let null = TEXT.replace("\"gbs\": 25", "\"gbs\": null");
+            assert_eq!(
+                Cluster::parse(&null).unwrap_err(),
+                format!("cluster: invalid type: null, expected f64 at {}", place_end(&null, "null"))
+            );
+            let mut inf = Cluster::parse(TEXT).unwrap();
+            inf.net.gbs = f64::INFINITY;
+            assert!(inf.to_json().contains(r#""net":{"gbs":null,"#));
+            let cut = &TEXT[..TEXT.find("4, 14]").unwrap()];
+            assert_eq!(
+                Cluster::parse(cut).unwrap_err(),
+                format!("cluster: EOF while parsing a value at {}", place_end(TEXT, "[2.7, "))
+            );
+            let colon = TEXT.replace(r#""net": {"#, r#""net"; {"#);
+            assert_eq!(
+                Cluster::parse(&colon).unwrap_err(),
+                format!("cluster: expected `:` at {}", place(&colon, ";"))
+            );
+        }
     }
 }

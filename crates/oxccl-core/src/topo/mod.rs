@@ -4,7 +4,7 @@
 //!
 //! A [`Topo`] comes from discovery (the runtime's `oxccl::topo`, which reads sysfs and NVML) or
 //! from a file ([`Topo::parse`], `NCCL_TOPO_FILE`); [`Topo::to_json`] writes the file format
-//! back (`NCCL_TOPO_DUMP_FILE`). The format is JSON:
+//! back (`NCCL_TOPO_DUMP_FILE`). The format is JSON (its serde types: `file.rs`):
 //!
 //! ```text
 //! {"oxccl_topo": 1,
@@ -20,9 +20,9 @@
 //!
 //! Bandwidths (`gbs`) are GB/s in each direction; NIC speeds (`gbps`) Gbit/s as the NIC reports.
 
+mod file;
 pub mod graphs;
 
-use crate::json::{obj, Json};
 use std::fmt;
 
 /// The kind of a vertex of a host's graph.
@@ -89,6 +89,10 @@ impl LinkKind {
             LinkKind::Pci => "pci",
             LinkKind::Smp => "smp",
         }
+    }
+
+    fn parse(s: &str) -> Option<LinkKind> {
+        [LinkKind::NvLink, LinkKind::Pci, LinkKind::Smp].into_iter().find(|k| k.name() == s)
     }
 }
 
@@ -166,10 +170,6 @@ pub struct Path {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Topo {
     pub hosts: Vec<HostTopo>,
-}
-
-fn bad(what: impl Into<String>) -> String {
-    format!("topology file: {}", what.into())
 }
 
 impl HostTopo {
@@ -312,137 +312,6 @@ impl HostTopo {
 }
 
 impl Topo {
-    /// Reads the file format (module docs).
-    pub fn parse(text: &str) -> Result<Topo, String> {
-        let v = Json::parse(text).map_err(bad)?;
-        if v.get("oxccl_topo").and_then(Json::num) != Some(1.0) {
-            return Err(bad("not an oxccl topology (\"oxccl_topo\": 1 missing)"));
-        }
-        let mut hosts = Vec::new();
-        for (hi, h) in v.get("hosts").map(Json::arr).unwrap_or(&[]).iter().enumerate() {
-            let name = h.get("name").and_then(Json::str).unwrap_or("host").to_string();
-            let mut nodes = Vec::new();
-            for (ni, n) in h.get("nodes").map(Json::arr).unwrap_or(&[]).iter().enumerate() {
-                let id = n.get("id").and_then(Json::str).ok_or(bad(format!("host {hi} node {ni}: no id")))?;
-                let kind = n.get("kind").and_then(Json::str).unwrap_or("");
-                let kind = NodeKind::parse(kind)
-                    .ok_or(bad(format!("node {id}: kind {kind:?} is not cpu, pci, gpu, nic or nvswitch")))?;
-                if nodes.iter().any(|x: &Node| x.id == id) {
-                    return Err(bad(format!("host {name}: node id {id} appears twice")));
-                }
-                nodes.push(Node {
-                    id: id.to_string(),
-                    kind,
-                    numa: n.get("numa").and_then(Json::num).map(|x| x as u32),
-                    dev: n.get("dev").and_then(Json::num).map(|x| x as u32),
-                    name: n.get("model").or(n.get("name")).and_then(Json::str).unwrap_or("").to_string(),
-                    gbps: n.get("gbps").and_then(Json::num).unwrap_or(0.0),
-                    cpus: n.get("cpus").and_then(Json::str).unwrap_or("").to_string(),
-                });
-            }
-            let mut host = HostTopo { name: name.clone(), nodes, links: Vec::new() };
-            for l in h.get("links").map(Json::arr).unwrap_or(&[]) {
-                let end = |k: &str| -> Result<usize, String> {
-                    let id = l
-                        .get(k)
-                        .and_then(Json::str)
-                        .ok_or(bad(format!("host {name}: a link without {k}")))?;
-                    host.find(id).ok_or(bad(format!("host {name}: link to unknown node {id}")))
-                };
-                let (a, b) = (end("a")?, end("b")?);
-                let kind = match l.get("kind").and_then(Json::str).unwrap_or("") {
-                    "nvlink" => LinkKind::NvLink,
-                    "pci" => LinkKind::Pci,
-                    "smp" => LinkKind::Smp,
-                    k => return Err(bad(format!("host {name}: link kind {k:?} is not nvlink, pci or smp"))),
-                };
-                let gbs = l.get("gbs").and_then(Json::num).unwrap_or(0.0);
-                if gbs <= 0.0 || !gbs.is_finite() {
-                    return Err(bad(format!(
-                        "host {name}: link {}–{} has no bandwidth",
-                        host.nodes[a].id, host.nodes[b].id
-                    )));
-                }
-                let count = l.get("count").and_then(Json::num).unwrap_or(1.0) as u32;
-                host.links.push(Link { a, b, kind, gbs, count });
-            }
-            let repeat = h.get("repeat").and_then(Json::num).unwrap_or(1.0);
-            if !(1.0..=100_000.0).contains(&repeat) {
-                return Err(bad(format!("host {name}: repeat {repeat} out of range")));
-            }
-            let repeat = repeat as usize;
-            if repeat == 1 {
-                hosts.push(host);
-            } else {
-                for i in 0..repeat {
-                    let mut c = host.clone();
-                    c.name = format!("{name}-{i}");
-                    hosts.push(c);
-                }
-            }
-        }
-        if hosts.is_empty() {
-            return Err(bad("no hosts"));
-        }
-        Ok(Topo { hosts })
-    }
-
-    /// The file format (each host written out; [`Topo::parse`] reads it back equal).
-    pub fn to_json(&self) -> String {
-        let hosts = self
-            .hosts
-            .iter()
-            .map(|h| {
-                let nodes = h
-                    .nodes
-                    .iter()
-                    .map(|n| {
-                        let mut m =
-                            vec![("id", Json::Str(n.id.clone())), ("kind", Json::Str(n.kind.name().into()))];
-                        if let Some(x) = n.numa {
-                            m.push(("numa", Json::Num(x as f64)));
-                        }
-                        if let Some(x) = n.dev {
-                            m.push(("dev", Json::Num(x as f64)));
-                        }
-                        if !n.name.is_empty() {
-                            m.push((
-                                if n.kind == NodeKind::Gpu { "model" } else { "name" },
-                                Json::Str(n.name.clone()),
-                            ));
-                        }
-                        if n.gbps > 0.0 {
-                            m.push(("gbps", Json::Num(n.gbps)));
-                        }
-                        if !n.cpus.is_empty() {
-                            m.push(("cpus", Json::Str(n.cpus.clone())));
-                        }
-                        obj(m)
-                    })
-                    .collect();
-                let links = h
-                    .links
-                    .iter()
-                    .map(|l| {
-                        obj(vec![
-                            ("a", Json::Str(h.nodes[l.a].id.clone())),
-                            ("b", Json::Str(h.nodes[l.b].id.clone())),
-                            ("kind", Json::Str(l.kind.name().into())),
-                            ("gbs", Json::Num(l.gbs)),
-                            ("count", Json::Num(l.count as f64)),
-                        ])
-                    })
-                    .collect();
-                obj(vec![
-                    ("name", Json::Str(h.name.clone())),
-                    ("nodes", Json::Arr(nodes)),
-                    ("links", Json::Arr(links)),
-                ])
-            })
-            .collect();
-        obj(vec![("oxccl_topo", Json::Num(1.0)), ("hosts", Json::Arr(hosts))]).to_text() + "\n"
-    }
-
     /// GPUs in the whole system (host-major, device order): (host, vertex).
     pub fn gpus(&self) -> Vec<(usize, usize)> {
         self.hosts.iter().enumerate().flat_map(|(h, t)| t.gpus().into_iter().map(move |g| (h, g))).collect()

@@ -88,7 +88,10 @@ fn bad_files_are_refused_by_name() {
         (with(cpu, "{\"a\":\"c\",\"b\":\"z\",\"kind\":\"pci\",\"gbs\":1}"), "unknown node z"),
         (with(cpu, "{\"a\":\"c\",\"b\":\"c\",\"kind\":\"wire\",\"gbs\":1}"), "link kind \"wire\""),
         (with(cpu, "{\"a\":\"c\",\"b\":\"c\",\"kind\":\"pci\"}"), "no bandwidth"),
-        ("[".repeat(500), "too deep"),
+        (
+            "{\"oxccl_topo\":1,\"hosts\":".to_string() + &"[".repeat(500),
+            "recursion limit exceeded at line 1 column 151",
+        ),
     ] {
         let e = Topo::parse(&text).unwrap_err();
         assert!(e.contains(needle), "{text}: {e}");
@@ -106,4 +109,143 @@ fn rings_and_trees_are_described_per_channel() {
     let s = graphs::svg(&Topo::parse(DGX).unwrap().hosts[0]);
     assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
     assert_eq!(s.matches("<rect").count(), 2 + 1 + 4 + 8 + 8);
+}
+
+/// The file format against serde_json's rules: escapes, numbers, malformed text.
+mod file_format {
+    use super::*;
+    use crate::json::testing::{place, place_end, positive, text};
+    use proptest::prelude::*;
+
+    fn node() -> impl Strategy<Value = Node> {
+        let kind = prop::sample::select(vec![
+            NodeKind::Cpu,
+            NodeKind::Pci,
+            NodeKind::Gpu,
+            NodeKind::Nic,
+            NodeKind::NvSwitch,
+        ]);
+        let gbps = prop_oneof![Just(0.0), positive()];
+        (text(), kind, any::<Option<u32>>(), any::<Option<u32>>(), text(), gbps, text()).prop_map(
+            |(id, kind, numa, dev, name, gbps, cpus)| Node { id, kind, numa, dev, name, gbps, cpus },
+        )
+    }
+
+    fn host() -> impl Strategy<Value = HostTopo> {
+        let kind = prop::sample::select(vec![LinkKind::NvLink, LinkKind::Pci, LinkKind::Smp]);
+        let link =
+            (any::<prop::sample::Index>(), any::<prop::sample::Index>(), kind, positive(), any::<u32>());
+        (text(), prop::collection::vec(node(), 1..6), prop::collection::vec(link, 0..6)).prop_map(
+            |(name, mut nodes, links)| {
+                // Ids unique in the host: each ends in its own index.
+                for (i, n) in nodes.iter_mut().enumerate() {
+                    n.id.push_str(&i.to_string());
+                }
+                let links = links
+                    .into_iter()
+                    .map(|(a, b, kind, gbs, count)| Link {
+                        a: a.index(nodes.len()),
+                        b: b.index(nodes.len()),
+                        kind,
+                        gbs,
+                        count,
+                    })
+                    .collect();
+                HostTopo { name, nodes, links }
+            },
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn any_topology_round_trips_exactly(hosts in prop::collection::vec(host(), 1..4)) {
+            let t = Topo { hosts };
+            prop_assert_eq!(Topo::parse(&t.to_json()).unwrap(), t);
+        }
+    }
+
+    fn one_node(node: &str) -> String {
+        format!("{{\"oxccl_topo\": 1, \"hosts\": [{{\"name\": \"h\", \"nodes\": [{node}]}}]}}")
+    }
+
+    #[test]
+    fn escapes_and_non_bmp_characters_read_exactly() {
+        let t = Topo::parse(&one_node(
+            r#"{"id": "a\b\f\r\t\n\"\\\/z", "kind": "gpu", "model": "H\u00e9 \ud83d\ude00 😀", "numa": 4294967295}"#,
+        ))
+        .unwrap();
+        let n = &t.hosts[0].nodes[0];
+        assert_eq!(n.id, "a\u{8}\u{c}\r\t\n\"\\/z");
+        assert_eq!(n.name, "Hé 😀 😀");
+        assert_eq!(n.numa, Some(u32::MAX));
+        let text = t.to_json();
+        assert_eq!(
+            text,
+            "{\"oxccl_topo\":1,\"hosts\":[{\"name\":\"h\",\"nodes\":[{\"id\":\"a\\b\\f\\r\\t\\n\\\"\\\\/z\",\"kind\":\"gpu\",\"numa\":4294967295,\"model\":\"Hé 😀 😀\"}],\"links\":[]}]}\n"
+        );
+        assert_eq!(Topo::parse(&text).unwrap(), t);
+    }
+
+    #[test]
+    fn numbers_that_are_not_finite_are_written_null() {
+        let mut t = Topo::parse(&one_node(r#"{"id": "n", "kind": "nic", "gbps": 400}"#)).unwrap();
+        t.hosts[0].nodes[0].gbps = f64::INFINITY;
+        let text = t.to_json();
+        assert!(text.contains("{\"id\":\"n\",\"kind\":\"nic\",\"gbps\":null}"), "{text}");
+        assert_eq!(Topo::parse(&text).unwrap().hosts[0].nodes[0].gbps, 0.0);
+        // A link's bandwidth is required: null is no bandwidth.
+        let h = &mut t.hosts[0];
+        h.links.push(Link { a: 0, b: 0, kind: LinkKind::Pci, gbs: f64::NAN, count: 1 });
+        let text = t.to_json();
+        assert!(text.contains("\"gbs\":null"), "{text}");
+        assert_eq!(Topo::parse(&text).unwrap_err(), "topology file: host h: link n–n has no bandwidth");
+    }
+
+    #[test]
+    fn malformed_numbers_and_truncated_files_name_the_place() {
+        let plus = one_node(r#"{"id": "g", "kind": "gpu", "dev": +1}"#);
+        let e = Topo::parse(&plus).unwrap_err();
+        assert_eq!(e, format!("topology file: expected value at {}", place(&plus, "+1")));
+        let big = one_node(r#"{"id": "g", "kind": "gpu", "dev": 4294967296}"#);
+        assert_eq!(
+            Topo::parse(&big).unwrap_err(),
+            format!(
+                "topology file: invalid value: integer `4294967296`, expected u32 at {}",
+                place_end(&big, "4294967296")
+            )
+        );
+        let half = one_node(r#"{"id": "g", "kind": "gpu", "dev": 1.5}"#);
+        assert_eq!(
+            Topo::parse(&half).unwrap_err(),
+            format!(
+                "topology file: invalid type: floating point `1.5`, expected u32 at {}",
+                place_end(&half, "1.5")
+            )
+        );
+        // A lone high surrogate: serde_json reads on for its low half and finds the quote.
+        let lone = one_node(r#"{"id": "g", "kind": "gpu", "model": "\ud83d"}"#);
+        assert_eq!(
+            Topo::parse(&lone).unwrap_err(),
+            format!("topology file: unexpected end of hex escape at {}", place_end(&lone, "\\ud83d\""))
+        );
+        let no_id = one_node(r#"{"kind": "gpu"}"#);
+        assert_eq!(
+            Topo::parse(&no_id).unwrap_err(),
+            format!("topology file: missing field `id` at {}", place_end(&no_id, "{\"kind\": \"gpu\"}"))
+        );
+        // Cut anywhere, a fixture is refused at the end of what is left.
+        for cut in [1, DGX.len() / 3, DGX.len() / 2, DGX.len() - 3] {
+            let text = &DGX[..cut];
+            let line = text.lines().count().max(1);
+            let column = text.rsplit('\n').next().unwrap().chars().count();
+            let e = Topo::parse(text).unwrap_err();
+            assert!(e.starts_with("topology file: EOF while parsing"), "{cut}: {e}");
+            assert!(e.ends_with(&format!(" at line {line} column {column}")), "{cut}: {e}");
+        }
+        let trailing = "{\"oxccl_topo\": 1, \"hosts\": []} {}";
+        assert_eq!(
+            Topo::parse(trailing).unwrap_err(),
+            format!("topology file: trailing characters at {}", place_end(trailing, "} {"))
+        );
+    }
 }

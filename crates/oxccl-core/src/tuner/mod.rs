@@ -418,8 +418,9 @@ impl Model {
     }
 }
 
-/// What the calibration probe measured on a host (or the built-in values).
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// What the calibration probe measured on a host (or the built-in values). Its serde form is
+/// the calibration cache file (`oxccl::calib`): these field names, `measured` optional.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CpuCosts {
     /// Single-thread copy bandwidth, GB/s.
     pub copy_gbs: f64,
@@ -433,6 +434,7 @@ pub struct CpuCosts {
     pub ll_gbs: f64,
     pub ll128_gbs: f64,
     /// Whether these were measured here (false: built-in values).
+    #[serde(default)]
     pub measured: bool,
 }
 

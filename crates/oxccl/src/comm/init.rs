@@ -162,6 +162,7 @@ impl Communicator {
             costs: crate::calib::host_costs(
                 host::host_id(config.host_id.as_deref()),
                 config.calibrate.as_deref(),
+                &|w| log.warn(format_args!("{w}")),
             ),
             cuda_device: config.cuda_device.unwrap_or(-1),
         };
