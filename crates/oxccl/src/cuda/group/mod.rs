@@ -232,11 +232,6 @@ pub fn join(
 /// Bytes one block moves per pass (threads x 16-byte vectors x unroll 8).
 const BLOCK_PASS_BYTES: usize = BLOCK_THREADS as usize * 16 * 8;
 
-/// Blocks for `bytes` read and written: enough for about one pass each, at most `cap`.
-fn blocks_for(bytes: usize, cap: u32) -> u32 {
-    (bytes.div_ceil(2 * BLOCK_PASS_BYTES) as u32).clamp(1, cap.max(1))
-}
-
 /// The first disagreement between the ranks' collectives, in words.
 fn mismatch(rank: usize, all: &[Entry]) -> Option<String> {
     let mine = &all[rank].calls;

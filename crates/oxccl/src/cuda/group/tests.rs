@@ -455,6 +455,7 @@ fn planned_launches_meet_without_deadlock_and_keep_their_promises() {
 
 #[test]
 fn blocks_cover_the_work_within_the_cap() {
+    let blocks_for = |b, cap| oxccl_core::plan::device::launch::blocks_for(b, cap, BLOCK_PASS_BYTES);
     assert_eq!(blocks_for(0, 33), 1);
     assert_eq!(blocks_for(8, 33), 1);
     assert_eq!(blocks_for(2 * BLOCK_PASS_BYTES, 33), 1);

@@ -23,6 +23,8 @@
 //! reads and writes a byte (in-place layouts) does so in one element of one task, reading
 //! before writing. [`tests`] checks that by executing every plan in memory.
 
+pub mod launch;
+
 use crate::coll::Collective;
 use crate::dtype::DataType;
 
