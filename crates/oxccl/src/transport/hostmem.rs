@@ -368,7 +368,7 @@ mod tests {
     #[cfg(feature = "model")]
     mod model {
         use super::super::*;
-        use loom::cell::UnsafeCell;
+        use crate::sync::{plain_read, plain_write, Plain};
         use loom::sync::{Arc, Notify};
         use loom::thread;
 
@@ -382,11 +382,11 @@ mod tests {
         struct Rank {
             blk: Box<Header>,
             /// The inline areas (`Ctl::inline`).
-            inline: [UnsafeCell<u64>; 2],
+            inline: [Plain; 2],
             /// The user's send buffer and, per rank, its part of the receive buffer (a
             /// zero-copy call: each rank writes its share of every rank's output).
-            src: UnsafeCell<u64>,
-            dst: [UnsafeCell<u64>; 2],
+            src: Plain,
+            dst: [Plain; 2],
             bell: Notify,
         }
 
@@ -426,11 +426,9 @@ mod tests {
             for s in 1..=CALLS {
                 let zc = s == ZERO_COPY;
                 // The user's buffer, written before the call.
-                // SAFETY (of the model): loom checks every access to the cells.
-                mine.src.with_mut(|d| unsafe { *d = contrib(me, s) });
+                plain_write(&mine.src, contrib(me, s));
                 if !zc {
-                    // SAFETY (of the model): as above.
-                    mine.inline[(s % 2) as usize].with_mut(|d| unsafe { *d = contrib(me, s) });
+                    plain_write(&mine.inline[(s % 2) as usize], contrib(me, s));
                 }
                 mine.blk.post(s).publish(s, if zc { FLAG_SHARED } else { FLAG_INLINE }, &sig_of(me, s));
                 wake(theirs);
@@ -439,35 +437,30 @@ mod tests {
                 assert_eq!(post.sig(), sig_of(peer, s), "call {s}: rank {peer}'s signature");
                 assert_eq!(post.flags(), if zc { FLAG_SHARED } else { FLAG_INLINE }, "call {s}'s flags");
                 if !zc {
-                    // SAFETY (of the model): as above.
-                    let v = theirs.inline[(s % 2) as usize].with(|d| unsafe { *d });
+                    let v = plain_read(&theirs.inline[(s % 2) as usize]);
                     assert_eq!(v, contrib(peer, s), "call {s}: rank {peer}'s inline contribution");
                     continue;
                 }
                 // Zero-copy: read the peer's buffer, write this rank's share of its output.
-                // SAFETY (of the model): as above.
-                let v = theirs.src.with(|d| unsafe { *d });
+                let v = plain_read(&theirs.src);
                 assert_eq!(v, contrib(peer, s), "call {s}: rank {peer}'s buffer");
-                // SAFETY (of the model): as above.
-                theirs.dst[me].with_mut(|d| unsafe { *d = contrib(me, s) + v });
+                plain_write(&theirs.dst[me], contrib(me, s) + v);
                 mine.blk.finish(s);
                 wake(theirs);
                 wait(mine, sleep, || theirs.blk.finished(s));
                 // Returned: the user reads the result and reuses the buffers.
-                // SAFETY (of the model): as above.
-                let got = mine.dst[peer].with(|d| unsafe { *d });
+                let got = plain_read(&mine.dst[peer]);
                 assert_eq!(got, contrib(peer, s) + contrib(me, s), "call {s}: rank {peer}'s share");
-                // SAFETY (of the model): as above.
-                mine.src.with_mut(|d| unsafe { *d = 0 });
+                plain_write(&mine.src, 0);
             }
         }
 
         fn run(sleep: bool) {
             let new = || Rank {
                 blk: Header::new(),
-                inline: [UnsafeCell::new(0), UnsafeCell::new(0)],
-                src: UnsafeCell::new(0),
-                dst: [UnsafeCell::new(0), UnsafeCell::new(0)],
+                inline: [Plain::new(0), Plain::new(0)],
+                src: Plain::new(0),
+                dst: [Plain::new(0), Plain::new(0)],
                 bell: Notify::new(),
             };
             let all = Arc::new([new(), new()]);

@@ -135,7 +135,7 @@ mod model {
     use super::super::plan::{plan_launches, Counters};
     use super::super::{call, DevCall};
     use super::*;
-    use loom::cell::UnsafeCell;
+    use crate::sync::{plain_read, plain_write, Plain};
     use loom::sync::Arc;
     use loom::thread;
     use oxccl_core::plan::device::{self, Bufs, Coll, MAX_RANKS};
@@ -167,8 +167,8 @@ mod model {
     struct Group {
         m: Meeting,
         /// Per rank: its input; per (rank, writer): the writer's share of the rank's output.
-        input: Vec<UnsafeCell<u64>>,
-        output: Vec<UnsafeCell<u64>>,
+        input: Vec<Plain>,
+        output: Vec<Plain>,
     }
 
     fn val(r: usize, k: usize) -> u64 {
@@ -186,15 +186,13 @@ mod model {
         };
         for (k, s) in plans.iter().enumerate() {
             assert_eq!(s.seq, k as u64 + 1, "launch {k}'s generation");
-            // SAFETY (of the model): loom checks every access to the cells.
-            g.input[r].with_mut(|d| unsafe { *d = val(r, k) });
+            plain_write(&g.input[r], val(r, k));
             g.m.arrive(r, s);
             spin(&|| g.m.arrived(r, s));
-            let sum: u64 = (0..p).map(|q| g.input[q].with(|d| unsafe { *d })).sum();
+            let sum: u64 = (0..p).map(|q| plain_read(&g.input[q])).sum();
             assert_eq!(sum, (0..p).map(|q| val(q, k)).sum::<u64>(), "rank {r}, launch {k}: the inputs");
             for q in 0..p {
-                // SAFETY (of the model): as above.
-                g.output[q * p + r].with_mut(|d| unsafe { *d = sum + k as u64 });
+                plain_write(&g.output[q * p + r], sum + k as u64);
             }
             g.m.depart(r, s);
             spin(&|| g.m.mine_departed(r, s));
@@ -203,8 +201,7 @@ mod model {
             spin(&|| g.m.sends_taken(r, s));
             // The stream goes on: its result is read.
             for q in 0..p {
-                // SAFETY (of the model): as above.
-                let v = g.output[r * p + q].with(|d| unsafe { *d });
+                let v = plain_read(&g.output[r * p + q]);
                 assert_eq!(v, sum + k as u64, "rank {r}, launch {k}: rank {q}'s share");
             }
         }
@@ -216,8 +213,8 @@ mod model {
         crate::sync::model(&name, preemptions, move || {
             let g = Arc::new(Group {
                 m: Meeting::new(p),
-                input: (0..p).map(|_| UnsafeCell::new(0)).collect(),
-                output: (0..p * p).map(|_| UnsafeCell::new(0)).collect(),
+                input: (0..p).map(|_| Plain::new(0)).collect(),
+                output: (0..p * p).map(|_| Plain::new(0)).collect(),
             });
             let others: Vec<_> = (1..p)
                 .map(|r| {

@@ -4,7 +4,7 @@
 //! still read it is a data race that loom reports.
 
 use super::*;
-use loom::cell::UnsafeCell;
+use crate::sync::{plain_read, plain_write, Plain};
 use loom::sync::{Arc, Notify};
 use loom::thread;
 
@@ -24,7 +24,7 @@ fn data_of(n: u64) -> u64 {
 
 struct Conn {
     h: Box<Header>,
-    slots: [UnsafeCell<u64>; SLOTS as usize],
+    slots: [Plain; SLOTS as usize],
     /// The sender's and the receiver's doorbells (loom `Notify`s, as the eventfds:
     /// a ring before the wait is kept), used where the sides sleep (rule 4).
     send_bell: Notify,
@@ -34,7 +34,7 @@ struct Conn {
 fn conn() -> Arc<Conn> {
     Arc::new(Conn {
         h: Header::new(SLOTS as usize, 64),
-        slots: [UnsafeCell::new(0), UnsafeCell::new(0)],
+        slots: [Plain::new(0), Plain::new(0)],
         send_bell: Notify::new(),
         recv_bell: Notify::new(),
     })
@@ -62,8 +62,7 @@ fn send(c: &Conn, n: u64, sleep: bool) {
     while head < n {
         wait(|| c.h.room(head, &mut tail_seen, SLOTS), sleep, &c.h.send_sleeping.0, &c.send_bell);
         let i = (head % SLOTS) as usize;
-        // SAFETY (of the model): the slot is free by rule 2; loom checks it.
-        c.slots[i].with_mut(|d| unsafe { *d = data_of(head) });
+        plain_write(&c.slots[i], data_of(head));
         c.h.describe(i, len_of(head), &sig_of(head));
         head += 1;
         c.h.publish(head);
@@ -88,8 +87,7 @@ fn recv(c: &Conn, n: u64, sleep: bool) {
         let i = (tail % SLOTS) as usize;
         assert_eq!(c.h.len_tag(i), len_of(tail), "chunk {tail}'s length");
         assert_eq!(c.h.sig(i), sig_of(tail), "chunk {tail}'s signature");
-        // SAFETY (of the model): the chunk is published by rule 3; loom checks it.
-        assert_eq!(c.slots[i].with(|d| unsafe { *d }), data_of(tail), "chunk {tail}'s bytes");
+        assert_eq!(plain_read(&c.slots[i]), data_of(tail), "chunk {tail}'s bytes");
         tail += 1;
         c.h.free(tail);
         if sleep && bell_needed(&c.h.send_sleeping.0) {
