@@ -45,9 +45,10 @@
 //!    spin once too long, never decides anything a call's result depends on.
 //!
 //! Rules 1, 3 and 4 are written as step functions over the block's atomics (`crate::sync`):
-//! [`Post::publish`] and [`Post::posted`], [`Ctl::finish`] and [`Ctl::finished`] (`done`),
-//! [`Ctl::finish_first`] and [`Ctl::finished_first`] (`mid`), [`Ctl::sleep_announce`],
-//! [`publisher_fence`] and [`Ctl::asleep`]. The direct path calls them on the mapped blocks;
+//! [`Post::publish`] and [`Post::posted`], [`Header::finish`] and [`Header::finished`]
+//! (`done`), [`Header::finish_first`] and [`Header::finished_first`] (`mid`),
+//! [`Header::sleep_announce`], [`publisher_fence`] and [`Header::asleep`]. The direct path
+//! calls them on the mapped blocks (a [`Ctl`] dereferences to its [`Header`]);
 //! the model check (`--features model`, the `model` tests below) calls them on blocks in
 //! ordinary memory, one thread a rank.
 
@@ -127,8 +128,9 @@ impl Post {
     }
 }
 
+/// A control block's fields; a [`Ctl`] dereferences to its mapped one.
 #[repr(C)]
-struct Header {
+pub struct Header {
     magic: Line<AtomicU64>,
     done: Line<AtomicU64>,
     sleeping: Line<AtomicU32>,
@@ -166,8 +168,8 @@ pub fn publisher_fence() {
 
 const PROBE_NONCE_AT: usize = std::mem::offset_of!(Header, probe) + 8;
 
-/// The block's steps (rules 1, 3 and 4), called by [`Ctl`] on the mapped block and by the
-/// model check on one in ordinary memory.
+/// The block's steps (rules 1, 3 and 4), called through [`Ctl`] on the mapped block and by
+/// the model check on one in ordinary memory.
 impl Header {
     /// A block in ordinary memory, as [`Ctl::create`] leaves a fresh one (the model check).
     #[cfg(all(test, feature = "model"))]
@@ -196,45 +198,63 @@ impl Header {
         })
     }
 
+    /// The post of call `seq` (rule 1).
     #[inline]
-    fn post(&self, seq: u64) -> &Post {
+    pub fn post(&self, seq: u64) -> &Post {
         &self.posts[(seq % 2) as usize]
     }
 
+    /// Owner, rule 3: its part of call `s` is finished (release).
     #[inline]
-    fn finish(&self, s: u64) {
+    pub fn finish(&self, s: u64) {
         self.done.0.store(s, Ordering::Release);
     }
 
+    /// Peer, rule 3: whether the owner finished its part of call `s` (acquire).
     #[inline]
-    fn finished(&self, s: u64) -> bool {
+    pub fn finished(&self, s: u64) -> bool {
         self.done.0.load(Ordering::Acquire) >= s
     }
 
+    /// Owner, rule 3: the first phase of call `s` is finished (release).
     #[inline]
-    fn finish_first(&self, s: u64) {
+    pub fn finish_first(&self, s: u64) {
         self.mid.0.store(s, Ordering::Release);
     }
 
+    /// Peer, rule 3: whether the owner finished the first phase of call `s` (acquire).
     #[inline]
-    fn finished_first(&self, s: u64) -> bool {
+    pub fn finished_first(&self, s: u64) -> bool {
         self.mid.0.load(Ordering::Acquire) >= s
     }
 
+    /// Owner, rule 4: about to sleep (then it checks once more before sleeping).
     #[inline]
-    fn sleep_announce(&self) {
+    pub fn sleep_announce(&self) {
         self.sleeping.0.store(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
     }
 
+    /// Owner, rule 4: awake again.
     #[inline]
-    fn sleep_end(&self) {
+    pub fn sleep_end(&self) {
         self.sleeping.0.store(0, Ordering::Relaxed);
     }
 
+    /// Peer, rule 4 (after [`publisher_fence`]): whether the owner sleeps, or is about to.
     #[inline]
-    fn asleep(&self) -> bool {
+    pub fn asleep(&self) -> bool {
         self.sleeping.0.load(Ordering::Relaxed) != 0
+    }
+}
+
+impl std::ops::Deref for Ctl {
+    type Target = Header;
+
+    /// The block's fields and steps ([`Header`]).
+    #[inline]
+    fn deref(&self) -> &Header {
+        self.hdr()
     }
 }
 
@@ -271,15 +291,12 @@ impl Ctl {
         Ok(c)
     }
 
+    #[inline]
     fn hdr(&self) -> &Header {
         // SAFETY: the region holds CTL_BYTES ≥ size_of::<Header>() bytes, is page-aligned, and
         // every Header field is an atomic (or padding), so shared references are sound while
         // other processes access it.
         unsafe { &*(self.region.ptr() as *const Header) }
-    }
-
-    pub fn post(&self, seq: u64) -> &Post {
-        self.hdr().post(seq)
     }
 
     /// Where call `seq`'s inline contributions lie when the largest is `bytes`: the post's
@@ -303,48 +320,6 @@ impl Ctl {
     pub fn probe(&self) -> (u64, u64) {
         let p = &self.hdr().probe.0;
         (p[0].load(Ordering::Relaxed), p[1].load(Ordering::Relaxed))
-    }
-
-    /// Owner, rule 3: its part of call `s` is finished (release).
-    #[inline]
-    pub fn finish(&self, s: u64) {
-        self.hdr().finish(s)
-    }
-
-    /// Peer, rule 3: whether the owner finished its part of call `s` (acquire).
-    #[inline]
-    pub fn finished(&self, s: u64) -> bool {
-        self.hdr().finished(s)
-    }
-
-    /// Owner, rule 3: the first phase of call `s` is finished (release).
-    #[inline]
-    pub fn finish_first(&self, s: u64) {
-        self.hdr().finish_first(s)
-    }
-
-    /// Peer, rule 3: whether the owner finished the first phase of call `s` (acquire).
-    #[inline]
-    pub fn finished_first(&self, s: u64) -> bool {
-        self.hdr().finished_first(s)
-    }
-
-    /// Owner, rule 4: about to sleep (then it checks once more before sleeping).
-    #[inline]
-    pub fn sleep_announce(&self) {
-        self.hdr().sleep_announce()
-    }
-
-    /// Owner, rule 4: awake again.
-    #[inline]
-    pub fn sleep_end(&self) {
-        self.hdr().sleep_end()
-    }
-
-    /// Peer, rule 4 (after [`publisher_fence`]): whether the owner sleeps, or is about to.
-    #[inline]
-    pub fn asleep(&self) -> bool {
-        self.hdr().asleep()
     }
 
     /// The CPU hint (the layout's `cpu` line): 0 unknown, else the CPU number plus one.
