@@ -33,6 +33,7 @@ mod log;
 pub mod mem;
 pub mod rendezvous;
 pub mod rma;
+pub mod sync;
 pub mod sys;
 pub mod topo;
 pub mod transport;

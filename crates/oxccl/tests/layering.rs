@@ -113,7 +113,7 @@ fn the_scan_finds_the_homes_of_both_rules() {
 /// The library's top modules by layer, lowest first; a module may name its own layer's and
 /// those below (`crate::…`, or the crate root's re-exports of them).
 const LAYERS: &[&[&str]] = &[
-    &["sys", "error", "log", "env"],
+    &["sys", "sync", "error", "log", "env"],
     &["flight", "calib", "topo", "wait"],
     &["bootstrap"],
     &["rendezvous", "transport", "mem"],

@@ -35,9 +35,15 @@
 //!    store, so no wake-up is lost.
 //! 5. Each header field sits on its own cache line, so the sender's and receiver's writes
 //!    never share one.
+//!
+//! The header's side of rules 2–4 (the counters, `lens`, `sigs` and the sleeping flags) is
+//! written as `Header`'s step functions over its atomics (`crate::sync`): the connection
+//! calls them on the mapped header, and the model checks (`--features model`, `shm/model.rs`)
+//! call them on a header in ordinary memory, one thread a side.
 
 use crate::bootstrap::PeerInfo;
 use crate::error::{Error, Result};
+use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
 use crate::sys::fd::EventFd;
 use crate::sys::shm::ShmRegion;
 use crate::sys::unix::SeqSocket;
@@ -47,7 +53,6 @@ use oxccl_core::plan::ConnClass;
 use oxccl_core::proto::{self, ChunkHead, Progress, Proto};
 use oxccl_core::Rank;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Most slots a connection has.
@@ -75,6 +80,99 @@ struct Header {
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() <= DATA_OFFSET);
+
+/// The protocol's steps on the header (rules 2–4), one function per step of a side.
+impl Header {
+    /// A header in ordinary memory, as `init_header` leaves a fresh region's (the tests).
+    #[cfg(all(test, feature = "model"))]
+    fn new(slots: usize, slot_bytes: usize) -> Box<Header> {
+        let z = || Line(AtomicU32::new(0));
+        Box::new(Header {
+            magic: Line(AtomicU64::new(MAGIC)),
+            geometry: Line([AtomicU32::new(slots as u32), AtomicU32::new(slot_bytes as u32)]),
+            head: Line(AtomicU64::new(0)),
+            tail: Line(AtomicU64::new(0)),
+            recv_sleeping: z(),
+            send_sleeping: z(),
+            lens: Line(std::array::from_fn(|_| AtomicU32::new(0))),
+            sigs: Line(std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0)))),
+        })
+    }
+
+    /// Sender, rule 2: whether chunk `head` may be written into a ring of `slots`;
+    /// `tail_seen` is the receiver's `tail` as last read, read again (acquire) when the ring
+    /// looks full.
+    #[inline]
+    fn room(&self, head: u64, tail_seen: &mut u64, slots: u64) -> bool {
+        if head - *tail_seen < slots {
+            return true;
+        }
+        *tail_seen = self.tail.0.load(Ordering::Acquire);
+        head - *tail_seen < slots
+    }
+
+    /// Sender, rule 2: slot `i`'s length word (the protocol in its top 2 bits) and signature,
+    /// relaxed: the chunk's publication (counter or flagged lines) follows.
+    #[inline]
+    fn describe(&self, i: usize, len_tag: u32, sig: &SigWords) {
+        self.lens.0[i].store(len_tag, Ordering::Relaxed);
+        for (k, w) in sig.iter().enumerate() {
+            self.sigs.0[i][k].store(*w, Ordering::Relaxed);
+        }
+    }
+
+    /// Sender, rule 2 (Simple): publishes every chunk before `head` (release: the slot's data,
+    /// length and signature written before it are visible to whoever sees the count).
+    #[inline]
+    fn publish(&self, head: u64) {
+        self.head.0.store(head, Ordering::Release);
+    }
+
+    /// Receiver, rule 3: how many chunks the counter has published (acquire).
+    #[inline]
+    fn published(&self) -> u64 {
+        self.head.0.load(Ordering::Acquire)
+    }
+
+    /// Receiver, rule 3: slot `i`'s length word, once its chunk is published.
+    #[inline]
+    fn len_tag(&self, i: usize) -> u32 {
+        self.lens.0[i].load(Ordering::Relaxed)
+    }
+
+    /// Receiver, rule 3: slot `i`'s signature, once its chunk is published.
+    #[inline]
+    fn sig(&self, i: usize) -> SigWords {
+        let s = &self.sigs.0[i];
+        [s[0].load(Ordering::Relaxed), s[1].load(Ordering::Relaxed), s[2].load(Ordering::Relaxed)]
+    }
+
+    /// Receiver, rule 3: frees every chunk before `tail` (release: its reads of them are done).
+    #[inline]
+    fn free(&self, tail: u64) {
+        self.tail.0.store(tail, Ordering::Release);
+    }
+}
+
+/// Rule 4, the side about to sleep: announces it in its `*_sleeping` flag; it then checks
+/// once more before it sleeps.
+fn sleep_announce(flag: &AtomicU32) {
+    flag.store(1, Ordering::Relaxed);
+    fence(Ordering::SeqCst);
+}
+
+/// Rule 4, the side awake again.
+fn sleep_end(flag: &AtomicU32) {
+    flag.store(0, Ordering::Relaxed);
+}
+
+/// Rule 4, the side that published (after its last store): whether the peer announced that
+/// it sleeps, so its doorbell must ring.
+#[inline]
+fn bell_needed(peer_flag: &AtomicU32) -> bool {
+    fence(Ordering::SeqCst);
+    peer_flag.load(Ordering::Relaxed) != 0
+}
 
 /// Bytes a connection's region needs.
 pub fn region_bytes(slots: usize, slot_bytes: usize) -> usize {
@@ -114,7 +212,8 @@ impl Shared {
     }
 
     /// Chunk `n`'s slot in the LL or LL128 region, as shared words.
-    fn flagged_slot(&self, p: Proto, n: u64) -> &[AtomicU64] {
+    /// (oxccl-core's flagged lines, `std`'s atomics: not modelled.)
+    fn flagged_slot(&self, p: Proto, n: u64) -> &[std::sync::atomic::AtomicU64] {
         let i = (n % self.slots) as usize;
         let simple = self.slots as usize * self.slot_bytes;
         let ll = proto::ll_slot_bytes(self.slot_bytes);
@@ -127,7 +226,7 @@ impl Shared {
         // bytes only as atomics.
         unsafe {
             std::slice::from_raw_parts(
-                self.region.ptr().add(DATA_OFFSET + off + i * bytes) as *const AtomicU64,
+                self.region.ptr().add(DATA_OFFSET + off + i * bytes) as *const std::sync::atomic::AtomicU64,
                 bytes / 8,
             )
         }
@@ -244,11 +343,7 @@ impl ShmSend {
     /// Whether a slot is free.
     #[inline]
     pub fn ready(&mut self) -> bool {
-        if self.head - self.tail_seen < self.sh.slots {
-            return true;
-        }
-        self.tail_seen = self.sh.hdr().tail.0.load(Ordering::Acquire);
-        self.head - self.tail_seen < self.sh.slots
+        self.sh.hdr().room(self.head, &mut self.tail_seen, self.sh.slots)
     }
 
     /// Where to write the next chunk of protocol `p` (call only when [`ready`](Self::ready))
@@ -268,33 +363,28 @@ impl ShmSend {
         let h = self.sh.hdr();
         let n = self.head;
         let i = (n % self.sh.slots) as usize;
-        h.lens.0[i].store(len as u32 | (proto_tag(p) << 30), Ordering::Relaxed);
-        for (k, w) in sig.iter().enumerate() {
-            h.sigs.0[i][k].store(*w, Ordering::Relaxed);
-        }
+        h.describe(i, len as u32 | (proto_tag(p) << 30), sig);
         self.head += 1;
         let head = ChunkHead { len: len as u32, sig: *sig };
         match p {
-            Proto::Simple => h.head.0.store(self.head, Ordering::Release),
+            Proto::Simple => h.publish(self.head),
             Proto::LL => {
                 proto::ll_write(self.sh.flagged_slot(p, n), &head, &self.stage[..len], proto::flag_of(n))
             }
             Proto::LL128 => proto::ll128_write(self.sh.flagged_slot(p, n), &head, &self.stage[..len], n + 1),
         }
-        fence(Ordering::SeqCst);
-        if h.recv_sleeping.0.load(Ordering::Relaxed) != 0 {
+        if bell_needed(&h.recv_sleeping.0) {
             self.sh.peer_bell.notify();
         }
     }
 
     /// Announces that this side is about to sleep waiting for a free slot.
     pub fn arm(&self) {
-        self.sh.hdr().send_sleeping.0.store(1, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
+        sleep_announce(&self.sh.hdr().send_sleeping.0);
     }
 
     pub fn disarm(&self) {
-        self.sh.hdr().send_sleeping.0.store(0, Ordering::Relaxed);
+        sleep_end(&self.sh.hdr().send_sleeping.0);
     }
 
     pub fn peer(&self) -> Rank {
@@ -368,13 +458,12 @@ impl ShmRecv {
             return true;
         }
         if self.head_seen <= self.tail {
-            self.head_seen = self.sh.hdr().head.0.load(Ordering::Acquire);
+            self.head_seen = self.sh.hdr().published();
         }
         let found = match self.cur {
             Some(c) => Some(c),
             None if self.head_seen > self.tail => {
-                let tag =
-                    self.sh.hdr().lens.0[(self.tail % self.sh.slots) as usize].load(Ordering::Relaxed) >> 30;
+                let tag = self.sh.hdr().len_tag((self.tail % self.sh.slots) as usize) >> 30;
                 let p = match tag {
                     1 => Proto::LL,
                     2 => Proto::LL128,
@@ -407,8 +496,7 @@ impl ShmRecv {
     pub fn chunk(&self) -> (*const u8, usize) {
         match self.cur {
             Some((Proto::Simple, _)) | None => {
-                let len = self.sh.hdr().lens.0[(self.tail % self.sh.slots) as usize].load(Ordering::Relaxed)
-                    & LEN_MASK;
+                let len = self.sh.hdr().len_tag((self.tail % self.sh.slots) as usize) & LEN_MASK;
                 (self.sh.slot_ptr(self.tail), (len as usize).min(self.sh.slot_bytes))
             }
             Some((_, p)) => (self.stage.as_ptr(), p.head.map_or(0, |h| h.len as usize)),
@@ -421,8 +509,7 @@ impl ShmRecv {
         if let Some((_, Progress { head: Some(h), .. })) = self.cur {
             return h.sig;
         }
-        let s = &self.sh.hdr().sigs.0[(self.tail % self.sh.slots) as usize];
-        [s[0].load(Ordering::Relaxed), s[1].load(Ordering::Relaxed), s[2].load(Ordering::Relaxed)]
+        self.sh.hdr().sig((self.tail % self.sh.slots) as usize)
     }
 
     /// Frees the chunk's slot for the sender.
@@ -431,27 +518,28 @@ impl ShmRecv {
         let h = self.sh.hdr();
         self.cur = None;
         self.tail += 1;
-        h.tail.0.store(self.tail, Ordering::Release);
-        fence(Ordering::SeqCst);
-        if h.send_sleeping.0.load(Ordering::Relaxed) != 0 {
+        h.free(self.tail);
+        if bell_needed(&h.send_sleeping.0) {
             self.sh.peer_bell.notify();
         }
     }
 
     /// Announces that this side is about to sleep waiting for a chunk.
     pub fn arm(&self) {
-        self.sh.hdr().recv_sleeping.0.store(1, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
+        sleep_announce(&self.sh.hdr().recv_sleeping.0);
     }
 
     pub fn disarm(&self) {
-        self.sh.hdr().recv_sleeping.0.store(0, Ordering::Relaxed);
+        sleep_end(&self.sh.hdr().recv_sleeping.0);
     }
 
     pub fn peer(&self) -> Rank {
         self.sh.peer
     }
 }
+
+#[cfg(all(test, feature = "model"))]
+mod model;
 
 #[cfg(test)]
 mod tests {
@@ -541,7 +629,8 @@ mod tests {
             let slot_bytes = 8192;
             let (tx, mut rx) = pair(2, slot_bytes);
             let slot = tx.sh.flagged_slot(p, 0);
-            let aside: Vec<AtomicU64> = (0..slot.len()).map(|_| AtomicU64::new(0)).collect();
+            let aside: Vec<std::sync::atomic::AtomicU64> =
+                (0..slot.len()).map(|_| std::sync::atomic::AtomicU64::new(0)).collect();
             let d = chunk_data(9, 1000);
             let head = ChunkHead { len: 1000, sig: [1, 2, 3] };
             match p {

@@ -255,4 +255,6 @@ fn mismatch(rank: usize, all: &[Entry]) -> Option<String> {
 }
 
 #[cfg(test)]
+mod meeting;
+#[cfg(test)]
 mod tests;

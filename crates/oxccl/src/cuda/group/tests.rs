@@ -1,6 +1,7 @@
 //! Tests of the thread group: planning, mismatches, and a CPU model of the meetings (`Emu`)
 //! run under random interleavings.
 
+use super::meeting::Meeting;
 use super::*;
 
 /// The meeting point hands every rank the same table, round after round.
@@ -79,20 +80,17 @@ fn mismatched_collectives_are_named() {
     assert_eq!(mismatch(1, &same), None);
 }
 
-/// A CPU model of kernels.cu's meeting (`sync_arrive`, `sync_depart`, and the LL flag
-/// exchange): each rank's launches run in stream order, every block of the running launches
-/// is stepped round-robin (the GPU runs them at once: they are all resident). It reports a
+/// A CPU model of kernels.cu's meeting (`sync_arrive`, `sync_depart`: the counters and each
+/// block's steps on them are `meeting::Meeting`'s; and the LL flag exchange): each rank's
+/// launches run in stream order, every block of the running launches is stepped
+/// round-robin (the GPU runs them at once: they are all resident). It reports a
 /// deadlock (no block can move), and checks the promises the counters make: a collective
 /// launch works only once every rank's stream reached it and no rank starts the next one
 /// before every block of it is done; a receive copies only after its sender published the
 /// send, and a sender's launch ends only after the copy.
 struct Emu {
     p: usize,
-    arr: Vec<u64>,
-    dep: u64,
-    mydep: Vec<u64>,
-    pready: Vec<u64>,
-    pdone: Vec<u64>,
+    m: Meeting,
     ll: Vec<u32>,
     /// Blocks of each collective launch number that have departed, and how many it has.
     departed: HashMap<u64, (u64, u64)>,
@@ -126,11 +124,7 @@ impl Emu {
     fn new(p: usize) -> Emu {
         Emu {
             p,
-            arr: vec![0; p],
-            dep: 0,
-            mydep: vec![0; p],
-            pready: vec![0; p * p],
-            pdone: vec![0; p * p],
+            m: Meeting::new(p),
             ll: vec![0; p],
             departed: HashMap::new(),
             copied: Default::default(),
@@ -156,26 +150,16 @@ impl Emu {
                 _ => false,
             };
         }
+        let m = &self.m;
         let next = match *st {
             B::Start => {
                 if b == 0 {
-                    if s.seq != 0 {
-                        self.arr[rank] = self.arr[rank].max(s.seq);
-                    }
-                    for q in 0..p {
-                        if s.send_to[q] != 0 {
-                            let x = &mut self.pready[rank * p + q];
-                            *x = (*x).max(s.send_to[q]);
-                        }
-                    }
+                    m.arrive(rank, s);
                 }
                 B::Arrive
             }
             B::Arrive => {
-                let coll = s.seq == 0 || self.arr.iter().all(|&a| a >= s.seq);
-                let sends =
-                    (0..p).all(|q| s.recv_from[q] == 0 || self.pready[q * p + rank] >= s.recv_from[q]);
-                if !(coll && sends) {
+                if !m.arrived(rank, s) {
                     return false;
                 }
                 B::Work
@@ -190,7 +174,7 @@ impl Emu {
                 if b == 0 {
                     for &(q, k) in &l.recvs {
                         assert!(
-                            self.pready[q * p + rank] >= k,
+                            m.pready[q * p + rank].load(Ordering::Relaxed) >= k,
                             "rank {rank} copies message {k} of rank {q} before it was sent"
                         );
                         self.copied.insert((q, rank, k));
@@ -199,12 +183,9 @@ impl Emu {
                 B::Depart
             }
             B::Depart => {
+                m.depart(rank, s);
                 if s.seq != 0 {
-                    self.dep += 1;
                     self.departed.entry(s.seq).or_insert((0, 0)).0 += 1;
-                }
-                if s.recv_done.iter().any(|&n| n > 0) {
-                    self.mydep[rank] += 1;
                 }
                 if b == 0 {
                     B::Mine
@@ -213,30 +194,21 @@ impl Emu {
                 }
             }
             B::Mine => {
-                if s.recv_done.iter().any(|&n| n > 0) {
-                    if self.mydep[rank] < s.mydepart {
-                        return false;
-                    }
-                    for q in 0..p {
-                        if s.recv_done[q] != 0 {
-                            let x = &mut self.pdone[q * p + rank];
-                            *x = (*x).max(s.recv_done[q]);
-                        }
-                    }
+                if !m.mine_departed(rank, s) {
+                    return false;
                 }
+                m.received(rank, s);
                 B::All
             }
             B::All => {
-                if s.seq != 0 && self.dep < s.depart {
+                if !m.all_departed(s) {
                     return false;
                 }
                 B::Sends
             }
             B::Sends => {
-                for q in 0..p {
-                    if s.send_done[q] != 0 && self.pdone[rank * p + q] < s.send_done[q] {
-                        return false;
-                    }
+                if !m.sends_taken(rank, s) {
+                    return false;
                 }
                 B::Done
             }

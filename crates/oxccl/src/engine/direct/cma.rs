@@ -166,9 +166,9 @@ impl Direct {
     /// peer's.
     fn mark_mid(&self, w: &Waiter, what: &str, s: u64) -> Result<()> {
         memops::store_fence();
-        self.own.mid().store(s, Ordering::Release);
+        self.own.finish_first(s);
         self.wake();
-        self.wait_all(w, what, |c| c.mid().load(Ordering::Acquire) >= s)
+        self.wait_all(w, what, |c| c.finished_first(s))
     }
 
     /// Reduces bytes `[at, at + len)` of every rank's source into `to`, a block at a time,

@@ -33,7 +33,7 @@ use crate::error::{Error, Result};
 use crate::mem::{self, PeerAlloc};
 use crate::sys::fd::{self, EventFd};
 use crate::transport::host::{host_call, HostRequest};
-use crate::transport::hostmem::{Ctl, FLAG_CMA, FLAG_INLINE, FLAG_SHARED, INLINE_BYTES};
+use crate::transport::hostmem::{publisher_fence, Ctl, FLAG_CMA, FLAG_INLINE, FLAG_SHARED, INLINE_BYTES};
 use crate::wait::Waiter;
 use oxccl_core::coll::Collective;
 use oxccl_core::config::CrossMemory;
@@ -49,7 +49,7 @@ use oxccl_core::{DataType, Rank, ReduceOp};
 use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -213,9 +213,9 @@ impl Direct {
 
     /// Rings every sleeping peer after a publication.
     fn wake(&self) {
-        fence(Ordering::SeqCst);
+        publisher_fence();
         for pc in self.peers.iter().flatten() {
-            if pc.ctl.sleeping().load(Ordering::Relaxed) != 0 {
+            if pc.ctl.asleep() {
                 pc.bell.notify();
             }
         }
@@ -271,13 +271,12 @@ impl Direct {
                 std::thread::yield_now();
                 continue;
             }
-            self.own.sleeping().store(1, Ordering::Relaxed);
-            fence(Ordering::SeqCst);
+            self.own.sleep_announce();
             if !all_ready() {
                 let mut pfd = [fd::pollfd(self.doorbell.as_raw_fd(), fd::POLLIN)];
                 fd::poll(&mut pfd, w.slice()).map_err(|e| Error::io(Rank::new(self.me), "poll", None, e))?;
             }
-            self.own.sleeping().store(0, Ordering::Relaxed);
+            self.own.sleep_end();
             self.doorbell.drain();
         }
     }
@@ -411,11 +410,7 @@ impl Direct {
                     }
                 }
             }
-            post.head.0.flags.store(flags, Ordering::Relaxed);
-            for (k, x) in sig.to_words().iter().enumerate() {
-                post.head.0.sig[k].store(*x, Ordering::Relaxed);
-            }
-            post.head.0.seq.store(s, Ordering::Release);
+            post.publish(s, flags, &sig.to_words());
         }
         // Sleeping peers are rung once the posts are in and, inline, the result is made, where
         // this rank's post stored more than a kilobyte or ranks outnumber cores: the fence of
@@ -428,12 +423,12 @@ impl Direct {
         if !ring_late {
             self.wake();
         }
-        let posted = self.wait_all(w, what, |ctl| ctl.post(s).head.0.seq.load(Ordering::Acquire) == s);
+        let posted = self.wait_all(w, what, |ctl| ctl.post(s).posted(s));
         if let Err(e) = posted.and_then(|()| self.check_signatures(s, sig, what)) {
             self.wake();
             return Err(e);
         }
-        let all = |f: u32| (0..p).all(|q| self.ctl(q).post(s).head.0.flags.load(Ordering::Relaxed) & f != 0);
+        let all = |f: u32| (0..p).all(|q| self.ctl(q).post(s).flags() & f != 0);
         if all(FLAG_INLINE) {
             let r = self.run_inline(&c, ctx.as_ref(), s, max_contrib, dst, dst_len);
             if ring_late || r.is_err() {
@@ -457,9 +452,9 @@ impl Direct {
         // Streaming stores must be visible before peers learn this rank is done.
         memops::store_fence();
         if p > 1 {
-            self.own.done().store(s, Ordering::Release);
+            self.own.finish(s);
             self.wake();
-            self.wait_all(w, what, |ctl| ctl.done().load(Ordering::Acquire) >= s)?;
+            self.wait_all(w, what, |ctl| ctl.finished(s))?;
         }
         Ok(Outcome::Done)
     }
@@ -471,8 +466,7 @@ impl Direct {
             return Ok(());
         }
         for q in (0..self.p).filter(|q| *q != self.me) {
-            let m = &self.ctl(q).post(s).head.0.sig;
-            let theirs = [0, 1, 2].map(|k| m[k].load(Ordering::Relaxed));
+            let theirs = self.ctl(q).post(s).sig();
             if !sig.accepts(&theirs) {
                 return Err(Error::CallMismatch {
                     rank: Rank::new(self.me),
