@@ -30,6 +30,7 @@ pub mod tuner;
 pub mod tuning;
 pub mod types;
 pub mod uniqueid;
+pub mod variables;
 pub mod wire;
 
 /// The NCCL version whose API and behaviour oxccl follows (the C ABI's `NCCL_VERSION_CODE`).

@@ -64,6 +64,12 @@ enum Command {
     /// tuner's pick per size; with --bootstrap, the bootstrap's cost model, dense against
     /// sparse.
     Sim(simcmd::SimArgs),
+    /// Print every environment variable oxccl reads, its value here, default and meaning
+    ///
+    /// The one table of oxccl's NCCL_* and OXCCL_* variables (settings, launcher, caches),
+    /// with this process's values; then whether the settings parse (exit 1 naming the
+    /// variable if one does not).
+    Env,
 }
 
 #[derive(Args, Debug)]
@@ -233,6 +239,29 @@ fn sim(a: &simcmd::SimArgs) {
     }
 }
 
+/// `oxccl env`: the table, this environment's values, and whether the settings parse.
+fn env() {
+    use oxccl_core::variables::{Reader, ALL};
+    let width = ALL.iter().map(|x| x.name.len()).max().unwrap_or(0);
+    for (reader, title) in [
+        (Reader::Settings, "settings"),
+        (Reader::Launcher, "launcher"),
+        (Reader::Topology, "topology"),
+        (Reader::Cache, "caches"),
+    ] {
+        println!("# {title}");
+        for x in ALL.iter().filter(|x| x.reader == reader) {
+            let value = std::env::var(x.name)
+                .map_or_else(|_| format!("unset (default: {})", x.default), |v| format!("{v:?}"));
+            println!("{:width$}  {value}\n{:width$}  {}", x.name, "", x.meaning);
+        }
+    }
+    match oxccl::env::config() {
+        Ok(_) => println!("# the settings parse"),
+        Err(e) => fail("env", e),
+    }
+}
+
 fn main() {
     sigpipe::restore_default();
     match Cli::parse().command {
@@ -240,5 +269,6 @@ fn main() {
         Command::Topo(a) => topo(&a),
         Command::Explain(a) => explain(&a),
         Command::Sim(a) => sim(&a),
+        Command::Env => env(),
     }
 }

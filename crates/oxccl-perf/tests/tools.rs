@@ -1,4 +1,4 @@
-//! The `oxccl topo`, `oxccl explain` and `oxccl sim --bootstrap` commands, run as a user runs them.
+//! The `oxccl topo`, `oxccl explain`, `oxccl sim --bootstrap` and `oxccl env` commands, run as a user runs them.
 
 use std::process::Command;
 
@@ -151,4 +151,24 @@ fn malformed_files_are_refused_naming_the_file_and_the_place() {
     assert_eq!(rc, 1);
     assert_eq!(err, format!("oxccl analyze: {dump}: unexpected end of hex escape at line 1 column 47\n"));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn env_prints_every_variable_with_its_value_and_refuses_a_bad_setting() {
+    let (rc, out, err) = oxccl(&["env"], &[("NCCL_BUFFSIZE", "2097152")]);
+    assert_eq!(rc, 0, "{err}");
+    for v in oxccl_core::variables::ALL {
+        let line = out.lines().find(|l| l.split_whitespace().next() == Some(v.name));
+        let line = line.unwrap_or_else(|| panic!("{} missing:\n{out}", v.name));
+        if v.name == "NCCL_BUFFSIZE" {
+            assert!(line.ends_with("\"2097152\""), "{line}");
+        } else if std::env::var_os(v.name).is_none() {
+            assert!(line.contains(&format!("unset (default: {})", v.default)), "{line}");
+        }
+        assert!(out.contains(v.meaning), "{}'s meaning missing", v.name);
+    }
+    assert!(out.ends_with("# the settings parse\n"), "{out}");
+    let (rc, _, err) = oxccl(&["env"], &[("NCCL_BUFFSIZE", "3")]);
+    assert_eq!(rc, 1);
+    assert_eq!(err, "oxccl env: setting NCCL_BUFFSIZE=\"3\": must be within 4096..=1073741824 bytes\n");
 }

@@ -75,19 +75,11 @@ pub fn kernel_cache_dir() -> Option<PathBuf> {
     }
 }
 
-/// The settings oxccl reads (the `NCCL_*` and `OXCCL_*` variables behind [`config`], then
-/// the cache directories), sorted: found by asking the configuration reader with an empty
-/// environment and noting each variable it looks up, so the list cannot drift from it.
+/// The variables oxccl reads (`NCCL_*` and `OXCCL_*`: `oxccl_core::variables::ALL`, the one
+/// table, which `layering.rs` holds to the readers' code), sorted.
 pub fn param_keys() -> Vec<String> {
-    let asked = std::cell::RefCell::new(Vec::<String>::new());
-    let _ = Config::from_lookup(|k| {
-        asked.borrow_mut().push(k.to_string());
-        None
-    });
-    let mut keys = asked.into_inner();
-    keys.extend(["OXCCL_CACHE_DIR", "OXCCL_KERNEL_CACHE"].map(String::from));
+    let mut keys: Vec<String> = oxccl_core::variables::ALL.iter().map(|v| v.name.to_string()).collect();
     keys.sort();
-    keys.dedup();
     keys
 }
 

@@ -244,3 +244,50 @@ fn every_top_module_has_a_layer_and_names_are_read_from_groups() {
     assert_eq!(named_through_super(up, 3), ["rma"]);
     assert!(named_through_super("use super::engine::x;", 2).is_empty());
 }
+
+/// The quoted `NCCL_*` / `OXCCL_*` names in a line of code (a variable read, or named in the
+/// error about it).
+fn variables_named(code: &str) -> Vec<String> {
+    code.split('"')
+        .skip(1)
+        .step_by(2)
+        .filter(|s| {
+            (s.starts_with("NCCL_") || s.starts_with("OXCCL_"))
+                && s.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        })
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn every_variable_read_is_in_the_one_table_and_every_entry_is_read() {
+    use oxccl_core::variables::{Reader, ALL};
+    // The three readers (rule 1 of oxccl_core::variables), their test modules aside.
+    let readers = [
+        ("crates/oxccl-core/src/config.rs", Reader::Settings),
+        ("crates/oxccl-core/src/launch.rs", Reader::Launcher),
+        ("crates/oxccl/src/env.rs", Reader::Cache),
+        ("crates/oxccl/src/topo.rs", Reader::Topology),
+    ];
+    let all = lines(&["crates/oxccl-core", "crates/oxccl"]);
+    let mut read = Vec::new();
+    for (f, n, l) in &all {
+        let Some((_, reader)) = readers.iter().find(|(r, _)| f == r) else { continue };
+        for v in variables_named(code(l)) {
+            let entry = ALL.iter().find(|x| x.name == v);
+            assert!(entry.is_some(), "{f}:{n}: {v} is read but not in oxccl_core::variables::ALL");
+            assert_eq!(entry.map(|x| x.reader), Some(*reader), "{f}:{n}: {v} is listed under another reader");
+            read.push(v);
+        }
+    }
+    let unread: Vec<&str> = ALL.iter().map(|x| x.name).filter(|v| !read.iter().any(|r| r == v)).collect();
+    assert!(unread.is_empty(), "listed in oxccl_core::variables::ALL but read by none: {unread:?}");
+    // The scan sees what it must: a setting, a launcher variable and a cache directory.
+    assert!(["NCCL_BUFFSIZE", "OXCCL_UNIQUE_ID_FILE", "OXCCL_KERNEL_CACHE"]
+        .iter()
+        .all(|v| read.iter().any(|r| r == v)));
+    assert_eq!(
+        variables_named(r#"get("NCCL_ALGO") "OXCCL_X=1" "oxccl_y" "OXCCL_Z""#),
+        ["NCCL_ALGO", "OXCCL_Z"]
+    );
+}
