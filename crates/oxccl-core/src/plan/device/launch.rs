@@ -247,16 +247,11 @@ mod tests {
         let mut c = Counters::default();
         // Two collectives and a send/receive launch, not merged, on 2 ranks.
         let units = [coll(10_000), coll(100)];
-        let plans = plan_launches(
-            &mut c,
-            2,
-            &units,
-            std::slice::from_ref(&pair),
-            (&sent, &recv),
-            shape,
-            |_| false,
-            false,
-        );
+        let group = |c: &mut Counters, merge| {
+            let p2p = std::slice::from_ref(&pair);
+            plan_launches(c, 2, &units, p2p, (&sent, &recv), shape, |_| false, merge)
+        };
+        let plans = group(&mut c, false);
         assert_eq!(plans.iter().map(|p| p.blocks).collect::<Vec<_>>(), [4, 1, 1]);
         assert_eq!((plans[0].meeting.seq, plans[0].meeting.depart), (1, 8));
         assert_eq!((plans[1].meeting.seq, plans[1].meeting.depart), (2, 10));
@@ -269,16 +264,7 @@ mod tests {
         assert!(merges(&units, &[1], 2, 8, |_| false));
         assert!(!merges(&units, &[8], 2, 8, |_| false));
         assert!(!merges(&units, &[1], 2, 8, |u| u.bytes == 100));
-        let plans = plan_launches(
-            &mut c,
-            2,
-            &units,
-            std::slice::from_ref(&pair),
-            (&sent, &recv),
-            shape,
-            |_| false,
-            true,
-        );
+        let plans = group(&mut c, true);
         assert_eq!(plans.len(), 2);
         let m = &plans[1].meeting;
         assert_eq!((m.seq, m.depart, m.send_to[1], m.recv_done[1], m.mydepart), (4, 20, 4, 6, 2));
