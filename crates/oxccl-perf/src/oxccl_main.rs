@@ -66,7 +66,7 @@ enum Command {
     Sim(simcmd::SimArgs),
     /// Print every environment variable oxccl reads, its value here, default and meaning
     ///
-    /// The one table of oxccl's NCCL_* and OXCCL_* variables (settings, launcher, caches),
+    /// The one table of oxccl's NCCL_* and OXCCL_* variables (settings, launcher, topology, caches),
     /// with this process's values; then whether the settings parse (exit 1 naming the
     /// variable if one does not).
     Env,
