@@ -96,7 +96,7 @@ pub const CLOSE_DRAIN_MS: u64 = 1000;
 pub const MAX_FAIL_REASON_BYTES: usize = 2048;
 
 /// `reason`, cut to at most [`MAX_FAIL_REASON_BYTES`] on a character boundary.
-fn bounded(reason: &str) -> &str {
+pub(crate) fn bounded(reason: &str) -> &str {
     let mut end = reason.len().min(MAX_FAIL_REASON_BYTES);
     while !reason.is_char_boundary(end) {
         end -= 1;

@@ -172,12 +172,8 @@ pub(crate) fn failure_here(secret: &[u8; 32], mut abandon: Option<Abandon>) -> O
             State::Running { abandoned: Some(_) } if !left.is_zero() => {}
             State::Running { abandoned } => {
                 let mut a = abandon.take().filter(|_| !left.is_zero())?;
-                if a.why.len() > 512 {
-                    // One short frame to every rank: the first 512 bytes say enough.
-                    let cut = (0..=512).rev().find(|i| a.why.is_char_boundary(*i)).unwrap_or(0);
-                    a.why.truncate(cut);
-                    a.why.push_str(" …");
-                }
+                // Sent to every rank: bounded as every failure's reason is.
+                a.why = super::bounded(&a.why).to_string();
                 *abandoned = Some(a);
             }
         }
