@@ -394,6 +394,17 @@ extern "C" __global__ void __launch_bounds__(512, OX_MINBLOCKS) oxk_copy(const u
 //   1 | waiting rank << 8 | missing rank << 16 (0xff: unknown) | phase << 24 (0 arrival,
 //   1 departure, 2 a peer's send, 3 a receive, 4 a peer's LL data). A failed block skips its
 //   work, and every later launch sees *fail and skips.
+// - With `base` set, the counts above are relative: each is added to this rank's record at
+//   `base` (device memory the kernels alone advance, so a launch replayed from a CUDA graph
+//   meets with fresh numbers): u64 words 0 collective launches, 1 departure target, 2 own
+//   receiving blocks, 3 LL calls, 4 blocks that have read the record in the running launch,
+//   8 + q sends to q, 16 + q receives from q. A count of 0 stays 0 (nothing to do). Thread 0
+//   of every block reads the record at its start and counts itself in word 4; the block that
+//   brings it to the launch's block count (the last reader) advances the record by the
+//   launch's counts (sends and receives by send_done and recv_done, which only a group's last
+//   send/receive launch carries) and zeroes word 4. A rank's launches never overlap, so the
+//   next one reads the advanced record.
+// - `sys` (ranks on several devices): fences and acquire loads at system scope.
 struct Sync {
   u64* arr;
   u64* dep;
@@ -402,6 +413,7 @@ struct Sync {
   u64* pready;
   u64* pdone;
   u64* mydep;
+  u64* base;
   u64 seq;
   u64 depart;
   u64 mydepart;
@@ -412,10 +424,17 @@ struct Sync {
   u64 send_done[8];
   int rank;
   int p;
+  int sys;
+  int pad;
 };
 
-__device__ __forceinline__ u64 ld_acq(const u64* a) { u64 v; asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(a) : "memory"); return v; }
+// Acquire loads and fences at the launch's scope: the GPU, or the system (ranks on several
+// devices, whose counters one of them holds). `sys` is 0 or 1 alike in every block.
+__device__ __forceinline__ u64 ld_acq_gpu(const u64* a) { u64 v; asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(a) : "memory"); return v; }
+__device__ __forceinline__ u64 ld_acq_sys(const u64* a) { u64 v; asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(a) : "memory"); return v; }
 __device__ __forceinline__ u32 ld_acq32(const u32* a) { u32 v; asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(a) : "memory"); return v; }
+__device__ __forceinline__ u64 ld_acq(const u64* a, int sys) { return sys ? ld_acq_sys(a) : ld_acq_gpu(a); }
+__device__ __forceinline__ void fence(int sys) { if (sys) __threadfence_system(); else __threadfence(); }
 __device__ __forceinline__ u64 now_ns() { u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
 
 __device__ void sync_fail(const Sync& b, u32 code) {
@@ -435,7 +454,7 @@ __device__ void sync_fail(const Sync& b, u32 code) {
 __device__ bool sync_wait(const Sync& b, const u64* a, u64 want, u32 phase, int missing) {
   u64 t0 = 0;
   u32 rounds = 0;
-  while (ld_acq(a) < want) {
+  while (ld_acq(a, b.sys) < want) {
     if (ld_acq32(b.fail) != 0u) return false;
     if (++rounds % 32 == 0 && b.host != 0 && *(volatile const u32*)b.host != 0u) return false;
     const u64 t = now_ns();
@@ -449,12 +468,54 @@ __device__ bool sync_wait(const Sync& b, const u64* a, u64 want, u32 phase, int 
   return true;
 }
 
+// Word 4 of a rank's record: how many blocks of the running launch have read it.
+#define OX_BASE_READ 4
+
+// Thread 0 of a block: the last of the launch's blocks to read the rank's record advances it
+// (after every block's read, by the fences around the count).
+__device__ __forceinline__ void base_advance(u64* g, const u64 (&by)[24]) {
+  __threadfence();
+  if (atomicAdd(&g[OX_BASE_READ], 1ull) + 1 == (u64)gridDim.x) {
+    __threadfence();
+    for (int k = 0; k < 24; k++)
+      if (k != OX_BASE_READ && by[k] != 0) g[k] += by[k];
+    g[OX_BASE_READ] = 0;
+    __threadfence();
+  }
+}
+
+// Thread 0 of each block: turns a launch's relative counts into this rank's absolute ones
+// (see `base` above) and counts the block's read; nothing without a record.
+__device__ void sync_resolve(Sync& b) {
+  u64* g = b.base;
+  if (g == 0) return;
+  u64 by[24];
+  for (int k = 0; k < 24; k++) by[k] = 0;
+  const volatile u64* v = g;
+  by[0] = b.seq;
+  by[1] = b.depart;
+  by[2] = b.mydepart;
+  if (b.seq != 0) b.seq += v[0];
+  if (b.depart != 0) b.depart += v[1];
+  if (b.mydepart != 0) b.mydepart += v[2];
+  for (int q = 0; q < 8; q++) {
+    const u64 sent = v[8 + q], got = v[16 + q];
+    by[8 + q] = b.send_done[q];
+    by[16 + q] = b.recv_done[q];
+    if (b.send_to[q] != 0) b.send_to[q] += sent;
+    if (b.send_done[q] != 0) b.send_done[q] += sent;
+    if (b.recv_from[q] != 0) b.recv_from[q] += got;
+    if (b.recv_done[q] != 0) b.recv_done[q] += got;
+  }
+  base_advance(g, by);
+}
+
 __device__ bool sync_arrive(const Sync& b) {
   __shared__ int ok;
   if (threadIdx.x == 0) {
     const int p = b.p;
     if (blockIdx.x == 0) {
-      __threadfence();
+      fence(b.sys);
       if (b.seq != 0) atomicMax(&b.arr[b.rank], b.seq);
       for (int q = 0; q < p; q++)
         if (b.send_to[q] != 0) atomicMax(&b.pready[b.rank * p + q], b.send_to[q]);
@@ -476,12 +537,12 @@ __device__ void sync_depart(const Sync& b) {
     const int p = b.p;
     bool done = false;
     for (int q = 0; q < p; q++) done |= b.recv_done[q] != 0;
-    __threadfence();
+    fence(b.sys);
     if (b.seq != 0) atomicAdd(b.dep, 1ull);
     if (done) atomicAdd(&b.mydep[b.rank], 1ull);
     if (blockIdx.x == 0) {
       if (done && sync_wait(b, &b.mydep[b.rank], b.mydepart, 3, 0xff)) {
-        __threadfence();
+        fence(b.sys);
         for (int q = 0; q < p; q++)
           if (b.recv_done[q] != 0) atomicMax(&b.pdone[q * p + b.rank], b.recv_done[q]);
       }
@@ -538,6 +599,9 @@ struct LlArgs {
   u32 sig;
   int rank;
   int p;
+  // This rank's record (see `Sync`'s `base`); when set, `seq` is ignored: the record gives
+  // the call's number.
+  u64* base;
   // Where the signature lines are (both protocols: the LL buffer, whose slots have siglines
   // data lines before their signature line), so ranks running different protocols compare.
   u64 sigbuf;
@@ -578,6 +642,7 @@ __device__ __forceinline__ Sync ll_sync(const LlArgs& w) {
   b.seq = w.seq;
   b.timeout_ns = w.timeout_ns;
   b.rank = w.rank;
+  b.sys = 0;
   return b;
 }
 
@@ -747,15 +812,40 @@ __device__ __forceinline__ void ll128_all_reduce(const LlArgs& w) {
   }
 }
 
+// A launch's LL call number: with a record, this rank's next one, read by thread 0 of every
+// block (the last reader advances it) and shared with the block's threads.
+__device__ __forceinline__ LlArgs ll_resolve(const LlArgs& a0) {
+  __shared__ u32 seq;
+  LlArgs a = a0;
+  if (a0.base == 0) return a;
+  if (threadIdx.x == 0) {
+    u64 by[24];
+    for (int k = 0; k < 24; k++) by[k] = 0;
+    // The host's rule (`next_ll_seq`): from 1, after 2^32 - 2 back to 1 (never 0, and the
+    // parity alternates across the wrap).
+    const u64 last = ((volatile const u64*)a0.base)[3];
+    const u64 next = last >= 0xfffffffeull ? 1ull : last + 1;
+    by[3] = next - last;
+    seq = (u32)next;
+    base_advance(a0.base, by);
+  }
+  __syncthreads();
+  a.seq = seq;
+  return a;
+}
+
+// The meeting's arguments, resolved by thread 0 into shared memory (only thread 0 reads them).
 #define OXK(opname, Op, tname, T) \
-  extern "C" __global__ void __launch_bounds__(512, OX_MINBLOCKS) oxk_##opname##_##tname(Work w, Sync s) { \
-    if (s.arr == 0) { run_work<T, Op<T> >(w); return; } \
+  extern "C" __global__ void __launch_bounds__(512, OX_MINBLOCKS) oxk_##opname##_##tname(Work w, Sync s0) { \
+    if (s0.arr == 0) { run_work<T, Op<T> >(w); return; } \
+    __shared__ Sync s; \
+    if (threadIdx.x == 0) { s = s0; sync_resolve(s); } \
     if (sync_arrive(s)) run_work<T, Op<T> >(w); \
     sync_depart(s); \
   } \
   extern "C" __global__ void __launch_bounds__(512, OX_MINBLOCKS) oxk_ll_##opname##_##tname(LlArgs a) { \
-    ll_all_reduce<T, Op<T> >(a); \
+    ll_all_reduce<T, Op<T> >(ll_resolve(a)); \
   } \
   extern "C" __global__ void __launch_bounds__(512, OX_MINBLOCKS) oxk_ll128_##opname##_##tname(LlArgs a) { \
-    ll128_all_reduce<T, Op<T> >(a); \
+    ll128_all_reduce<T, Op<T> >(ll_resolve(a)); \
   }

@@ -317,6 +317,7 @@ struct LlArgs {
     sig: u32,
     rank: i32,
     p: i32,
+    base: CuDevicePtr,
     sigbuf: CuDevicePtr,
     siglines: u32,
     pad: u32,
@@ -381,6 +382,11 @@ pub struct Sync {
     /// Device address of `u64[p]`: each rank's blocks finished in launches that publish
     /// receives.
     pub mydep: CuDevicePtr,
+    /// Device address of this rank's record (`u64[24]`, zero at first): with it, every count
+    /// below (and an LL launch's call number) is relative to the record, which the kernels
+    /// advance, so a launch replayed from a CUDA graph meets with fresh numbers (kernels.cu's
+    /// `sync_resolve`). 0: the counts are absolute.
+    pub base: CuDevicePtr,
     /// This rank's count of collective launches including this one; 0: none in this launch.
     pub seq: u64,
     /// Blocks of every rank over all collective launches up to this one.
@@ -399,6 +405,9 @@ pub struct Sync {
     pub send_done: [u64; 8],
     pub rank: i32,
     pub p: i32,
+    /// 1: fences and acquire loads at system scope (ranks on several devices).
+    pub sys: i32,
+    pub pad: i32,
 }
 
 impl Kernels {
@@ -627,6 +636,7 @@ impl Kernels {
             sig: ll_signature(proto, t, op, n),
             rank: sync.rank,
             p: sync.p,
+            base: sync.base,
             sigbuf: ll.sig_buf,
             siglines: ll.sig_lines,
             pad: 0,

@@ -19,6 +19,11 @@
 //! 4. Merging ([`merges`]) is all ranks or none, decided from what every rank told the host
 //!    meeting: a launch that waits for a peer's sends at its start deadlocks if that peer
 //!    publishes them only in a later launch.
+//! 5. The kernels take a launch's meeting relative to a record each rank keeps in device
+//!    memory and the kernels advance ([`resolve`]): every count is the record's plus the
+//!    launch's own (0 stays 0); sends and receives advance the record only by the group's last
+//!    send/receive launch (its `send_done`, `recv_done`). So the same launches, replayed (a
+//!    CUDA graph), meet with fresh numbers, and eager launches between replays keep counting.
 
 use super::MAX_RANKS;
 
@@ -70,12 +75,44 @@ pub struct Meeting {
 }
 
 /// One launch as planned: its blocks and its meeting, or, for an LL all-reduce, its LL call
-/// number.
+/// number; `rel`: the meeting relative to the rank's device record (rule 5).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Planned {
     pub blocks: u32,
     pub meeting: Meeting,
+    pub rel: Meeting,
     pub ll: Option<u32>,
+}
+
+/// What a launch with a device record does to it (kernels.cu's `sync_resolve` and
+/// `ll_resolve`, rule 5): turns its relative meeting `rel` (or, for an LL launch, its next
+/// call number) into absolute counts and advances `base` past the launch. The CPU models of
+/// the device protocol run launches through it, replayed as a CUDA graph replays them.
+pub fn resolve(rel: &Meeting, ll: bool, base: &mut Counters) -> (Meeting, Option<u32>) {
+    if ll {
+        return (Meeting::default(), Some(next_ll_seq(base)));
+    }
+    let add = |v: u64, b: u64| if v == 0 { 0 } else { v + b };
+    let mut m = Meeting {
+        seq: add(rel.seq, base.seq),
+        depart: add(rel.depart, base.depart),
+        mydepart: add(rel.mydepart, base.mydepart),
+        ..Meeting::default()
+    };
+    for q in 0..MAX_RANKS {
+        m.send_to[q] = add(rel.send_to[q], base.sent[q]);
+        m.send_done[q] = add(rel.send_done[q], base.sent[q]);
+        m.recv_from[q] = add(rel.recv_from[q], base.received[q]);
+        m.recv_done[q] = add(rel.recv_done[q], base.received[q]);
+    }
+    base.seq += rel.seq;
+    base.depart += rel.depart;
+    base.mydepart += rel.mydepart;
+    for q in 0..MAX_RANKS {
+        base.sent[q] += rel.send_done[q];
+        base.received[q] += rel.recv_done[q];
+    }
+    (m, None)
 }
 
 impl Planned {
@@ -141,6 +178,24 @@ pub fn plan_launches<U: Launch>(
 ) -> Vec<Planned> {
     let (n_coll, n_p2p) = (units.len(), p2p.len());
     let mut out = Vec::with_capacity(n_coll + n_p2p);
+    // The device record as the group's launches find it (rule 5).
+    let start = c.clone();
+    let relative = |m: &Meeting, before: &Counters| {
+        let sub = |v: u64, b: u64| if v == 0 { 0 } else { v - b };
+        let mut r = Meeting {
+            seq: sub(m.seq, before.seq),
+            depart: sub(m.depart, before.depart),
+            mydepart: sub(m.mydepart, before.mydepart),
+            ..Meeting::default()
+        };
+        for q in 0..MAX_RANKS {
+            r.send_to[q] = sub(m.send_to[q], start.sent[q]);
+            r.send_done[q] = sub(m.send_done[q], start.sent[q]);
+            r.recv_from[q] = sub(m.recv_from[q], start.received[q]);
+            r.recv_done[q] = sub(m.recv_done[q], start.received[q]);
+        }
+        r
+    };
     // The send/receive part of launch j among the group's send/receive launches (rule 3).
     let p2p_part = |c: &mut Counters, m: &mut Meeting, j: usize, blocks: u32| {
         for q in 0..p.min(MAX_RANKS) {
@@ -169,9 +224,10 @@ pub fn plan_launches<U: Launch>(
         let cap = shape.caps.get(i).copied().unwrap_or(1);
         let mut m = Meeting::default();
         if u.collective() && ll(u) {
-            out.push(Planned { blocks: 0, meeting: m, ll: Some(next_ll_seq(c)) });
+            out.push(Planned { blocks: 0, meeting: m, rel: m, ll: Some(next_ll_seq(c)) });
             continue;
         }
+        let before = c.clone();
         let blocks;
         if u.collective() {
             // The same number of blocks on every rank: from global arguments only (rule 1).
@@ -187,7 +243,7 @@ pub fn plan_launches<U: Launch>(
             blocks = blocks_for(u.own_bytes(), cap, shape.pass_bytes);
             p2p_part(c, &mut m, i - n_coll, blocks);
         }
-        out.push(Planned { blocks, meeting: m, ll: None });
+        out.push(Planned { blocks, meeting: m, rel: relative(&m, &before), ll: None });
     }
     for q in 0..p.min(MAX_RANKS) {
         c.sent[q] += sent[q];
@@ -282,5 +338,52 @@ mod tests {
         assert_eq!((c.seq, c.ll_seq), (4, 1));
         c.ll_seq = u32::MAX - 1;
         assert_eq!(next_ll_seq(&mut c), 1);
+    }
+
+    /// Rule 5: the relative meetings, resolved against a record that only they advance, give
+    /// the absolute ones, group after group; replaying a group's launches gives the numbers
+    /// planning the same group again would.
+    #[test]
+    fn relative_meetings_resolve_to_the_absolute_ones_and_replay_as_planned_again() {
+        let coll = |bytes| L { collective: true, bytes, tasks: 1 };
+        let pair = |bytes| L { collective: false, bytes, tasks: 0 };
+        let shape = Shape { caps: &[3, 2, 4, 1], pass_bytes: 1024 };
+        let (mut c, mut base) = (Counters::default(), Counters::default());
+        let mut planned = Vec::new();
+        for g in 0..12u64 {
+            let (mut sent, mut recv) = ([0u64; MAX_RANKS], [0u64; MAX_RANKS]);
+            (sent[(g % 3) as usize], recv[((g + 1) % 3) as usize]) = (g % 4, (g + 2) % 3);
+            let units: Vec<L> = (0..g % 3).map(|k| coll(100 << (4 * k))).collect();
+            // Sends or receives take one or two launches (as the runtime's `p2p_units` makes).
+            let any = sent.iter().chain(&recv).any(|&n| n > 0);
+            let p2p: Vec<L> = (0..if any { 1 + g % 2 } else { 0 }).map(|k| pair(5000 * k as usize)).collect();
+            let ll = |u: &L| u.bytes == 100 && g % 2 == 0;
+            let merge = g % 5 == 0 && !p2p.is_empty() && merges(&units, &[0], 3, 8, ll);
+            let plans = plan_launches(&mut c, 3, &units, &p2p, (&sent, &recv), shape, ll, merge);
+            for pl in &plans {
+                let (m, ll) = resolve(&pl.rel, pl.ll.is_some(), &mut base);
+                assert_eq!(
+                    (m, ll),
+                    (if pl.ll.is_some() { Meeting::default() } else { pl.meeting }, pl.ll),
+                    "group {g}"
+                );
+            }
+            planned.push(plans);
+        }
+        assert_eq!(base, c, "the record ends where the host's counters do");
+        // Replays: the last group again, resolved, is what planning it again would give.
+        let last = planned.last().unwrap();
+        for _ in 0..3 {
+            let mut again = c.clone();
+            for pl in last {
+                let (m, ll) = resolve(&pl.rel, pl.ll.is_some(), &mut base);
+                if let Some(n) = ll {
+                    assert_eq!(n, next_ll_seq(&mut again));
+                } else {
+                    assert!(m.seq == 0 || m.seq > pl.meeting.seq, "a replay meets with fresh numbers");
+                }
+            }
+            c = base.clone();
+        }
     }
 }

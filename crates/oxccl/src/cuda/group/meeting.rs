@@ -132,19 +132,22 @@ fn receives(s: &Sync) -> bool {
 /// race that loom reports.
 #[cfg(feature = "model")]
 mod model {
-    use super::super::plan::{plan_launches, Counters};
+    use super::super::plan::{meeting_of, plan_launches, with_meeting, Counters};
     use super::super::{call, DevCall};
     use super::*;
     use crate::sync::{plain_read, plain_write, Plain};
     use loom::sync::Arc;
     use loom::thread;
+    use oxccl_core::plan::device::launch::resolve;
     use oxccl_core::plan::device::{self, Bufs, DeviceColl, MAX_RANKS};
     use oxccl_core::{DataType, ReduceOp};
 
     const LAUNCHES: usize = 2;
 
-    /// Rank `r`'s launches: `LAUNCHES` groups of one all-reduce, one block each.
+    /// Rank `r`'s launches: `LAUNCHES` groups of one all-reduce, one block each, their counts
+    /// resolved against the rank's device record as the kernels resolve them.
     fn plans(p: usize, r: usize) -> Vec<Sync> {
+        let mut base = Counters::default();
         let bufs: Vec<Bufs> =
             (0..p).map(|q| Bufs { send: (q as u64 + 1) << 40, recv: (q as u64 + 9) << 40 }).collect();
         let mut c = Counters::default();
@@ -159,7 +162,8 @@ mod model {
             })
             .map(|l| {
                 assert!(l.ll.is_none() && l.blocks == 1);
-                l.sync
+                let (m, _) = resolve(&meeting_of(&l.sync), false, &mut base);
+                with_meeting(l.sync, &m)
             })
             .collect()
     }

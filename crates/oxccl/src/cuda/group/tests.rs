@@ -3,6 +3,7 @@
 
 use super::meeting::Meeting;
 use super::*;
+use oxccl_core::plan::device::launch::resolve;
 
 /// The meeting point hands every rank the same table, round after round.
 #[test]
@@ -88,10 +89,25 @@ fn mismatched_collectives_are_named() {
 /// launch works only once every rank's stream reached it and no rank starts the next one
 /// before every block of it is done; a receive copies only after its sender published the
 /// send, and a sender's launch ends only after the copy.
+///
+/// Launches come as the kernels take them: counts relative to each rank's device record,
+/// resolved (and the record advanced) when the launch reaches the head of its stream, as
+/// kernels.cu's `sync_resolve` does, so a queue may hold the same launches replayed (a CUDA
+/// graph). LL lines are modelled per (writer, parity) slot with the flag and the writer's
+/// own count of LL launches run: a reader takes a line only when its flag is the call's, and
+/// the line must then come from the writer's launch of the same rank (no stale line).
 struct Emu {
     p: usize,
     m: Meeting,
-    ll: Vec<u32>,
+    /// Per (writer, parity): the flag and the writer's LL launch count of the line there.
+    slots: HashMap<(usize, u32), (u32, u64)>,
+    /// Per rank: LL launches it has started.
+    ll_runs: Vec<u64>,
+    /// Per rank: the device record.
+    base: Vec<Counters>,
+    /// Resolve with a record (the kernels' way); false: take the counts as absolute, as
+    /// kernels captured with absolute numbers would replay them (the model must then fail).
+    relative: bool,
     /// Blocks of each collective launch number that have departed, and how many it has.
     departed: HashMap<u64, (u64, u64)>,
     /// Receives copied: (sender, receiver, message number).
@@ -113,7 +129,9 @@ enum B {
 }
 
 /// One planned launch, what it copies ((sender, message number) per receive task), and
-/// the messages whose buffers the stream may reuse once it ends ((receiver, number)).
+/// the messages whose buffers the stream may reuse once it ends ((receiver, number));
+/// message numbers are relative to the group's start until the launch is resolved.
+#[derive(Clone)]
 struct L {
     plan: Planned,
     recvs: Vec<(usize, u64)>,
@@ -125,7 +143,10 @@ impl Emu {
         Emu {
             p,
             m: Meeting::new(p),
-            ll: vec![0; p],
+            slots: HashMap::new(),
+            ll_runs: vec![0; p],
+            base: vec![Counters::default(); p],
+            relative: true,
             departed: HashMap::new(),
             copied: Default::default(),
             nonempty: Vec::new(),
@@ -136,14 +157,25 @@ impl Emu {
     fn step(&mut self, rank: usize, l: &L, b: usize, st: &mut B) -> bool {
         let (p, s) = (self.p, &l.plan.sync);
         if let Some(n) = l.plan.ll {
-            // LL: publish this call's lines, then wait for every rank's.
+            // LL: publish this call's lines in slot (rank, parity), then wait until every
+            // rank's slot of that parity carries this call's flag.
+            let par = n % 2;
             return match *st {
                 B::Start => {
-                    self.ll[rank] = self.ll[rank].max(n);
+                    self.ll_runs[rank] += 1;
+                    self.slots.insert((rank, par), (n, self.ll_runs[rank]));
                     *st = B::Arrive;
                     true
                 }
-                B::Arrive if self.ll.iter().all(|&x| x >= n) => {
+                B::Arrive if (0..p).all(|q| self.slots.get(&(q, par)).is_some_and(|x| x.0 == n)) => {
+                    for q in 0..p {
+                        let (_, run) = self.slots[&(q, par)];
+                        assert_eq!(
+                            run, self.ll_runs[rank],
+                            "rank {rank} takes rank {q}'s line of its LL launch {run} in its own launch {} (flag {n}): a stale line",
+                            self.ll_runs[rank]
+                        );
+                    }
                     *st = B::Done;
                     true
                 }
@@ -222,6 +254,26 @@ impl Emu {
     /// back each round, as a GPU schedules them); panics naming the stuck launches on a
     /// deadlock.
     fn run(&mut self, mut queues: Vec<VecDeque<L>>, rng: &mut Rng) {
+        // Each launch reads its rank's record at the head of its stream; launches of a rank
+        // run in order, so resolving them in queue order now is resolving them then.
+        for (r, q) in queues.iter_mut().enumerate() {
+            for l in q.iter_mut() {
+                let before = self.base[r].clone();
+                if self.relative {
+                    let rel = meeting_of(&l.plan.sync);
+                    let (m, ll) = resolve(&rel, l.plan.ll.is_some(), &mut self.base[r]);
+                    l.plan.sync = with_meeting(l.plan.sync, &m);
+                    l.plan.ll = ll;
+                }
+                for (q, k) in l.recvs.iter_mut() {
+                    *k += before.received[*q];
+                    self.nonempty.push((*q, r, *k));
+                }
+                for (q, k) in l.sends.iter_mut() {
+                    *k += before.sent[*q];
+                }
+            }
+        }
         for q in &queues {
             for l in q {
                 if l.plan.sync.seq != 0 && l.plan.ll.is_none() {
@@ -306,123 +358,219 @@ impl Rng {
     }
 }
 
-/// Random groups of collectives (the same on every rank) and sends/receives (random pairs,
-/// self included, some empty), planned by every rank with the engine's own functions
-/// (`call::collective_units`, `call::p2p_units`, `plan_launches`), then run through the
-/// meeting's model: no deadlock, and every promise the counters make holds.
+/// Every rank's launches of `groups` random groups of collectives (the same on every rank)
+/// and sends/receives (random pairs, self included, some empty), planned by every rank with
+/// the engine's own functions (`call::collective_units`, `call::p2p_units`, `plan_launches`):
+/// per rank, per group, its launches. `p2p`: whether groups have sends and receives; `ll_on`:
+/// whether small all-reduces run as LL. Also how many groups merged.
+fn random_groups(
+    p: usize,
+    groups: usize,
+    ll_on: bool,
+    p2p_on: bool,
+    rng: &mut Rng,
+) -> (Vec<Vec<Vec<L>>>, usize) {
+    use device::DeviceColl;
+    let mut merged = 0;
+    let mut counters = vec![Counters::default(); p];
+    let mut out: Vec<Vec<Vec<L>>> = (0..p).map(|_| Vec::new()).collect();
+    let bufs: Vec<Bufs> =
+        (0..p).map(|q| Bufs { send: (q as u64 + 1) << 40, recv: (q as u64 + 9) << 40 }).collect();
+    for _group in 0..groups {
+        // Collectives every rank makes alike.
+        let kinds = [
+            DeviceColl::AllReduce,
+            DeviceColl::AllGather,
+            DeviceColl::AllToAll,
+            DeviceColl::Broadcast(p - 1),
+            DeviceColl::ReduceScatter,
+        ];
+        let colls: Vec<DevCall> = (0..rng.next(4))
+            .map(|_| {
+                let k = kinds[rng.next(kinds.len() as u64) as usize];
+                let count = [1usize, 4, 1000, 5 << 20][rng.next(4) as usize];
+                let op = [ReduceOp::Sum, ReduceOp::Max][rng.next(2) as usize];
+                DevCall::coll(k, DataType::F32, op, count, 0, 0)
+            })
+            .collect();
+        // Messages: per (sender, receiver), how many (their byte counts, some zero).
+        let mut msgs: Vec<(usize, usize, usize)> = Vec::new();
+        for _ in 0..if p2p_on { rng.next(4 * p as u64 + 12) } else { 0 } {
+            let (a, b) = (rng.next(p as u64) as usize, rng.next(p as u64) as usize);
+            msgs.push((a, b, [0usize, 8, 1 << 20][rng.next(3) as usize]));
+        }
+        for r in 0..p {
+            let coll_tasks: Vec<(DevCall, Vec<Task>)> = colls
+                .iter()
+                .map(|c| (*c, device::tasks(c.collective().unwrap(), c.count, 4, r, &bufs)))
+                .collect();
+            let units = call::collective_units(&coll_tasks, p);
+            let mut sent = [0u64; MAX_RANKS];
+            let mut recv = [0u64; MAX_RANKS];
+            let mut tasks = Vec::new();
+            let mut sends = Vec::new();
+            for &(a, b, bytes) in &msgs {
+                // Message numbers relative to the group's start (see `Emu::run`).
+                if a == r {
+                    sent[b] += 1;
+                    sends.push((b, sent[b]));
+                }
+                if b == r {
+                    recv[a] += 1;
+                    if bytes > 0 {
+                        tasks.push(Task::copy(((a as u64) << 32) | recv[a], vec![1], bytes));
+                    }
+                }
+            }
+            let any = sent.iter().chain(&recv).any(|&n| n > 0);
+            let p2p = call::p2p_units(tasks, any);
+            // Caps: by kernel for collective launches (the occupancy, alike everywhere).
+            let caps: Vec<u32> = units
+                .iter()
+                .map(|u| 1 + (u.kernel().1 == Kop::Op(ReduceOp::Max)) as u32 * 2)
+                .chain(p2p.iter().map(|_| 1 + rng.next(3) as u32))
+                .collect();
+            let ll = |u: &call::Unit| {
+                ll_on
+                    && matches!(u.calls.as_slice(), [c] if c.what == What::Coll(DeviceColl::AllReduce) && c.bytes() <= LL_MAX_BYTES)
+            };
+            // Whether sends and receives ride in the last collective launch: decided
+            // alike from every rank's receive count (as the host meeting gives them).
+            let recv_tasks: Vec<usize> =
+                (0..p).map(|q| msgs.iter().filter(|m| m.1 == q && m.2 > 0).count()).collect();
+            let merge = !p2p.is_empty() && merges(&units, &recv_tasks, p, ll);
+            merged += (merge && r == 0) as usize;
+            let plans =
+                plan_launches(&mut counters[r], r, p, &units, &p2p, (&sent, &recv), &caps, ll, 0, merge);
+            let n_coll = units.len();
+            let n = plans.len();
+            assert_eq!(n, n_coll + p2p.len() - merge as usize);
+            let copies = |u: &call::Unit| -> Vec<(usize, u64)> {
+                u.tasks
+                    .iter()
+                    .filter(|t| t.copy)
+                    .map(|t| ((t.srcs[0] >> 32) as usize, t.srcs[0] & 0xffff_ffff))
+                    .collect()
+            };
+            let mut group = Vec::new();
+            for (i, plan) in plans.into_iter().enumerate() {
+                // Each receive's copy is in the launch that holds its task.
+                let mine: Vec<(usize, u64)> = match (i + 1).cmp(&n_coll) {
+                    std::cmp::Ordering::Less => Vec::new(),
+                    std::cmp::Ordering::Equal if merge => copies(&p2p[0]),
+                    std::cmp::Ordering::Equal => Vec::new(),
+                    std::cmp::Ordering::Greater => copies(&p2p[i - n_coll + merge as usize]),
+                };
+                // The group's sends are done with once its last launch ends.
+                let sends = if i + 1 == n { std::mem::take(&mut sends) } else { Vec::new() };
+                group.push(L { plan, recvs: mine, sends });
+            }
+            out[r].push(group);
+        }
+    }
+    (out, merged)
+}
+
+/// Random groups run through the meeting's model: no deadlock, and every promise the
+/// counters make holds.
 #[test]
 fn planned_launches_meet_without_deadlock_and_keep_their_promises() {
-    use device::DeviceColl;
     let mut rng = Rng(7);
     let mut merged_total = 0;
-    for trial in 0..300 {
-        let mut merged = 0;
+    for _trial in 0..300 {
         let p = 2 + rng.next(7) as usize;
         let ll_on = rng.next(2) == 0;
-        let mut counters = vec![Counters::default(); p];
-        let mut queues: Vec<VecDeque<L>> = (0..p).map(|_| VecDeque::new()).collect();
-        let bufs: Vec<Bufs> =
-            (0..p).map(|q| Bufs { send: (q as u64 + 1) << 40, recv: (q as u64 + 9) << 40 }).collect();
-        let mut nonempty = Vec::new();
-        for _group in 0..8 {
-            // Collectives every rank makes alike.
-            let kinds = [
-                DeviceColl::AllReduce,
-                DeviceColl::AllGather,
-                DeviceColl::AllToAll,
-                DeviceColl::Broadcast(p - 1),
-                DeviceColl::ReduceScatter,
-            ];
-            let colls: Vec<DevCall> = (0..rng.next(4))
-                .map(|_| {
-                    let k = kinds[rng.next(kinds.len() as u64) as usize];
-                    let count = [1usize, 4, 1000, 5 << 20][rng.next(4) as usize];
-                    let op = [ReduceOp::Sum, ReduceOp::Max][rng.next(2) as usize];
-                    DevCall::coll(k, DataType::F32, op, count, 0, 0)
-                })
-                .collect();
-            // Messages: per (sender, receiver), how many (their byte counts, some zero).
-            let mut msgs: Vec<(usize, usize, usize)> = Vec::new();
-            for _ in 0..rng.next(4 * p as u64 + 12) {
-                let (a, b) = (rng.next(p as u64) as usize, rng.next(p as u64) as usize);
-                msgs.push((a, b, [0usize, 8, 1 << 20][rng.next(3) as usize]));
+        let (groups, merged) = random_groups(p, 8, ll_on, true, &mut rng);
+        merged_total += merged;
+        let queues: Vec<VecDeque<L>> =
+            groups.into_iter().map(|g| g.into_iter().flatten().collect()).collect();
+        let total: usize = queues.iter().map(|q| q.len()).sum();
+        assert!(total > 0);
+        Emu::new(p).run(queues, &mut rng);
+    }
+    assert!(merged_total > 0, "no group merged in any trial");
+}
+
+/// Every rank's stream: the groups before `from` once (eager calls), the groups from `from`
+/// to `to` (a CUDA graph's capture) replayed `replays` times, then the rest once.
+fn replayed(groups: Vec<Vec<Vec<L>>>, from: usize, to: usize, replays: usize) -> Vec<VecDeque<L>> {
+    groups
+        .into_iter()
+        .map(|g| {
+            let mut q: VecDeque<L> = g[..from].iter().flatten().cloned().collect();
+            for _ in 0..replays {
+                q.extend(g[from..to].iter().flatten().cloned());
             }
-            for r in 0..p {
-                let coll_tasks: Vec<(DevCall, Vec<Task>)> = colls
-                    .iter()
-                    .map(|c| (*c, device::tasks(c.collective().unwrap(), c.count, 4, r, &bufs)))
-                    .collect();
-                let units = call::collective_units(&coll_tasks, p);
-                let mut sent = [0u64; MAX_RANKS];
-                let mut recv = [0u64; MAX_RANKS];
-                let mut tasks = Vec::new();
-                let mut sends = Vec::new();
-                for &(a, b, bytes) in &msgs {
-                    if a == r {
-                        sent[b] += 1;
-                        sends.push((b, counters[r].sent[b] + sent[b]));
-                    }
-                    if b == r {
-                        recv[a] += 1;
-                        let k = counters[r].received[a] + recv[a];
-                        if bytes > 0 {
-                            tasks.push(Task::copy(((a as u64) << 32) | k, vec![1], bytes));
-                            nonempty.push((a, r, k));
-                        }
-                    }
-                }
-                let any = sent.iter().chain(&recv).any(|&n| n > 0);
-                let p2p = call::p2p_units(tasks, any);
-                // Caps: by kernel for collective launches (the occupancy, alike everywhere).
-                let caps: Vec<u32> = units
-                    .iter()
-                    .map(|u| 1 + (u.kernel().1 == Kop::Op(ReduceOp::Max)) as u32 * 2)
-                    .chain(p2p.iter().map(|_| 1 + rng.next(3) as u32))
-                    .collect();
-                let ll = |u: &call::Unit| {
-                    ll_on
-                        && matches!(u.calls.as_slice(), [c] if c.what == What::Coll(DeviceColl::AllReduce) && c.bytes() <= LL_MAX_BYTES)
-                };
-                // Whether sends and receives ride in the last collective launch: decided
-                // alike from every rank's receive count (as the host meeting gives them).
-                let recv_tasks: Vec<usize> =
-                    (0..p).map(|q| msgs.iter().filter(|m| m.1 == q && m.2 > 0).count()).collect();
-                let merge = !p2p.is_empty() && merges(&units, &recv_tasks, p, ll);
-                merged += merge as usize;
-                let plans =
-                    plan_launches(&mut counters[r], r, p, &units, &p2p, (&sent, &recv), &caps, ll, 0, merge);
-                let n_coll = units.len();
-                let n = plans.len();
-                assert_eq!(n, n_coll + p2p.len() - merge as usize);
-                let copies = |u: &call::Unit| -> Vec<(usize, u64)> {
-                    u.tasks
-                        .iter()
-                        .filter(|t| t.copy)
-                        .map(|t| ((t.srcs[0] >> 32) as usize, t.srcs[0] & 0xffff_ffff))
-                        .collect()
-                };
-                for (i, plan) in plans.into_iter().enumerate() {
-                    // Each receive's copy is in the launch that holds its task.
-                    let mine: Vec<(usize, u64)> = match (i + 1).cmp(&n_coll) {
-                        std::cmp::Ordering::Less => Vec::new(),
-                        std::cmp::Ordering::Equal if merge => copies(&p2p[0]),
-                        std::cmp::Ordering::Equal => Vec::new(),
-                        std::cmp::Ordering::Greater => copies(&p2p[i - n_coll + merge as usize]),
-                    };
-                    // The group's sends are done with once its last launch ends.
-                    let sends = if i + 1 == n { std::mem::take(&mut sends) } else { Vec::new() };
-                    queues[r].push_back(L { plan, recvs: mine, sends });
-                }
+            q.extend(g[to..].iter().flatten().cloned());
+            q
+        })
+        .collect()
+}
+
+/// Graph replay (issue 28's CPU side): random groups, a random run of them captured and
+/// replayed a random number of times between eager groups, every launch resolved against its
+/// rank's device record as the kernels do: no deadlock, no promise broken, no stale LL line.
+#[test]
+fn replayed_launches_meet_with_fresh_numbers() {
+    let mut rng = Rng(28);
+    let mut replays_total = 0;
+    for _trial in 0..200 {
+        let p = 2 + rng.next(7) as usize;
+        let n = 2 + rng.next(6) as usize;
+        let (groups, _) = random_groups(p, n, rng.next(3) != 0, rng.next(4) != 0, &mut rng);
+        let from = rng.next(n as u64) as usize;
+        let to = from + 1 + rng.next((n - from) as u64) as usize;
+        let replays = 1 + rng.next(5) as usize;
+        replays_total += replays;
+        Emu::new(p).run(replayed(groups, from, to, replays), &mut rng);
+    }
+    assert!(replays_total > 200);
+}
+
+/// The model fails launches replayed with the numbers they were captured with (no record):
+/// the check above can fail.
+#[test]
+fn replaying_captured_numbers_is_caught_by_the_model() {
+    for (seed, ll_on) in [(3, true), (4, false)] {
+        let mut rng = Rng(seed);
+        let (mut groups, _) = random_groups(3, 2, ll_on, false, &mut rng);
+        // The numbers of the capture, absolute: what kernels without a record would replay.
+        for rank in groups.iter_mut() {
+            let mut c = Counters::default();
+            for l in rank.iter_mut().flatten() {
+                let (m, ll) = resolve(&meeting_of(&l.plan.sync), l.plan.ll.is_some(), &mut c);
+                l.plan.sync = with_meeting(l.plan.sync, &m);
+                l.plan.ll = ll;
             }
         }
-        let mut emu = Emu::new(p);
-        emu.nonempty = nonempty;
-        assert!(trial < 299 || merged_total + merged > 0, "no group merged in any trial");
-        merged_total += merged;
-        let total: usize = queues.iter().map(|q| q.len()).sum();
-        emu.run(queues, &mut rng);
-        assert!(total > 0 || trial > 0);
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut emu = Emu::new(3);
+            emu.relative = false;
+            emu.run(replayed(groups, 0, 2, 3), &mut rng);
+        }));
+        assert!(caught.is_err(), "replaying absolute numbers went unnoticed (LL {ll_on})");
     }
+    // LL alone: a replayed flag would let a reader take the line of an earlier launch.
+    let p = 3;
+    let lone: Vec<Vec<Vec<L>>> = (0..p)
+        .map(|r| {
+            let mut c = Counters::default();
+            (1..=2u32)
+                .map(|n| {
+                    assert_eq!(next_ll_seq(&mut c), n, "rank {r}");
+                    let plan = Planned::ll_launch(n);
+                    vec![L { plan, recvs: Vec::new(), sends: Vec::new() }]
+                })
+                .collect()
+        })
+        .collect();
+    let mut emu = Emu::new(p);
+    emu.relative = false;
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        emu.run(replayed(lone, 0, 2, 2), &mut Rng(5))
+    }));
+    let why = caught.err().and_then(|e| e.downcast_ref::<String>().cloned()).unwrap_or_default();
+    assert!(why.contains("a stale line"), "an LL flag replayed went unnoticed: {why:?}");
 }
 
 #[test]
