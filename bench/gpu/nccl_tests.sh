@@ -13,7 +13,7 @@
 # Settings: GPUS (default: every GPU nvidia-smi lists) ranks as threads of one process
 # (-t GPUS -g 1: one GPU each; nccl-tests refuses more ranks than GPUs, so on one GPU both
 # libraries run one rank: a dry run of the API, busbw 0); BENCHES; MAXBYTES (8G); ITERS (20);
-# RUN_TIMEOUT (300 s per run).
+# RUN_TIMEOUT (300 s per run); EXTRA (more flags for every run, e.g. "-G 10": CUDA graphs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 mirror=/work/.mirror/NVIDIA+nccl-tests/repo
@@ -59,7 +59,7 @@ device)
   status=0
   for b in $benches; do
     bin="$build/${b}_perf"
-    args="-b 8 -e ${MAXBYTES:-8G} -f 2 -g 1 -t $gpus -c 1 -n ${ITERS:-20} -w 5"
+    args="-b 8 -e ${MAXBYTES:-8G} -f 2 -g 1 -t $gpus -c 1 -n ${ITERS:-20} -w 5 ${EXTRA:-}"
     LD_LIBRARY_PATH="$nccl_home/lib:${LD_LIBRARY_PATH:-}" timeout "${RUN_TIMEOUT:-300}" "$bin" $args > "$out/$b-nvidia.txt" 2>&1 || status=1
     LD_PRELOAD="$ours" timeout "${RUN_TIMEOUT:-300}" "$bin" $args > "$out/$b-oxccl.txt" 2>&1 || status=1
     python3 - "$out/$b-nvidia.txt" "$out/$b-oxccl.txt" "$b" <<'EOF' | tee -a "$out/summary.txt"

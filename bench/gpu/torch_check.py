@@ -1,6 +1,6 @@
 """PyTorch, unchanged, over whichever libnccl.so.2 the loader gives it.
 
-    python3 bench/gpu/torch_check.py [WORLD] [--timing]
+    python3 bench/gpu/torch_check.py [WORLD] [--timing | --graph | --two-hosts]
 
 Starts WORLD processes (default 4) on GPU 0 with backend "nccl" and checks every collective
 PyTorch offers against exact references: values are small integers, so every reduction order
@@ -57,6 +57,9 @@ def worker(rank, world, port, failures, timing_only):
     if timing_only:
         timing(rank, world, dev, check)
         finish(rank, bad, failures)
+        return
+    if GRAPH:
+        graph(rank, world, dev, check, bad, failures)
         return
 
     # Chained on the stream, no host sync between: each all-reduce reads what the kernel
@@ -204,7 +207,66 @@ def timing(rank, world, dev, check):
                   f"ops complete in {(t2 - t0) / iters * 1e6:.1f} us each (incl. one div kernel)", flush=True)
 
 
+def graph(rank, world, dev, check, bad, failures):
+    """torch.cuda.graph capturing a chain of kernels, all_reduce and all_gather_into_tensor,
+    replayed REPLAYS times, then checked exactly. With OXCCL_CUDA_IPC=0 (calls staged through
+    host memory) the capture must be refused with oxccl's message instead."""
+    n = 4099
+    x = torch.zeros(n, device=dev)
+    y = torch.empty(world * n, device=dev)
+    acc = torch.zeros(n, device=dev)
+    # Warm-up on a side stream, as torch.cuda.graph asks: eager calls first.
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            dist.all_reduce(x)
+            dist.all_gather_into_tensor(y, x)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    x.zero_()
+    acc.zero_()
+    g = torch.cuda.CUDAGraph()
+    staged = os.environ.get("OXCCL_CUDA_IPC") == "0"
+    try:
+        with torch.cuda.graph(g):
+            x.add_(1)  # every rank: c + 1 at replay c
+            dist.all_reduce(x)  # world * (c + 1)
+            x.div_(world)  # c + 1
+            dist.all_gather_into_tensor(y, x + rank)  # block r: c + 1 + r
+            acc.add_(y.view(world, n).sum(0))  # + world * (c + 1) + world * (world - 1) / 2
+    except Exception as e:  # noqa: BLE001 - the refusal is what is checked
+        msg = str(e).replace("\n", " ")
+        refused = "captured into a CUDA graph" in msg
+        print(f"rank {rank}: capture refused{' with oxccl message' if refused else ''}: {msg[:400]}", flush=True)
+        if not (staged and refused):
+            failures.put(rank)
+        os._exit(0)
+    if staged:
+        print(f"rank {rank}: FAIL capture on the staged path was not refused", flush=True)
+        failures.put(rank)
+    torch.cuda.synchronize()
+    for _ in range(REPLAYS):
+        g.replay()
+    torch.cuda.synchronize()
+    r = REPLAYS
+    check(f"graph x after {r} replays", x, torch.full((n,), float(r), device=dev))
+    want_y = torch.cat([torch.full((n,), float(r + q), device=dev) for q in range(world)])
+    check(f"graph all_gather after {r} replays", y, want_y)
+    want_acc = world * r * (r + 1) / 2 + r * world * (world - 1) / 2
+    check(f"graph chain sum after {r} replays", acc, torch.full((n,), float(want_acc), device=dev))
+    # Eager calls after the replays still meet (the device counters ran on).
+    z = torch.ones(n, device=dev)
+    dist.all_reduce(z)
+    check("eager all_reduce after replays", z, torch.full((n,), float(world), device=dev))
+    if rank == 0:
+        print(f"graph: {r} replays of kernel, all_reduce, kernel, all_gather_into_tensor, kernel", flush=True)
+    finish(rank, bad, failures)
+
+
+REPLAYS = 100
 TIMING = "--timing" in sys.argv
+GRAPH = "--graph" in sys.argv
 TWO_HOSTS = "--two-hosts" in sys.argv
 
 

@@ -128,6 +128,12 @@ pub struct Opts {
     pub plot_inputs: Vec<String>,
     /// Buffers in CUDA device memory (`--mem device`).
     pub device: bool,
+    /// CUDA graph launches per iteration (`-G`; 0: none): the timed iterations are captured
+    /// into one graph, launched this many times; each check's call into another.
+    pub graph: usize,
+    /// The capture mode (`--graph_mode`): 0 global, 1 thread-local, 2 relaxed; `None`: as
+    /// nccl-tests (thread-local with several threads, else global).
+    pub graph_mode: Option<u8>,
 }
 
 pub use crate::sizes::parse_size;
@@ -170,8 +176,12 @@ pub const USAGE: &str =
   -u,--unalign <elements>     misalign buffers by this many elements (0)
   --plot <file.svg> [json...] plot busbw and time against size (this run and/or JSON files);
                               alone: oxccl-perf --plot <file.svg> [--title <text>] <json...>
-  -p -y -G -x -D -V           nccl-tests' parallel init, stream, CUDA graph and device-API
-                              options: accepted with their value, not used yet
+  -G,--cudagraph <n>          with --mem device: capture the timed iterations into a CUDA
+                              graph and launch it n times; each check's call is captured too (0)
+  --graph_mode <mode>         capture mode: global, thread or relaxed (thread-local with
+                              several threads, else global, as nccl-tests)
+  -p -y -x -D -V              nccl-tests' parallel init, stream and device-API options:
+                              accepted with their value, not used yet
   -h,--help";
 
 /// Why the command line gives nothing to run.
@@ -241,6 +251,8 @@ pub fn parse(args: &[String], bench: Option<Bench>) -> Result<Opts, ArgsError> {
         plot: None,
         plot_inputs: Vec::new(),
         device: false,
+        graph: 0,
+        graph_mode: None,
     };
     let mut have_bench = bench.is_some();
     let mut i = 0;
@@ -316,10 +328,22 @@ pub fn parse(args: &[String], bench: Option<Bench>) -> Result<Opts, ArgsError> {
                 o.root = if v == "all" { None } else { Some(num("-r", &v)?) };
             }
             "z" | "blocking" => o.blocking = num("-z", &value()?)?,
+            "G" | "cudagraph" => o.graph = num("-G", &value()?)?,
+            "graph_mode" => {
+                o.graph_mode = Some(match value()?.as_str() {
+                    "global" => 0,
+                    "thread" => 1,
+                    "relaxed" => 2,
+                    v => {
+                        return Err(format!(
+                            "invalid value {v:?} for --graph_mode (global, thread or relaxed)"
+                        )
+                        .into())
+                    }
+                })
+            }
             "y"
             | "stream_null"
-            | "G"
-            | "cudagraph"
             | "x"
             | "cta_policy"
             | "D"
@@ -378,6 +402,9 @@ pub fn parse(args: &[String], bench: Option<Bench>) -> Result<Opts, ArgsError> {
     if o.per_iter_skip >= o.iters {
         o.per_iter_skip = 0;
     }
+    if o.graph > 0 && !o.device {
+        return Err("-G captures CUDA graphs, which needs device buffers: add --mem device".into());
+    }
     Ok(o)
 }
 
@@ -431,6 +458,13 @@ mod tests {
         let o = p("all_reduce_perf -t 4 --mem device").unwrap();
         assert_eq!((o.nthreads, o.device), (4, true));
         assert!(!p("all_reduce_perf --mem=host").unwrap().device);
+        // -G: graph launches, on device buffers only; --graph_mode names the capture mode.
+        let o = p("all_reduce_perf --mem device -G 10 --graph_mode relaxed").unwrap();
+        assert_eq!((o.graph, o.graph_mode), (10, Some(2)));
+        assert_eq!(p("all_reduce_perf --mem device -G 0").unwrap().graph, 0);
+        let e = p("all_reduce_perf -G 3").unwrap_err();
+        assert!(format!("{e:?}").contains("--mem device"), "{e:?}");
+        assert!(p("all_reduce_perf --mem device -G 1 --graph_mode sometimes").is_err());
     }
 
     #[test]

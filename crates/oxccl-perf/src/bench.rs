@@ -8,6 +8,7 @@
 use crate::args::{Bench, Opts};
 use crate::colls::{self, Call, Counts};
 use crate::report::{self, float_str, g6, Device, Results, Row, RunConfig, Time, Timing};
+use crate::stamp::{cpu_time, g6_plain, timestamp};
 use oxccl::{Communicator, DataType, ReduceOp};
 use oxccl_core::json::finite;
 use std::time::Instant;
@@ -378,6 +379,36 @@ impl<'c> Runner<'c> {
         colls::run(self.comm, call, &b.send[off..], &mut recvs)
     }
 
+    /// With `-G`: `n` calls of `call` captured into a graph on the device stream (the capture
+    /// ended whatever happens), instantiated.
+    fn capture(
+        &self,
+        call: &Call,
+        b: &mut Buffers,
+        n: usize,
+    ) -> oxccl::Result<oxccl::cuda::graph::GraphExec> {
+        use oxccl::cuda::graph::CaptureMode;
+        let d = self.dev.as_ref().ok_or_else(|| dev_err("-G needs --mem device"))?;
+        let mode = match self.o.graph_mode {
+            Some(0) => CaptureMode::Global,
+            Some(2) => CaptureMode::Relaxed,
+            Some(_) => CaptureMode::ThreadLocal,
+            None if self.o.nthreads > 1 => CaptureMode::ThreadLocal,
+            None => CaptureMode::Global,
+        };
+        d.stream.begin_capture(mode).map_err(dev_err)?;
+        let mut made = Ok(());
+        for _ in 0..n {
+            made = self.call_once(call, b);
+            if made.is_err() {
+                break;
+            }
+        }
+        let graph = d.stream.end_capture().map_err(dev_err);
+        made?;
+        graph?.instantiate().map_err(dev_err)
+    }
+
     /// Waits for the device calls enqueued so far (nothing on host memory).
     fn sync(&self) -> oxccl::Result<()> {
         match &self.dev {
@@ -416,11 +447,24 @@ impl<'c> Runner<'c> {
         self.call_once(call, b)?;
         self.sync()?;
         barrier(self.comm)?;
+        // With -G: the timed iterations captured into one graph, launched o.graph times.
+        let graph = if o.graph > 0 {
+            let g = self.capture(call, b, o.iters)?;
+            barrier(self.comm)?;
+            Some(g)
+        } else {
+            None
+        };
         let cpu0 = cpu_time();
         let start = Instant::now();
-        let mut per_iter = Vec::with_capacity(if o.per_iter { o.iters } else { 0 });
+        let mut per_iter = Vec::with_capacity(if o.per_iter && graph.is_none() { o.iters } else { 0 });
         let mut excluded = 0.0f64;
-        for _ in 0..o.iters {
+        if let (Some(g), Some(d)) = (&graph, &self.dev) {
+            for _ in 0..o.graph {
+                g.launch(&d.stream).map_err(dev_err)?;
+            }
+        }
+        for _ in 0..if graph.is_some() { 0 } else { o.iters } {
             let t0 = Instant::now();
             self.call_once(call, b)?;
             if o.per_iter || o.blocking != 0 {
@@ -440,12 +484,12 @@ impl<'c> Runner<'c> {
             }
         }
         self.sync()?;
-        let ops = (o.iters * o.agg) as f64;
+        let ops = (o.iters * o.agg * o.graph.max(1)) as f64;
         let mut sec = [(start.elapsed().as_secs_f64() - excluded) / ops];
         let cpu_sec = (cpu_time() - cpu0) / ops;
         combine(self.comm, &mut sec, o.average)?;
         let (alg, bus) = colls::bandwidth(call.bench, call.counts.param, call.dtype, sec[0], p);
-        let per_iter_stats = if o.per_iter {
+        let per_iter_stats = if o.per_iter && !per_iter.is_empty() {
             let mut v = per_iter.clone();
             self.comm.all_reduce_in_place(&mut v, ReduceOp::Max)?;
             let v: Vec<f64> = v[o.per_iter_skip..].iter().map(|t| t / o.agg as f64).collect();
@@ -467,6 +511,10 @@ impl<'c> Runner<'c> {
         barrier(self.comm)?;
         let report = !call.in_place || call.bench.checks_in_place();
         let mut wrong = 0u64;
+        // With -G each check's call is captured too, and replayed: o.graph times out of place
+        // (the same result each time), once in place (its input is its output).
+        let check_graph = if o.graph > 0 && o.check > 0 { Some(self.capture(call, b, 1)?) } else { None };
+        let replays = if call.in_place { 1 } else { o.graph.max(1) };
         for rep in 0..o.check {
             let seed = 1000 + rep as u64;
             {
@@ -474,7 +522,14 @@ impl<'c> Runner<'c> {
                 colls::init(self.comm, call, seed, s, r);
             }
             self.upload(b)?;
-            self.call_once(call, b)?;
+            match (&check_graph, &self.dev) {
+                (Some(g), Some(d)) => {
+                    for _ in 0..replays {
+                        g.launch(&d.stream).map_err(dev_err)?;
+                    }
+                }
+                _ => self.call_once(call, b)?,
+            }
             self.sync()?;
             self.download(b)?;
             if let Some((at, want)) = colls::expected(self.comm, call, seed) {
@@ -716,60 +771,12 @@ impl<'c> Runner<'c> {
     }
 }
 
-/// `%g` as nccl-tests prints the average bandwidth (6 significant digits, no padding).
-fn g6_plain(v: f64) -> String {
-    if v == 0.0 {
-        return "0".into();
-    }
-    let digits = 6 - 1 - v.abs().log10().floor() as i32;
-    let s = format!("{:.*}", digits.max(0) as usize, v);
-    if s.contains('.') {
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    } else {
-        s
-    }
-}
-
-fn timestamp() -> String {
-    // UTC, in nccl-tests' "%Y-%m-%d %H:%M:%S" layout.
-    let secs =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-            as i64;
-    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
-    let (y, m, d) = civil(days);
-    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
-}
-
-/// Days since 1970-01-01 to (year, month, day).
-fn civil(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + if m <= 2 { 1 } else { 0 }, m, d)
-}
-
-fn cpu_time() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes into `ts`, a live timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn formats() {
-        assert_eq!(g6_plain(12.3456789), "12.3457");
-        assert_eq!(g6_plain(0.5), "0.5");
-        assert_eq!(civil(0), (1970, 1, 1));
-        assert_eq!(civil(20_423), (2025, 12, 1));
         assert_eq!(mem_str(3 << 20), "3.00 MB");
     }
 }

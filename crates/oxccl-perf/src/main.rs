@@ -17,6 +17,7 @@ mod plot;
 mod report;
 mod sigpipe;
 mod sizes;
+mod stamp;
 
 use args::{Bench, Opts};
 use oxccl::{Communicator, Rank};

@@ -45,13 +45,32 @@ pub fn run_if_device(st: &CommState, comm: &Communicator, calls: &[Call]) -> Opt
         })
         .collect();
     let host = |k: &MemKind| *k == MemKind::Host;
-    if kinds.iter().all(|(s, r, p)| host(s) && host(r) && p.as_ref().is_none_or(host)) {
-        return None;
+    let on_host = kinds.iter().all(|(s, r, p)| host(s) && host(r) && p.as_ref().is_none_or(host));
+    if on_host {
+        // Host buffers are done with when the call returns: a capture would replay nothing.
+        return refuse_capture(calls, "its buffers are host memory, which the call moves before it returns");
     }
     if let Some(r) = super::device::run(st, comm, calls, &kinds) {
         return Some(r);
     }
+    if let Some(r) = refuse_capture(calls, "these calls are staged through host memory by the communicator's proxy (buffers on several devices or streams, managed memory, a PreMulSum scalar in device memory, or ranks the device engines cannot serve)") {
+        return Some(r);
+    }
     Some(run_staged(st, comm, calls, &kinds))
+}
+
+/// ncclInvalidUsage naming why, if a call's stream is being captured into a CUDA graph and
+/// the calls cannot be captured (`why`); `None` otherwise.
+fn refuse_capture(calls: &[Call], why: &str) -> Option<R<()>> {
+    let c =
+        calls.iter().find(|c| c.stream > 1 && oxccl::cuda::graph::capturing(c.stream).unwrap_or(false))?;
+    Some(Err(Fail {
+        code: crate::handle::INVALID_USAGE,
+        msg: format!(
+            "{}: the stream is being captured into a CUDA graph, but {why}: a graph could not replay it (run the call outside the capture)",
+            c.func
+        ),
+    }))
 }
 
 fn ordinal(k: MemKind) -> Option<i32> {

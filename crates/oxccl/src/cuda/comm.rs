@@ -118,7 +118,7 @@ impl<'c> DevComm<'c> {
                     EngineKind::Threads => format!("{p} ranks are threads of this process: thread-group kernels meeting on the GPU (LL all-reduce up to {} B: {}; LL128 up to {} B: {})", super::group::LL_MAX_BYTES, super::group::ll_allowed(), super::group::LL128_MAX_BYTES, super::group::ll128_allowed()),
                     EngineKind::Ipc => format!("{p} ranks are processes of one host: kernels over buffers mapped by CUDA IPC, streams ordered by interprocess events"),
                     EngineKind::Events => format!("{p} ranks are threads of this process on devices {devices:?}: kernels over buffers reached by peer access, streams ordered by events"),
-                    EngineKind::Staged => "staged through host memory (ranks on several hosts, over 8 ranks, mixed threads and processes, threads on several devices without peer access, or OXCCL_CUDA_IPC=0)".to_string(),
+                    EngineKind::Staged => format!("staged through host memory ({STAGED_WHY})"),
                 }
             ),
         );
@@ -187,6 +187,10 @@ impl<'c> DevComm<'c> {
             ))
             .into());
         }
+        // Set-up calls (allocations, mappings) must not fail because some thread captures in
+        // global mode (graph.rs, rule 3).
+        let _relaxed = super::graph::Relaxed::new()?;
+        let capturing = stream > 1 && super::graph::capturing(stream)?;
         match &self.mode {
             Mode::Threads(m) => {
                 m.dev.make_current()?;
@@ -195,6 +199,9 @@ impl<'c> DevComm<'c> {
             }
             Mode::Ipc(e) => {
                 let mut e = e.lock().unwrap_or_else(|e| e.into_inner());
+                if capturing {
+                    return e.run_captured(self.comm, stream, calls);
+                }
                 let left = e.run(self.comm, stream, calls)?;
                 drop(e);
                 if left.is_empty() {
@@ -203,6 +210,13 @@ impl<'c> DevComm<'c> {
                     staged(self.comm, self.ordinal, stream, &left)
                 }
             }
+            Mode::Staged if capturing => Err(CudaError::Invalid(format!(
+                "rank {}: {} on a stream being captured into a CUDA graph: this communicator's device calls are staged through host memory ({}), which a graph cannot replay; run it outside the capture",
+                self.comm.rank(),
+                calls.iter().map(|c| c.describe()).collect::<Vec<_>>().join(", "),
+                STAGED_WHY
+            ))
+            .into()),
             Mode::Staged => staged(self.comm, self.ordinal, stream, calls),
         }
     }
@@ -341,6 +355,9 @@ fn lens(c: &DevCall, p: usize, rank: usize) -> (usize, usize) {
         What::Recv(_) => (0, c.bytes()),
     }
 }
+
+/// When device calls are staged.
+const STAGED_WHY: &str = "ranks on several hosts, over 8 ranks, mixed threads and processes, threads on several devices without peer access, or OXCCL_CUDA_IPC=0";
 
 /// Runs `calls` through host memory: the stream is synchronised, inputs (and outputs, so an
 /// in-place layout keeps what the call does not write) copied to the host, the host group

@@ -97,6 +97,14 @@ driver_table! {
     ipc_open_mem_handle: fn(*mut CuDevicePtr, IpcHandle, c_uint) = [c"cuIpcOpenMemHandle_v2", c"cuIpcOpenMemHandle"];
     ipc_get_event_handle: fn(*mut IpcHandle, Handle) = [c"cuIpcGetEventHandle"];
     ipc_open_event_handle: fn(*mut Handle, IpcHandle) = [c"cuIpcOpenEventHandle"];
+    stream_is_capturing: fn(Handle, *mut c_int) = [c"cuStreamIsCapturing"];
+    thread_exchange_capture_mode: fn(*mut c_int) = [c"cuThreadExchangeStreamCaptureMode"];
+    stream_begin_capture: fn(Handle, c_int) = [c"cuStreamBeginCapture_v2"];
+    stream_end_capture: fn(Handle, *mut Handle) = [c"cuStreamEndCapture"];
+    graph_instantiate: fn(*mut Handle, Handle, u64) = [c"cuGraphInstantiateWithFlags"];
+    graph_launch: fn(Handle, Handle) = [c"cuGraphLaunch"];
+    graph_exec_destroy: fn(Handle) = [c"cuGraphExecDestroy"];
+    graph_destroy: fn(Handle) = [c"cuGraphDestroy"];
 }
 
 /// `CU_POINTER_ATTRIBUTE_*` and `CU_MEMORYTYPE_*` values from cuda.h.

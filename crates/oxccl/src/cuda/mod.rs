@@ -19,6 +19,7 @@
 pub mod call;
 pub mod comm;
 pub mod driver;
+pub mod graph;
 pub mod group;
 pub mod ipc;
 pub mod kernels;

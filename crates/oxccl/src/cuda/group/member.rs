@@ -94,13 +94,18 @@ impl Member {
 
     /// Enqueues `calls` (a group: collectives every rank makes alike, in the same order, and
     /// sends and receives matched per pair in order) on `s`, and returns.
+    /// On a stream being captured into a CUDA graph, the launches are captured: they meet
+    /// through the ranks' device records (kernels.cu's `base`), so every replay meets afresh,
+    /// and nothing else is enqueued (no event is recorded or waited for: a replay is ordered
+    /// by the stream the graph is launched on).
     pub fn run(&self, s: &Stream, calls: &[DevCall]) -> Result<(), CudaError> {
+        let capturing = !legacy(s.h as usize) && crate::cuda::graph::capturing(s.h as usize)?;
         if let [c] = calls {
-            if self.lone_ll(c) && self.run_lone_ll(s, c)? {
+            if self.lone_ll(c) && self.run_lone_ll(s, c, capturing)? {
                 return Ok(());
             }
         }
-        self.run_met(s, calls)
+        self.run_met(s, calls, capturing)
     }
 
     /// Whether `c`, alone in its group, runs as LL or LL128 without the host meeting.
@@ -147,7 +152,7 @@ impl Member {
     /// calls differ, or one refused) is found by either of them from what each announced
     /// (each announces its call, then reads the others': one of the two sees the other) and
     /// the group is then broken, its waiting kernels told to give up.
-    pub(super) fn run_lone_ll(&self, s: &Stream, c: &DevCall) -> Result<bool, CudaError> {
+    pub(super) fn run_lone_ll(&self, s: &Stream, c: &DevCall, capturing: bool) -> Result<bool, CudaError> {
         let (p, rank, sh) = (self.shared.p, self.rank, s.h as usize);
         let ann = &self.shared.announced;
         if p > 1 && legacy(sh) || (0..p).any(|q| q != rank && ann[q].stream.load(Ordering::Relaxed) == sh) {
@@ -172,11 +177,8 @@ impl Member {
         self.shared.wait_issued(rank, g - 1)?;
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         self.dev.make_current()?;
-        if st.last.is_some_and(|h| h != sh) {
-            // A rank's launches must not overlap: the new stream waits for the last launch.
-            if let Some(ev) = &st.done {
-                s.wait(ev)?;
-            }
+        if !capturing {
+            st.follow(s)?;
         }
         let seq = next_ll_seq(&mut st.counters);
         let sync = Sync {
@@ -185,6 +187,7 @@ impl Member {
             p: p as i32,
             fail: bar.ptr + 192,
             host: self.shared.fail_dev,
+            base: bar.ptr + (BASE_AT + BASE_BYTES * rank) as u64,
             ..Sync::default()
         };
         let div = if c.op == Kop::Op(ReduceOp::Avg) { p as u32 } else { 0 };
@@ -194,13 +197,9 @@ impl Member {
             self.shared.fail_group(rank, format!("rank {rank} could not launch its part of a call: {e}"));
             return Err(e);
         }
-        if st.done.is_none() {
-            st.done = Some(Event::sync_only(&self.dev)?);
+        if !capturing {
+            st.launched(&self.dev, s)?;
         }
-        if let Some(ev) = &st.done {
-            ev.record(s)?;
-        }
-        st.last = Some(sh);
         Ok(true)
     }
 
@@ -209,7 +208,7 @@ impl Member {
     }
 
     /// A group through the host meeting (collectives) and the mailboxes (sends, receives).
-    pub(super) fn run_met(&self, s: &Stream, calls: &[DevCall]) -> Result<(), CudaError> {
+    pub(super) fn run_met(&self, s: &Stream, calls: &[DevCall], capturing: bool) -> Result<(), CudaError> {
         let p = self.shared.p;
         let rank = self.rank;
         let sh = s.h as usize;
@@ -326,11 +325,8 @@ impl Member {
         let (n_coll, n_p2p) = (units.len(), p2p.len());
         let merge = !p2p.is_empty() && merges(&units, &all_recv_tasks, p, |u| self.ll_call(u).is_some());
         self.dev.make_current()?;
-        if st.last.is_some_and(|h| h != s.h as usize) {
-            // A rank's launches must not overlap: the new stream waits for the last launch.
-            if let Some(ev) = &st.done {
-                s.wait(ev)?;
-            }
+        if !capturing {
+            st.follow(s)?;
         }
         let sms = self.dev.sms.max(1) as u32;
         let mut caps = Vec::with_capacity(n_coll + n_p2p);
@@ -369,6 +365,7 @@ impl Member {
             let bar = self.shared.bar.as_ref().map_or(0, |b| b.ptr);
             sync.fail = bar + 192;
             sync.host = self.shared.fail_dev;
+            sync.base = bar + (BASE_AT + BASE_BYTES * rank) as u64;
             if plan.meets() {
                 sync.arr = bar;
                 sync.dep = bar + 128;
@@ -392,16 +389,8 @@ impl Member {
                 return Err(e);
             }
         }
-        if n_coll + n_p2p > 0 {
-            if st.done.is_none() {
-                st.done = Some(Event::sync_only(&self.dev)?);
-            }
-            if let Some(ev) = &st.done {
-                // Recorded now (not at a switch) so that a stream the caller destroys after
-                // the call is never touched again.
-                ev.record(s)?;
-            }
-            st.last = Some(s.h as usize);
+        if n_coll + n_p2p > 0 && !capturing {
+            st.launched(&self.dev, s)?;
         }
         match wrong {
             Some(w) => Err(CudaError::Invalid(w)),

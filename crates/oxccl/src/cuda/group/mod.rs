@@ -83,21 +83,25 @@ struct Post {
 const MEET_SPIN: Duration = Duration::from_micros(50);
 
 /// Device memory of the GPU meeting (see kernels.cu's `Sync`): `arr[8]` at 0, `dep` at 128,
-/// `fail` at 192, `mydep[8]` at 256, `pready[64]` at 512, `pdone[64]` at 1024.
-const BAR_BYTES: usize = 2048;
+/// `fail` at 192, `mydep[8]` at 256, `pready[64]` at 512, `pdone[64]` at 1024, and each
+/// rank's record (`base`: `u64[24]`, only that rank's kernels touch it) at
+/// `BASE_AT + BASE_BYTES * rank`.
+pub(crate) const BAR_BYTES: usize = BASE_AT + BASE_BYTES * MAX_RANKS;
+pub(crate) const BASE_AT: usize = 2048;
+pub(crate) const BASE_BYTES: usize = 256;
 
 /// All-reduces of at most this many bytes run as LL (one flag exchange, no meeting) unless
 /// `NCCL_PROTO` leaves LL out or `OXCCL_DEVICE_LL=0`.
 pub const LL_MAX_BYTES: usize = 16 << 10;
 /// LL data lines per slot: 8 payload bytes each (each slot has one more, the signature's).
-const LL_LINES: usize = LL_MAX_BYTES / 8;
+pub(crate) const LL_LINES: usize = LL_MAX_BYTES / 8;
 
 /// All-reduces above [`LL_MAX_BYTES`] and up to this run as LL128 unless `NCCL_PROTO` leaves
 /// LL128 out or `OXCCL_DEVICE_LL128=0`.
 pub const LL128_MAX_BYTES: usize = 256 << 10;
 /// LL128 data lines per slot: 120 payload bytes each (each slot has one more, the
 /// signature's).
-const LL128_LINES: usize = LL128_MAX_BYTES.div_ceil(120);
+pub(crate) const LL128_LINES: usize = LL128_MAX_BYTES.div_ceil(120);
 
 // The slots hold the largest call of each protocol, and the LL128 buffer stays small (p = 8:
 // under 40 MB).
@@ -144,7 +148,7 @@ pub fn ll128_allowed() -> bool {
 }
 
 /// Words a failure code of the GPU meeting (kernels.cu's `Sync`).
-fn describe_failure(code: u32, seq: u64, timeout: Option<Duration>) -> String {
+pub(crate) fn describe_failure(code: u32, seq: u64, timeout: Option<Duration>) -> String {
     let waiter = (code >> 8) & 0xff;
     let missing = (code >> 16) & 0xff;
     let limit = timeout.map_or("forever".to_string(), |t| format!("{t:?}"));
@@ -230,7 +234,7 @@ pub fn join(
 }
 
 /// Bytes one block moves per pass (threads x 16-byte vectors x unroll 8).
-const BLOCK_PASS_BYTES: usize = BLOCK_THREADS as usize * 16 * 8;
+pub(crate) const BLOCK_PASS_BYTES: usize = BLOCK_THREADS as usize * 16 * 8;
 
 /// The first disagreement between the ranks' collectives, in words.
 fn mismatch(rank: usize, all: &[Entry]) -> Option<String> {

@@ -19,6 +19,8 @@ use oxccl_core::{DataType, Rank, ReduceOp};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
+mod captured;
+
 /// A buffer as another process can open it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Exported {
@@ -128,6 +130,8 @@ pub struct Engine {
     pair: HashMap<usize, (Event, Event)>,
     /// Other ranks' events, opened once, by handle.
     peers: HashMap<IpcHandle, Event>,
+    /// The GPU meeting of captured calls, once made (`captured.rs`).
+    board: Option<captured::Board>,
 }
 
 /// A collective's record in the exchange (fixed layout, little-endian).
@@ -268,6 +272,7 @@ impl Engine {
             done,
             pair: HashMap::new(),
             peers: HashMap::new(),
+            board: None,
         })
     }
 
