@@ -92,19 +92,7 @@ pub fn resolve(rel: &Meeting, ll: bool, base: &mut Counters) -> (Meeting, Option
     if ll {
         return (Meeting::default(), Some(next_ll_seq(base)));
     }
-    let add = |v: u64, b: u64| if v == 0 { 0 } else { v + b };
-    let mut m = Meeting {
-        seq: add(rel.seq, base.seq),
-        depart: add(rel.depart, base.depart),
-        mydepart: add(rel.mydepart, base.mydepart),
-        ..Meeting::default()
-    };
-    for q in 0..MAX_RANKS {
-        m.send_to[q] = add(rel.send_to[q], base.sent[q]);
-        m.send_done[q] = add(rel.send_done[q], base.sent[q]);
-        m.recv_from[q] = add(rel.recv_from[q], base.received[q]);
-        m.recv_done[q] = add(rel.recv_done[q], base.received[q]);
-    }
+    let m = shifted(rel, base, |v, b| v + b);
     base.seq += rel.seq;
     base.depart += rel.depart;
     base.mydepart += rel.mydepart;
@@ -113,6 +101,25 @@ pub fn resolve(rel: &Meeting, ll: bool, base: &mut Counters) -> (Meeting, Option
         base.received[q] += rel.recv_done[q];
     }
     (m, None)
+}
+
+/// Every count of `m` but 0 combined by `f` with its counter of `c` (collective launches,
+/// departure target, own receiving blocks; sends to, and receives from, each peer).
+fn shifted(m: &Meeting, c: &Counters, f: impl Fn(u64, u64) -> u64) -> Meeting {
+    let g = |v: u64, b: u64| if v == 0 { 0 } else { f(v, b) };
+    let mut r = Meeting {
+        seq: g(m.seq, c.seq),
+        depart: g(m.depart, c.depart),
+        mydepart: g(m.mydepart, c.mydepart),
+        ..Meeting::default()
+    };
+    for q in 0..MAX_RANKS {
+        r.send_to[q] = g(m.send_to[q], c.sent[q]);
+        r.send_done[q] = g(m.send_done[q], c.sent[q]);
+        r.recv_from[q] = g(m.recv_from[q], c.received[q]);
+        r.recv_done[q] = g(m.recv_done[q], c.received[q]);
+    }
+    r
 }
 
 impl Planned {
@@ -180,21 +187,10 @@ pub fn plan_launches<U: Launch>(
     let mut out = Vec::with_capacity(n_coll + n_p2p);
     // The device record as the group's launches find it (rule 5).
     let start = c.clone();
+    // Launch by launch for the collective counts, at the group's start for sends and receives.
     let relative = |m: &Meeting, before: &Counters| {
-        let sub = |v: u64, b: u64| if v == 0 { 0 } else { v - b };
-        let mut r = Meeting {
-            seq: sub(m.seq, before.seq),
-            depart: sub(m.depart, before.depart),
-            mydepart: sub(m.mydepart, before.mydepart),
-            ..Meeting::default()
-        };
-        for q in 0..MAX_RANKS {
-            r.send_to[q] = sub(m.send_to[q], start.sent[q]);
-            r.send_done[q] = sub(m.send_done[q], start.sent[q]);
-            r.recv_from[q] = sub(m.recv_from[q], start.received[q]);
-            r.recv_done[q] = sub(m.recv_done[q], start.received[q]);
-        }
-        r
+        let record = Counters { sent: start.sent, received: start.received, ..before.clone() };
+        shifted(m, &record, |v, b| v - b)
     };
     // The send/receive part of launch j among the group's send/receive launches (rule 3).
     let p2p_part = |c: &mut Counters, m: &mut Meeting, j: usize, blocks: u32| {

@@ -104,63 +104,32 @@ impl Engine {
             own = Some(self.make_board(p)?);
         }
         let mut mine = vec![0u8; COLL_REC * colls.len() + BOARD_REC];
-        for (i, c) in colls.iter().enumerate() {
-            let (ok, send, recv) = match (self.export_buf(c.send), self.export_buf(c.recv)) {
-                (Ok(a), Ok(b)) => (true, a, b),
-                _ => (false, NO_EXPORT, NO_EXPORT),
-            };
-            CollRec { ok, call: *c, send, recv }.encode(&mut mine[i * COLL_REC..]);
-        }
+        self.put_coll_records(&colls, &mut mine);
         let o = COLL_REC * colls.len();
         if rank == 0 {
             let at = own.as_ref().map(|b| b.ptr).or(self.board.as_ref().map(|b| b.ptr)).unwrap_or(0);
             put_exported(&mut mine[o..], &self.export_buf(at)?);
         }
-        let mut send_recs = Vec::with_capacity(sends.len());
-        for c in &sends {
-            let mut b = vec![0u8; SEND_REC];
-            let ex = if c.bytes() == 0 { Ok(NO_EXPORT) } else { self.export_buf(c.send) };
-            b[0] = ex.is_ok() as u8;
-            b[1] = c.t as u8;
-            b[8..16].copy_from_slice(&(c.count as u64).to_le_bytes());
-            put_exported(&mut b[16..], &ex.unwrap_or(NO_EXPORT));
-            send_recs.push(b);
-        }
+        let send_recs: Vec<Vec<u8>> = sends.iter().map(|c| self.send_record(c)).collect();
         let mut all = vec![0u8; mine.len() * p];
         let mut got_recs = vec![vec![0u8; SEND_REC]; recvs.len()];
         {
             let mut g = comm.group();
-            if !colls.is_empty() {
-                g.all_gather_raw(DataType::U8, &mine, &mut all).map_err(comm_err)?;
-            }
-            for (c, rec) in sends.iter().zip(&send_recs) {
-                let What::Send(q) = c.what else { continue };
-                g.send_raw(DataType::U8, rec, Rank::new(q)).map_err(comm_err)?;
-            }
-            for (c, rec) in recvs.iter().zip(got_recs.iter_mut()) {
-                let What::Recv(q) = c.what else { continue };
-                g.recv_raw(DataType::U8, rec, Rank::new(q)).map_err(comm_err)?;
-            }
+            let (colls_any, sr) = (!colls.is_empty(), &send_recs);
+            super::records::trade_records(
+                &mut g,
+                (&mine, &mut all, colls_any),
+                &sends,
+                sr,
+                &recvs,
+                &mut got_recs,
+            )?;
             g.end().map_err(comm_err)?;
         }
         let mut coll_tasks = Vec::new();
         if !colls.is_empty() {
-            let mut table = Vec::with_capacity(p);
-            for q in 0..p {
-                let b = &all[q * mine.len()..(q + 1) * mine.len()];
-                let recs: Option<Vec<CollRec>> =
-                    (0..colls.len()).map(|i| CollRec::decode(&b[i * COLL_REC..])).collect();
-                let recs = recs.ok_or_else(|| {
-                    CudaError::Invalid(format!("rank {rank}: rank {q}'s collective record does not decode"))
-                })?;
-                if let Some((a, b)) = colls.iter().zip(&recs).find(|(a, b)| !a.agrees(&b.call)) {
-                    return Err(CudaError::Invalid(format!(
-                        "rank {rank}: calls differ: this rank's {} but rank {q}'s {}",
-                        a.describe(),
-                        b.call.describe()
-                    ))
-                    .into());
-                }
+            let table = super::records::coll_table(rank, &colls, &all, mine.len())?;
+            for (q, recs) in table.iter().enumerate() {
                 if let Some(r) = recs.iter().find(|r| !r.ok) {
                     return Err(CudaError::Invalid(format!(
                         "rank {rank}: {} on a stream being captured into a CUDA graph: rank {q} could not export its buffer for CUDA IPC (virtual-memory allocations cannot be), and the staged path a graph cannot replay",
@@ -168,7 +137,6 @@ impl Engine {
                     ))
                     .into());
                 }
-                table.push(recs);
             }
             if self.board.is_none() {
                 let e = get_exported(&all[o..o + BOARD_REC]);
@@ -188,15 +156,7 @@ impl Engine {
                 self.board = Some(Board { ptr, _own: own.take(), counters: Counters::default(), host });
             }
             for (i, c) in colls.iter().enumerate() {
-                let bufs = (0..p)
-                    .map(|q| {
-                        let r = &table[q][i];
-                        let open = |a: u64, e: &Exported| if q == rank { Ok(a) } else { self.open_buf(e) };
-                        Ok(Bufs { send: open(c.send, &r.send)?, recv: open(c.recv, &r.recv)? })
-                    })
-                    .collect::<Result<Vec<Bufs>, CudaError>>()?;
-                let coll = c.collective().expect("collectives only");
-                coll_tasks.push((*c, device::tasks(coll, c.count, c.t.size_bytes(), rank, &bufs)));
+                coll_tasks.push(self.coll_tasks(rank, &table, i, c)?);
             }
         }
         if self.board.is_none() {
@@ -218,23 +178,14 @@ impl Engine {
         for (c, rec) in recvs.iter().zip(&got_recs) {
             let What::Recv(q) = c.what else { continue };
             received[q] += 1;
-            let (ok, t, count) = (rec[0] == 1, DataType::from_nccl(rec[1] as i32), u64_at(rec, 8) as usize);
             let mine = if q == rank { own_sends.next() } else { None };
-            if !ok {
-                return Err(CudaError::Invalid(format!(
-                    "rank {rank}: {}: rank {q} could not export its send buffer for CUDA IPC, and a capture cannot be staged",
-                    c.describe()
-                ))
-                .into());
-            }
-            if (t, count) != (Some(c.t), c.count) {
-                let tn = t.map_or(format!("type {}", rec[1]), |t| t.to_string());
-                return Err(CudaError::Invalid(format!(
-                    "rank {rank}: {}, but rank {q}'s matching send is of {count} x {tn}",
-                    c.describe()
-                ))
-                .into());
-            }
+            super::records::check_recv(
+                rank,
+                q,
+                c,
+                rec,
+                "and a call captured into a CUDA graph cannot be staged",
+            )?;
             if c.bytes() > 0 {
                 let src = match mine {
                     Some(a) => a,

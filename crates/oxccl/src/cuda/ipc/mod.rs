@@ -20,6 +20,8 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 mod captured;
+mod records;
+use records::{check_recv, coll_table};
 
 /// A buffer as another process can open it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -347,13 +349,7 @@ impl Engine {
         // 1. Ready events and exports.
         let local = self.local.is_some();
         let mut mine = vec![0u8; COLL_REC * colls.len() + 2 * HANDLE];
-        for (i, c) in colls.iter().enumerate() {
-            let (ok, send, recv) = match (self.export_buf(c.send), self.export_buf(c.recv)) {
-                (Ok(a), Ok(b)) => (true, a, b),
-                _ => (false, NO_EXPORT, NO_EXPORT),
-            };
-            CollRec { ok, call: *c, send, recv }.encode(&mut mine[i * COLL_REC..]);
-        }
+        self.put_coll_records(&colls, &mut mine);
         let o = COLL_REC * colls.len();
         if !colls.is_empty() {
             self.ready.record_raw(stream)?;
@@ -363,12 +359,7 @@ impl Engine {
         let mut send_recs = Vec::with_capacity(sends.len());
         for c in &sends {
             let What::Send(q) = c.what else { continue };
-            let mut b = vec![0u8; SEND_REC];
-            let ex = if c.bytes() == 0 { Ok(NO_EXPORT) } else { self.export_buf(c.send) };
-            b[0] = ex.is_ok() as u8;
-            b[1] = c.t as u8;
-            b[8..16].copy_from_slice(&(c.count as u64).to_le_bytes());
-            put_exported(&mut b[16..], &ex.unwrap_or(NO_EXPORT));
+            let mut b = self.send_record(c);
             let ready = &self.pair(q)?.0;
             ready.record_raw(stream)?;
             let h = event_id(local, ready)?;
@@ -386,19 +377,16 @@ impl Engine {
         let mut got_answers = vec![vec![0u8; HANDLE]; sends.len()];
         {
             let mut g = comm.group();
-            if !colls.is_empty() {
-                g.all_gather_raw(DataType::U8, &mine, &mut all).map_err(comm_err)?;
-            }
             // Per direction of a pair, every send's record comes before every answer, on both
             // sides (a pair may send both ways in one group).
-            for (c, rec) in sends.iter().zip(&send_recs) {
-                let What::Send(q) = c.what else { continue };
-                g.send_raw(DataType::U8, rec, Rank::new(q)).map_err(comm_err)?;
-            }
-            for (c, rec) in recvs.iter().zip(got_recs.iter_mut()) {
-                let What::Recv(q) = c.what else { continue };
-                g.recv_raw(DataType::U8, rec, Rank::new(q)).map_err(comm_err)?;
-            }
+            records::trade_records(
+                &mut g,
+                (&mine, &mut all, !colls.is_empty()),
+                &sends,
+                &send_recs,
+                &recvs,
+                &mut got_recs,
+            )?;
             for (c, ans) in recvs.iter().zip(&answers) {
                 let What::Recv(q) = c.what else { continue };
                 g.send_raw(DataType::U8, ans, Rank::new(q)).map_err(comm_err)?;
@@ -414,26 +402,10 @@ impl Engine {
         let mut coll_events: Vec<(IpcHandle, IpcHandle)> = Vec::new();
         let mut left = Vec::new();
         if !colls.is_empty() {
-            for q in 0..p {
-                let b = &all[q * mine.len()..(q + 1) * mine.len()];
-                let recs: Option<Vec<CollRec>> =
-                    (0..colls.len()).map(|i| CollRec::decode(&b[i * COLL_REC..])).collect();
-                let recs = recs.ok_or_else(|| {
-                    CudaError::Invalid(format!("rank {rank}: rank {q}'s collective record does not decode"))
-                })?;
+            table = coll_table(rank, &colls, &all, mine.len())?;
+            for b in all.chunks(mine.len()) {
                 let h = |o: usize| IpcHandle(b[o..o + HANDLE].try_into().unwrap_or([0; HANDLE]));
                 coll_events.push((h(o), h(o + HANDLE)));
-                table.push(recs);
-            }
-            for (q, recs) in table.iter().enumerate() {
-                if let Some((a, b)) = colls.iter().zip(recs).find(|(a, b)| !a.agrees(&b.call)) {
-                    return Err(CudaError::Invalid(format!(
-                        "rank {rank}: calls differ: this rank's {} but rank {q}'s {}",
-                        a.describe(),
-                        b.call.describe()
-                    ))
-                    .into());
-                }
             }
             if table.iter().any(|recs| recs.iter().any(|r| !r.ok)) {
                 left = colls.clone();
@@ -527,15 +499,7 @@ impl Engine {
                 }
             }
             for (i, c) in colls.iter().enumerate() {
-                let bufs = (0..p)
-                    .map(|q| {
-                        let r = &table[q][i];
-                        let open = |a: u64, e: &Exported| if q == rank { Ok(a) } else { self.open_buf(e) };
-                        Ok(Bufs { send: open(c.send, &r.send)?, recv: open(c.recv, &r.recv)? })
-                    })
-                    .collect::<Result<Vec<Bufs>, CudaError>>()?;
-                let coll = c.collective().expect("collectives only");
-                coll_tasks.push((*c, device::tasks(coll, c.count, c.t.size_bytes(), rank, &bufs)));
+                coll_tasks.push(self.coll_tasks(rank, table, i, c)?);
             }
         }
         // Sends to itself pair with receives from itself, in order, on local addresses.
@@ -543,23 +507,8 @@ impl Engine {
         let mut tasks = Vec::new();
         for (c, rec) in recvs.iter().zip(got_recs) {
             let What::Recv(q) = c.what else { continue };
-            let (ok, t, count) = (rec[0] == 1, DataType::from_nccl(rec[1] as i32), u64_at(rec, 8) as usize);
             let own = if q == rank { own_sends.next() } else { None };
-            if !ok {
-                return Err(CudaError::Invalid(format!(
-                    "rank {rank}: {}: rank {q} could not export its send buffer for CUDA IPC (set OXCCL_CUDA_IPC=0 to stage device calls through host memory)",
-                    c.describe()
-                ))
-                .into());
-            }
-            if (t, count) != (Some(c.t), c.count) {
-                let tn = t.map_or(format!("type {}", rec[1]), |t| t.to_string());
-                return Err(CudaError::Invalid(format!(
-                    "rank {rank}: {}, but rank {q}'s matching send is of {count} x {tn}",
-                    c.describe()
-                ))
-                .into());
-            }
+            check_recv(rank, q, c, rec, "set OXCCL_CUDA_IPC=0 to stage device calls through host memory")?;
             if c.bytes() == 0 {
                 continue;
             }
