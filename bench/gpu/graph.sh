@@ -3,9 +3,12 @@
 # `bash bench/gpu/check.sh build` here (carry ["gpu-bin"]; the Python package's wheel in .whl/
 # for the torch part: `pip wheel --no-deps ./python -w .whl`). Parts, one or more per call:
 #   perf     oxccl-perf -G 10 -c 1: every benchmark as 4 threads, 4 processes (CUDA IPC) and 4
-#            threads on the event engine; the capture modes; a capture on the staged path
-#            (must be refused); the 8-byte all-reduce's latency per call, eager and through a
-#            graph, alternating; eager checks again (the kernels' meeting changed).
+#            threads on the event engine; every type and operator of the all-reduce.
+#   latency  the 8-byte all-reduce's time per call, eager and through a graph, alternating.
+#   modes    the capture modes (global, thread, relaxed); a capture on the staged path (must
+#            be refused).
+#   eager    eager calls checked again (the kernels' meeting changed), and oxccl-gpucheck.
+# QUICK=1: fewer of the event engine's and processes' eager runs, no oxccl-gpucheck.
 #   torch    PyTorch with our libnccl.so.2 preloaded: torch_check.py --graph (a chain of
 #            kernels, all_reduce and all_gather_into_tensor replayed 100 times), the same
 #            staged (refused), the whole torch_check.py, and the "oxccl" backend's check.
@@ -13,9 +16,9 @@
 # Each part appends to the summary under $OUT; what comes back: summary.txt and the logs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-[ "${1:-}" = device ] || { echo "usage: bash bench/gpu/graph.sh device [perf] [torch] [nccl]" >&2; exit 2; }
+[ "${1:-}" = device ] || { echo "usage: bash bench/gpu/graph.sh device [perf|torch|nccl|latency|modes|eager]..." >&2; exit 2; }
 shift
-parts="${*:-perf torch nccl}"
+parts="${*:-perf torch nccl latency modes eager}"
 final="${OUT:-/tmp/gpu-out}"
 out=/tmp/graph-logs
 mkdir -p "$out" "$final"
@@ -37,7 +40,9 @@ perf)
   for mode in "-t 4" "-np 4" "-t 4 events"; do
     tag=$(echo "$mode" | tr -d ' -')
     case $mode in *events) export OXCCL_DEVICE_ENGINE=events; mode="-t 4" ;; *) unset OXCCL_DEVICE_ENGINE ;; esac
-    for b in all_reduce all_gather broadcast reduce_scatter reduce alltoall gather scatter sendrecv hypercube; do
+    benches="all_reduce all_gather broadcast reduce_scatter reduce alltoall gather scatter sendrecv hypercube"
+    [ "$tag" = t4events ] && [ "${QUICK:-0}" = 1 ] && benches="all_reduce sendrecv"
+    for b in $benches; do
       extra=""
       case $b in broadcast|reduce|gather|scatter) extra="-r all" ;; esac
       f="$out/graph-$tag.txt"
@@ -55,6 +60,19 @@ perf)
   f="$out/graph-t4-types.txt"
   timeout 120 $perf all_reduce_perf -t 4 --mem device -b 8 -e 1M -f 32 -d all -o all -G 10 -c 1 -n 2 -w 1 -T 30 > "$f" 2>&1
   rc=$?; note "graph t4 all_reduce every type and op: rc=$rc $(bounds "$f")"; [ $rc = 0 ] || status=1
+  ;;
+latency)
+  # The 8-byte all-reduce's time per call, 4 threads, eager and through a graph, alternating.
+  for round in 1 2 3; do
+    f="$out/lat-eager-$round.txt"
+    timeout 60 $perf all_reduce_perf -t 4 --mem device -b 8 -e 8 -n 2000 -w 200 -c 0 > "$f" 2>&1
+    note "latency eager round $round: $(grep -E '^ +8 ' "$f" | awk '{print "out-of-place " $6 " us, in-place " $10 " us"}')"
+    f="$out/lat-graph-$round.txt"
+    timeout 60 $perf all_reduce_perf -t 4 --mem device -b 8 -e 8 -n 200 -w 200 -G 10 -c 0 > "$f" 2>&1
+    note "latency graph round $round: $(grep -E '^ +8 ' "$f" | awk '{print "out-of-place " $6 " us, in-place " $10 " us"}')"
+  done
+  ;;
+modes)
   # The capture modes.
   for gm in global thread relaxed; do
     for m in "-t 4" "-np 4"; do
@@ -70,20 +88,15 @@ perf)
   msg=$(grep -m1 -o "captured into a CUDA graph[^;]*" "$f")
   if [ $rc != 0 ] && [ -n "$msg" ]; then note "graph staged refused (rc=$rc): ...$msg"; else note "graph staged NOT REFUSED as expected: rc=$rc"; status=1; fi
   grep -m1 "captured into a CUDA graph" "$f" | cut -c1-600 >> "$summary"
-  # Latency: the 8-byte all-reduce per call, 4 threads, eager and through a graph, alternating.
-  for round in 1 2 3; do
-    f="$out/lat-eager-$round.txt"
-    timeout 60 $perf all_reduce_perf -t 4 --mem device -b 8 -e 8 -n 2000 -w 200 -c 0 > "$f" 2>&1
-    note "latency eager round $round: $(grep -E '^ +8 ' "$f" | awk '{print "out-of-place " $6 " us, in-place " $10 " us"}')"
-    f="$out/lat-graph-$round.txt"
-    timeout 60 $perf all_reduce_perf -t 4 --mem device -b 8 -e 8 -n 200 -w 200 -G 10 -c 0 > "$f" 2>&1
-    note "latency graph round $round: $(grep -E '^ +8 ' "$f" | awk '{print "out-of-place " $6 " us, in-place " $10 " us"}')"
-  done
+  ;;
+eager)
   # Eager calls, checked again: every benchmark as threads and as processes (float), and the
   # thread group's own check (timing, LL chains).
   for mode in "-t 4" "-np 4"; do
     tag=$(echo "$mode" | tr -d ' -')
-    for b in all_reduce all_gather broadcast reduce_scatter reduce alltoall gather scatter sendrecv hypercube; do
+    benches="all_reduce all_gather broadcast reduce_scatter reduce alltoall gather scatter sendrecv hypercube"
+    [ "$tag" = np4 ] && [ "${QUICK:-0}" = 1 ] && benches="all_reduce sendrecv"
+    for b in $benches; do
       extra=""
       case $b in broadcast|reduce|gather|scatter) extra="-r all" ;; esac
       f="$out/eager-$tag.txt"
@@ -94,8 +107,10 @@ perf)
   f="$out/eager-t4-types.txt"
   timeout 120 $perf all_reduce_perf -t 4 --mem device -b 8 -e 1M -f 32 -d all -o all -c 1 -n 2 -w 1 -T 30 > "$f" 2>&1
   rc=$?; note "eager t4 all_reduce every type and op: rc=$rc $(bounds "$f")"; [ $rc = 0 ] || status=1
-  timeout 240 ./gpu-bin/oxccl-gpucheck --threads-only > "$out/gpucheck-threads.txt" 2>&1 || status=1
-  note "gpucheck --threads-only: $(grep -c '^WRONG' "$out/gpucheck-threads.txt") WRONG lines; $(tail -1 "$out/gpucheck-threads.txt")"
+  if [ "${QUICK:-0}" != 1 ]; then
+    timeout 240 ./gpu-bin/oxccl-gpucheck --threads-only > "$out/gpucheck-threads.txt" 2>&1 || status=1
+    note "gpucheck --threads-only: $(grep -c '^WRONG' "$out/gpucheck-threads.txt") WRONG lines; $(tail -1 "$out/gpucheck-threads.txt")"
+  fi
   ;;
 torch)
   if ls .whl/*.whl >/dev/null 2>&1; then
