@@ -8,7 +8,8 @@
 #   modes    the capture modes (global, thread, relaxed); a capture on the staged path (must
 #            be refused).
 #   eager    eager calls checked again (the kernels' meeting changed), and oxccl-gpucheck.
-# QUICK=1: fewer of the event engine's and processes' eager runs, no oxccl-gpucheck.
+# QUICK=1: fewer of the event engine's and processes' eager runs, no oxccl-gpucheck;
+# BENCHES: the benchmarks of perf and eager (no every-type run then); GRAPH_MODES: the modes.
 #   torch    PyTorch with our libnccl.so.2 preloaded: torch_check.py --graph (a chain of
 #            kernels, all_reduce and all_gather_into_tensor replayed 100 times), the same
 #            staged (refused), the whole torch_check.py, and the "oxccl" backend's check.
@@ -40,7 +41,7 @@ perf)
   for mode in "-t 4" "-np 4" "-t 4 events"; do
     tag=$(echo "$mode" | tr -d ' -')
     case $mode in *events) export OXCCL_DEVICE_ENGINE=events; mode="-t 4" ;; *) unset OXCCL_DEVICE_ENGINE ;; esac
-    benches="all_reduce all_gather broadcast reduce_scatter reduce alltoall gather scatter sendrecv hypercube"
+    benches="${BENCHES:-all_reduce all_gather broadcast reduce_scatter reduce alltoall gather scatter sendrecv hypercube}"
     [ "$tag" = t4events ] && [ "${QUICK:-0}" = 1 ] && benches="all_reduce sendrecv"
     for b in $benches; do
       extra=""
@@ -57,6 +58,7 @@ perf)
   done
   unset OXCCL_DEVICE_ENGINE
   # Every type and operator of the LL, LL128 and simple all-reduces, captured, as threads.
+  [ -n "${BENCHES:-}" ] && continue
   f="$out/graph-t4-types.txt"
   timeout 120 $perf all_reduce_perf -t 4 --mem device -b 8 -e 1M -f 32 -d all -o all -G 10 -c 1 -n 2 -w 1 -T 30 > "$f" 2>&1
   rc=$?; note "graph t4 all_reduce every type and op: rc=$rc $(bounds "$f")"; [ $rc = 0 ] || status=1
@@ -74,7 +76,7 @@ latency)
   ;;
 modes)
   # The capture modes.
-  for gm in global thread relaxed; do
+  for gm in ${GRAPH_MODES:-global thread relaxed}; do
     for m in "-t 4" "-np 4"; do
       f="$out/graph-mode-$gm-$(echo "$m" | tr -d ' -').txt"
       timeout 60 $perf all_reduce_perf $m --mem device -b 8 -e 1M -f 32 -G 5 -c 1 -n 2 -w 1 -T 30 --graph_mode $gm > "$f" 2>&1
@@ -94,7 +96,7 @@ eager)
   # thread group's own check (timing, LL chains).
   for mode in "-t 4" "-np 4"; do
     tag=$(echo "$mode" | tr -d ' -')
-    benches="all_reduce all_gather broadcast reduce_scatter reduce alltoall gather scatter sendrecv hypercube"
+    benches="${BENCHES:-all_reduce all_gather broadcast reduce_scatter reduce alltoall gather scatter sendrecv hypercube}"
     [ "$tag" = np4 ] && [ "${QUICK:-0}" = 1 ] && benches="all_reduce sendrecv"
     for b in $benches; do
       extra=""

@@ -228,8 +228,8 @@ impl<'c> Runner<'c> {
             o.bench.program()
         ));
         self.print(&format!(
-            "# nThread {} nGpus 1 minBytes {} maxBytes {} step: {step} warmup iters: {} iters: {} agg iters: {} validation: {} graph: 0 unalign: {}\n",
-            o.nthreads, o.min_bytes, o.max_bytes, o.warmup, o.iters, o.agg, o.check, o.unalign
+            "# nThread {} nGpus 1 minBytes {} maxBytes {} step: {step} warmup iters: {} iters: {} agg iters: {} validation: {} graph: {} unalign: {}\n",
+            o.nthreads, o.min_bytes, o.max_bytes, o.warmup, o.iters, o.agg, o.check, o.graph, o.unalign
         ));
         match o.blocking {
             1 => self.print("# Blocking Enabled: wait and barrier after each inner iteration (-m) \n"),
@@ -406,7 +406,11 @@ impl<'c> Runner<'c> {
         }
         let graph = d.stream.end_capture().map_err(dev_err);
         made?;
-        graph?.instantiate().map_err(dev_err)
+        let graph = graph?;
+        // Instantiating is one of the calls a capture in global mode forbids to every other
+        // thread: every rank's thread ends its capture first.
+        barrier(self.comm)?;
+        graph.instantiate().map_err(dev_err)
     }
 
     /// Waits for the device calls enqueued so far (nothing on host memory).
@@ -513,7 +517,15 @@ impl<'c> Runner<'c> {
         let mut wrong = 0u64;
         // With -G each check's call is captured too, and replayed: o.graph times out of place
         // (the same result each time), once in place (its input is its output).
-        let check_graph = if o.graph > 0 && o.check > 0 { Some(self.capture(call, b, 1)?) } else { None };
+        let check_graph = if o.graph > 0 && o.check > 0 {
+            let g = self.capture(call, b, 1)?;
+            // Nobody synchronises (the uploads) while another rank's thread still captures: in
+            // global mode that would invalidate its capture.
+            barrier(self.comm)?;
+            Some(g)
+        } else {
+            None
+        };
         let replays = if call.in_place { 1 } else { o.graph.max(1) };
         for rep in 0..o.check {
             let seed = 1000 + rep as u64;

@@ -388,6 +388,8 @@ extern "C" __global__ void __launch_bounds__(512, OX_MINBLOCKS) oxk_copy(const u
 //   all of the launch's blocks are done (mydep[rank] reaches `mydepart`), a receiver raises
 //   pdone[q * p + rank] to recv_done[q], and a sender's block 0 waits until
 //   pdone[rank * p + q] >= send_done[q], so work after the launch may reuse the send buffer.
+//   The counters of pair (q -> rank) are at rready[q] / rdone[q] when set (the sender's own
+//   counters, as processes capturing into a CUDA graph keep them), else in pready / pdone.
 // - A wait longer than `timeout_ns` (0: forever), or a failure already recorded, stops it:
 //   the first failure is recorded in *fail (device) and in host[0..3] (host-mapped: code,
 //   0, seq) for the host to read without waiting for the stream; the code is
@@ -412,6 +414,8 @@ struct Sync {
   u32* host;
   u64* pready;
   u64* pdone;
+  u64* rready[8];
+  u64* rdone[8];
   u64* mydep;
   u64* base;
   u64 seq;
@@ -524,7 +528,7 @@ __device__ bool sync_arrive(const Sync& b) {
     if (b.seq != 0)
       for (int q = 0; q < p && good; q++) good = sync_wait(b, &b.arr[q], b.seq, 0, q);
     for (int q = 0; q < p && good; q++)
-      if (b.recv_from[q] != 0) good = sync_wait(b, &b.pready[q * p + b.rank], b.recv_from[q], 2, q);
+      if (b.recv_from[q] != 0) good = sync_wait(b, &(b.rready[q] ? b.rready[q] : b.pready)[q * p + b.rank], b.recv_from[q], 2, q);
     ok = good;
   }
   __syncthreads();
@@ -544,7 +548,7 @@ __device__ void sync_depart(const Sync& b) {
       if (done && sync_wait(b, &b.mydep[b.rank], b.mydepart, 3, 0xff)) {
         fence(b.sys);
         for (int q = 0; q < p; q++)
-          if (b.recv_done[q] != 0) atomicMax(&b.pdone[q * p + b.rank], b.recv_done[q]);
+          if (b.recv_done[q] != 0) atomicMax(&(b.rdone[q] ? b.rdone[q] : b.pdone)[q * p + b.rank], b.recv_done[q]);
       }
       if (b.seq != 0) sync_wait(b, b.dep, b.depart, 1, 0xff);
       for (int q = 0; q < p; q++)

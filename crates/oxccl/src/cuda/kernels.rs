@@ -379,6 +379,10 @@ pub struct Sync {
     /// Device addresses of `u64[p * p]`: sends published, and receives done, per pair.
     pub pready: CuDevicePtr,
     pub pdone: CuDevicePtr,
+    /// Per peer q, when set: where the counters of pair (q → this rank) are instead (`u64[p *
+    /// p]`, published and done, indexed as above): the sender's own (captured IPC calls).
+    pub rready: [CuDevicePtr; 8],
+    pub rdone: [CuDevicePtr; 8],
     /// Device address of `u64[p]`: each rank's blocks finished in launches that publish
     /// receives.
     pub mydep: CuDevicePtr,
