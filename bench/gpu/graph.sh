@@ -126,7 +126,7 @@ torch)
   f="$out/torch-graph-staged.txt"
   PYTHONUNBUFFERED=1 OXCCL_CUDA_IPC=0 LD_PRELOAD="$lib" timeout 200 python3 bench/gpu/torch_check.py 4 --graph > "$f" 2>&1 || status=1
   grep -m2 "refused" "$f" | cut -c1-600 >> "$summary"
-  note "torch graph staged (must be refused): $(grep -c 'capture refused with oxccl message' "$f") of 4 ranks refused with oxccl's message; $(grep -h 'processes on ' "$f" | tail -1)"
+  note "torch graph staged (must be refused): $(grep -o 'capture refused with oxccl message' "$f" | wc -l) of 4 ranks refused with oxccl's message; $(grep -h 'processes on ' "$f" | tail -1)"
   f="$out/torch.txt"
   PYTHONUNBUFFERED=1 LD_PRELOAD="$lib" timeout 300 python3 bench/gpu/torch_check.py 4 > "$f" 2>&1 || status=1
   grep -E "^FAIL" "$f" | head -5 >> "$summary"
