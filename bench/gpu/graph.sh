@@ -31,6 +31,27 @@ status=0
 t0=$(date +%s)
 note() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a "$summary"; }
 bounds() { grep -h 'Out of bounds' "$1" | tail -1; }
+# sweep LABEL TAG MODE BENCHES LIMIT [FLAGS...]: each benchmark on device buffers, sizes through
+# LL, LL128 and the simple kernels, every root of the rooted ones, checked once, into
+# $out/LABEL-TAG.txt, a summary line each. A captured sweep (graph) skips the rest of its
+# configuration after a hang: one is not worth nine more.
+sweep() {
+  local label=$1 tag=$2 mode=$3 benches=$4 limit=$5 b extra f rc
+  shift 5
+  f="$out/$label-$tag.txt"
+  for b in $benches; do
+    extra=""
+    case $b in broadcast|reduce|gather|scatter) extra="-r all" ;; esac
+    [ "$label" = graph ] && echo "== ${b}_perf $mode --mem device -b 8 -e 8M -f 16 $extra $* -c 1 -n 2 -w 1" >> "$f"
+    timeout "$limit" $perf ${b}_perf $mode --mem device -b 8 -e 8M -f 16 $extra "$@" -c 1 -n 2 -w 1 -T 30 >> "$f" 2>&1
+    rc=$?
+    note "$label $tag $b: rc=$rc $(bounds "$f")"
+    [ $rc = 0 ] || status=1
+    if [ "$label" = graph ] && [ $rc = 124 ]; then
+      note "graph $tag: $b timed out, the rest skipped"; tail -5 "$f" >> "$summary"; break
+    fi
+  done
+}
 
 for part in $parts; do
 case $part in
@@ -43,18 +64,7 @@ perf)
     case $mode in *events) export OXCCL_DEVICE_ENGINE=events; mode="-t 4" ;; *) unset OXCCL_DEVICE_ENGINE ;; esac
     benches="${BENCHES:-all_reduce all_gather broadcast reduce_scatter reduce alltoall gather scatter sendrecv hypercube}"
     [ "$tag" = t4events ] && [ "${QUICK:-0}" = 1 ] && benches="all_reduce sendrecv"
-    for b in $benches; do
-      extra=""
-      case $b in broadcast|reduce|gather|scatter) extra="-r all" ;; esac
-      f="$out/graph-$tag.txt"
-      echo "== ${b}_perf $mode --mem device -b 8 -e 8M -f 16 $extra -G 10 -c 1 -n 2 -w 1" >> "$f"
-      timeout 90 $perf ${b}_perf $mode --mem device -b 8 -e 8M -f 16 $extra -G 10 -c 1 -n 2 -w 1 -T 30 >> "$f" 2>&1
-      rc=$?
-      note "graph $tag $b: rc=$rc $(bounds "$f")"
-      [ $rc = 0 ] || status=1
-      # A hang is not worth nine more: the rest of this configuration is skipped.
-      [ $rc = 124 ] && { note "graph $tag: $b timed out, the rest skipped"; tail -5 "$f" >> "$summary"; break; }
-    done
+    sweep graph "$tag" "$mode" "$benches" 90 -G 10
   done
   unset OXCCL_DEVICE_ENGINE
   # Every type and operator of the LL, LL128 and simple all-reduces, captured, as threads.
@@ -98,13 +108,7 @@ eager)
     tag=$(echo "$mode" | tr -d ' -')
     benches="${BENCHES:-all_reduce all_gather broadcast reduce_scatter reduce alltoall gather scatter sendrecv hypercube}"
     [ "$tag" = np4 ] && [ "${QUICK:-0}" = 1 ] && benches="all_reduce sendrecv"
-    for b in $benches; do
-      extra=""
-      case $b in broadcast|reduce|gather|scatter) extra="-r all" ;; esac
-      f="$out/eager-$tag.txt"
-      timeout 60 $perf ${b}_perf $mode --mem device -b 8 -e 8M -f 16 $extra -c 1 -n 2 -w 1 -T 30 >> "$f" 2>&1
-      rc=$?; note "eager $tag $b: rc=$rc $(bounds "$f")"; [ $rc = 0 ] || status=1
-    done
+    sweep eager "$tag" "$mode" "$benches" 60
   done
   f="$out/eager-t4-types.txt"
   timeout 120 $perf all_reduce_perf -t 4 --mem device -b 8 -e 1M -f 32 -d all -o all -c 1 -n 2 -w 1 -T 30 > "$f" 2>&1

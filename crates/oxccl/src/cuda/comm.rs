@@ -195,7 +195,7 @@ impl<'c> DevComm<'c> {
             Mode::Threads(m) => {
                 m.dev.make_current()?;
                 let s = Stream::borrowed(&m.dev, stream as Handle);
-                Ok(m.run(&s, calls)?)
+                Ok(m.run_on(&s, calls, capturing)?)
             }
             Mode::Ipc(e) => {
                 let mut e = e.lock().unwrap_or_else(|e| e.into_inner());

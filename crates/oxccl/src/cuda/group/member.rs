@@ -100,6 +100,11 @@ impl Member {
     /// by the stream the graph is launched on).
     pub fn run(&self, s: &Stream, calls: &[DevCall]) -> Result<(), CudaError> {
         let capturing = !legacy(s.h as usize) && crate::cuda::graph::capturing(s.h as usize)?;
+        self.run_on(s, calls, capturing)
+    }
+
+    /// [`run`](Self::run) for a caller that already asked whether `s` is being captured.
+    pub fn run_on(&self, s: &Stream, calls: &[DevCall], capturing: bool) -> Result<(), CudaError> {
         if let [c] = calls {
             if self.lone_ll(c) && self.run_lone_ll(s, c, capturing)? {
                 return Ok(());
@@ -204,7 +209,7 @@ impl Member {
     }
 
     pub(super) fn timeout_ns(&self) -> u64 {
-        self.shared.timeout.map_or(0, |t| t.as_nanos().clamp(1, u64::MAX as u128) as u64)
+        timeout_ns(self.shared.timeout)
     }
 
     /// A group through the host meeting (collectives) and the mailboxes (sends, receives).

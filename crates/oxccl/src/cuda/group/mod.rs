@@ -147,6 +147,11 @@ pub fn ll128_allowed() -> bool {
     crate::env::device().ll128
 }
 
+/// A kernel's longest wait in nanoseconds for `timeout` (0: forever).
+pub(crate) fn timeout_ns(timeout: Option<Duration>) -> u64 {
+    timeout.map_or(0, |t| t.as_nanos().clamp(1, u64::MAX as u128) as u64)
+}
+
 /// Words a failure code of the GPU meeting (kernels.cu's `Sync`).
 pub(crate) fn describe_failure(code: u32, seq: u64, timeout: Option<Duration>) -> String {
     let waiter = (code >> 8) & 0xff;

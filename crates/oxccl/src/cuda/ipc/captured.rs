@@ -223,7 +223,7 @@ impl Engine {
                 tasks.push(Task::copy(src, vec![c.recv], c.bytes()));
             }
         }
-        let timeout_ns = comm.config().timeout.map_or(0, |t| t.as_nanos().clamp(1, u64::MAX as u128) as u64);
+        let timeout_ns = crate::cuda::group::timeout_ns(comm.config().timeout);
         let board = self.board.as_mut().expect("made above");
         let base = own_at + (BASE_AT + BASE_BYTES * rank) as u64;
         if let ([c], true) = (colls.as_slice(), sends.is_empty() && recvs.is_empty()) {
