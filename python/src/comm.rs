@@ -171,18 +171,12 @@ fn rank_arg(arg: &str, r: i64, size: usize) -> PyResult<Rank> {
     Ok(Rank(r as u32))
 }
 
-fn dtype_arg(d: Option<&Bound<'_, PyAny>>) -> PyResult<Option<oxccl::DataType>> {
+fn dtype_arg(d: Option<&Bound<'_, PyAny>>) -> PyResult<Option<buf::Ty>> {
     d.map(buf::parse_dtype).transpose()
 }
 
 /// A buffer argument and the object that keeps it alive.
-fn b(
-    arg: &str,
-    o: &Bound<'_, PyAny>,
-    write: bool,
-    dt: Option<oxccl::DataType>,
-    keep: &mut Keep,
-) -> PyResult<Buf> {
+fn b(arg: &str, o: &Bound<'_, PyAny>, write: bool, dt: Option<buf::Ty>, keep: &mut Keep) -> PyResult<Buf> {
     let r = buf::get(arg, o, write, dt)?;
     keep.push(o.clone().unbind());
     Ok(r)
@@ -192,7 +186,7 @@ fn ob(
     arg: &str,
     o: Option<&Bound<'_, PyAny>>,
     write: bool,
-    dt: Option<oxccl::DataType>,
+    dt: Option<buf::Ty>,
     keep: &mut Keep,
 ) -> PyResult<Option<Buf>> {
     o.filter(|o| !o.is_none()).map(|o| b(arg, o, write, dt, keep)).transpose()
@@ -319,7 +313,7 @@ impl Communicator {
     ) -> PyResult<Option<Py<Work>>> {
         let (dt, op, mut k) = (dtype_arg(dtype)?, parse_op(op)?, Keep::new());
         let o = match ob("recv", recv, true, dt, &mut k)? {
-            None => Op::in_place(Kind::AllReduce(op), b("send", send, true, dt, &mut k)?),
+            None => Op::in_place(Kind::AllReduce(op), b("send", send, true, dt, &mut k)?)?,
             r => Op::new(Kind::AllReduce(op), Some(b("send", send, false, dt, &mut k)?), r, |r| Some(r.ptr))?,
         };
         self.call(py, o, k, async_op)
@@ -341,7 +335,7 @@ impl Communicator {
         let root = rank_arg("root", root, self.get()?.size())?;
         let o = match (ob("send", send, false, dt, &mut k)?, recv.filter(|r| !r.is_none())) {
             (Some(_), None) => {
-                Op::in_place(Kind::Broadcast(root), b("send", send.unwrap(), true, dt, &mut k)?)
+                Op::in_place(Kind::Broadcast(root), b("send", send.unwrap(), true, dt, &mut k)?)?
             }
             (s, Some(r)) => {
                 Op::new(Kind::Broadcast(root), s, Some(b("recv", r, true, dt, &mut k)?), |r| Some(r.ptr))?
@@ -370,7 +364,7 @@ impl Communicator {
         let root = rank_arg("root", root, c.size())?;
         let kind = Kind::Reduce(op, root);
         let o = match ob("recv", recv, true, dt, &mut k)? {
-            None if c.rank() == root => Op::in_place(kind, b("send", send, true, dt, &mut k)?),
+            None if c.rank() == root => Op::in_place(kind, b("send", send, true, dt, &mut k)?)?,
             None => Op::new(kind, Some(b("send", send, false, dt, &mut k)?), None, |_| None)?,
             r => Op::new(kind, Some(b("send", send, false, dt, &mut k)?), r, |r| Some(r.ptr))?,
         };
@@ -393,7 +387,7 @@ impl Communicator {
         let (me, p) = (c.rank().idx(), c.size());
         let r = b("recv", recv, true, dt, &mut k)?;
         let o = match ob("send", send, false, dt, &mut k)? {
-            None => Op::in_place(Kind::AllGather, r),
+            None => Op::in_place(Kind::AllGather, r)?,
             s => Op::new(Kind::AllGather, s, Some(r), ops::block_of_output(me, p))?,
         };
         self.call(py, o, k, async_op)
@@ -414,7 +408,7 @@ impl Communicator {
         let (dt, op, mut k) = (dtype_arg(dtype)?, parse_op(op)?, Keep::new());
         let me = self.get()?.rank().idx();
         let o = match ob("recv", recv, true, dt, &mut k)? {
-            None => Op::in_place(Kind::ReduceScatter(op), b("send", send, true, dt, &mut k)?),
+            None => Op::in_place(Kind::ReduceScatter(op), b("send", send, true, dt, &mut k)?)?,
             r => Op::new(
                 Kind::ReduceScatter(op),
                 Some(b("send", send, false, dt, &mut k)?),
@@ -438,7 +432,7 @@ impl Communicator {
     ) -> PyResult<Option<Py<Work>>> {
         let (dt, mut k) = (dtype_arg(dtype)?, Keep::new());
         let o = match ob("recv", recv, true, dt, &mut k)? {
-            None => Op::in_place(Kind::AllToAll, b("send", send, true, dt, &mut k)?),
+            None => Op::in_place(Kind::AllToAll, b("send", send, true, dt, &mut k)?)?,
             r => Op::new(Kind::AllToAll, Some(b("send", send, false, dt, &mut k)?), r, |_| None)?,
         };
         self.call(py, o, k, async_op)

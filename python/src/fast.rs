@@ -9,7 +9,7 @@
 //! call whose arguments are wrong is not run here but handed back (2), so that the Python
 //! path raises the error it names, exactly as it would have without the fast path.
 
-use crate::buf::{Buf, Place};
+use crate::buf::{Buf, Elem, Place, Ty};
 use crate::ops::{self, Kind, Op};
 use oxccl::{DataType, Rank, ReduceOp};
 use std::ffi::c_void;
@@ -23,7 +23,7 @@ pub type Handle = Arc<oxccl::Communicator>;
 pub struct FastCall {
     /// A `KIND_*` below.
     pub kind: i32,
-    /// NCCL's type number.
+    /// NCCL's type number, or [`DTYPE_BOOL`].
     pub dtype: i32,
     /// NCCL's operator number (reductions).
     pub op: i32,
@@ -38,6 +38,10 @@ pub struct FastCall {
     pub send_counts: *const i64,
     pub recv_counts: *const i64,
 }
+
+/// The type number of bool (carried as uint8, reduced logically: `buf::Elem::Bool`); NCCL's
+/// numbers end at 11.
+pub const DTYPE_BOOL: i32 = 100;
 
 /// `send` reduced into `recv` in place (one buffer: `recv`).
 pub const KIND_ALL_REDUCE: i32 = 0;
@@ -83,13 +87,16 @@ unsafe fn fail(e: &oxccl::Error, err: *mut u8, err_len: usize, kind: *mut i32, r
 /// # Safety
 /// `c`'s count arrays, where not null, hold `size` numbers each.
 unsafe fn op_of(c: &FastCall, me: usize, size: usize) -> Option<Op> {
-    let dtype = DataType::from_nccl(c.dtype)?;
-    let host = |ptr: usize, len: usize| Buf { ptr, len, dtype, place: Place::Host };
+    let ty = match c.dtype {
+        DTYPE_BOOL => Ty { dtype: DataType::U8, elem: Elem::Bool },
+        n => Ty::plain(DataType::from_nccl(n)?),
+    };
+    let host = |ptr: usize, len: usize| Buf { ptr, len, dtype: ty.dtype, elem: ty.elem, place: Place::Host };
     let send = (c.send_bytes > 0 && !c.send.is_null()).then(|| host(c.send as usize, c.send_bytes));
     let recv = (c.recv_bytes > 0 && !c.recv.is_null()).then(|| host(c.recv as usize, c.recv_bytes));
     let op = || ReduceOp::from_nccl(c.op);
     let root = || (c.root >= 0 && (c.root as u64) < size as u64).then_some(Rank(c.root as u32));
-    let one = |kind: Kind| recv.map(|r| Op::in_place(kind, r));
+    let one = |kind: Kind| Op::in_place_checked(kind, recv?).ok();
     // Both buffers given and the arguments right, else the Python path (empty tensors
     // included: it knows their rules).
     let two =

@@ -30,10 +30,13 @@ fn unique_id(py: Python<'_>) -> PyResult<Vec<u8>> {
     Ok(id.to_bytes().to_vec())
 }
 
-/// The data types oxccl reduces and moves (NCCL's names).
+/// The element types every call takes, reductions included, by numpy's and torch's names
+/// (bool reduces logically; complex types with "sum" and "avg" only). The calls that only
+/// move data (broadcast, gathers, scatters, all-to-all, send/recv) also take any other
+/// fixed-size type, as bytes.
 #[pyfunction]
 fn data_types() -> Vec<&'static str> {
-    oxccl::DataType::ALL.iter().map(|d| d.name()).collect()
+    buf::reducible_names()
 }
 
 /// The fast path's C entry points: name → address (for `oxccl/csrc/fast.cpp`), and the

@@ -7,7 +7,7 @@
 //! call that share bytes are either NCCL's in-place layout (one buffer, the in-place form) or
 //! an error: the host path never makes a `&[u8]` and a `&mut [u8]` over the same bytes.
 
-use crate::buf::{Buf, Place};
+use crate::buf::{Buf, Elem, Place, Ty};
 use crate::errors::invalid;
 use oxccl::{DataType, Group, Rank, ReduceOp};
 use pyo3::PyResult;
@@ -32,6 +32,23 @@ pub enum Kind {
     Scatter(Rank),
     Send(Rank),
     Recv(Rank),
+}
+
+impl Kind {
+    /// The call a buffer of type `t` runs: a reduction's operator as the type defines it
+    /// (bool's logical operators), or why the type cannot be reduced so.
+    fn typed(self, t: Ty) -> Result<Kind, BadArg> {
+        // A type without arithmetic is the buffer's fault; an operator its type does not
+        // define, the operator's.
+        let arg = if matches!(t.elem, Elem::Bytes(_)) { "send" } else { "op" };
+        let op = |o: ReduceOp| t.reduction(o).map_err(|why| BadArg(arg, why));
+        Ok(match self {
+            Kind::AllReduce(o) => Kind::AllReduce(op(o)?),
+            Kind::Reduce(o, root) => Kind::Reduce(op(o)?, root),
+            Kind::ReduceScatter(o) => Kind::ReduceScatter(op(o)?),
+            k => k,
+        })
+    }
 }
 
 /// What was wrong with a call: the argument, and why.
@@ -92,16 +109,18 @@ impl Op {
         recv: Option<Buf>,
         in_place_at: impl Fn(&Buf) -> Option<usize>,
     ) -> Result<Op, BadArg> {
-        let dtype = match (&send, &recv) {
-            (Some(s), Some(r)) if s.dtype != r.dtype => {
+        let ty = match (&send, &recv) {
+            (Some(s), Some(r)) if s.ty() != r.ty() => {
                 return Err(BadArg(
                     "recv",
-                    format!("its data type {} differs from send's {}", r.dtype, s.dtype),
+                    format!("its data type {} differs from send's {}", r.ty().name(), s.ty().name()),
                 ))
             }
-            (Some(b), _) | (None, Some(b)) => b.dtype,
+            (Some(b), _) | (None, Some(b)) => b.ty(),
             (None, None) => return Err(BadArg("send", "no buffer given".into())),
         };
+        let kind = kind.typed(ty)?;
+        let dtype = ty.dtype;
         if let (Some(s), Some(r)) = (&send, &recv) {
             if s.place != r.place {
                 return Err(BadArg(
@@ -135,8 +154,14 @@ impl Op {
     }
 
     /// One buffer used in place (input and output).
-    pub fn in_place(kind: Kind, buf: Buf) -> Op {
-        Op { kind, dtype: buf.dtype, send: None, recv: Some(buf), in_place: true }
+    pub fn in_place(kind: Kind, buf: Buf) -> PyResult<Op> {
+        Op::in_place_checked(kind, buf).map_err(|BadArg(arg, why)| invalid(arg, why))
+    }
+
+    /// [`Op::in_place`] without Python (see [`Op::checked`]).
+    pub fn in_place_checked(kind: Kind, buf: Buf) -> Result<Op, BadArg> {
+        let kind = kind.typed(buf.ty())?;
+        Ok(Op { kind, dtype: buf.dtype, send: None, recv: Some(buf), in_place: true })
     }
 
     pub fn place(&self) -> Place {

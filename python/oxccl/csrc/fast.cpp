@@ -70,12 +70,13 @@ class DoneWork : public c10d::Work {
   std::vector<at::Tensor> out_;
 };
 
-// NCCL's type numbers (oxccl's), or -1.
+// NCCL's type numbers (oxccl's), 100 for bool (python/src/fast.rs: DTYPE_BOOL, reduced
+// logically), or -1.
 int type_of(at::ScalarType t) {
   switch (t) {
     case at::kChar: return 0;
     case at::kByte: return 1;
-    case at::kBool: return 1;
+    case at::kBool: return 100;
     case at::kInt: return 2;
     case at::kUInt32: return 3;
     case at::kLong: return 4;
@@ -92,7 +93,8 @@ int type_of(at::ScalarType t) {
 
 // A tensor the entry point can take as it is: contiguous CPU memory of a type oxccl has.
 bool plain(const at::Tensor& t) {
-  return t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous() && type_of(t.scalar_type()) >= 0;
+  return t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous() && !t.is_conj() && !t.is_neg() &&
+         type_of(t.scalar_type()) >= 0;
 }
 
 // NCCL's operator numbers (oxccl's), or -1 (PREMUL_SUM and the rest take the Python path).

@@ -42,12 +42,16 @@ def run():
     ro.setflags(write=False)
 
     # --------------------------------------------------------- Communicator, numpy arrays
-    bad("int16 array", lambda: comm.all_reduce(np.ones(4, np.int16)), "send:", "element type", '"h"')
-    bad("complex64 array", lambda: comm.all_reduce(np.ones(4, np.complex64)), "send:", "element type")
-    bad("float128 array", lambda: comm.broadcast(np.ones(4, np.longdouble)), "send:", "element type")
-    bad("non-contiguous array", lambda: comm.all_reduce(np.ones(8, np.float32)[::2]), "send:", "not contiguous")
-    bad("non-contiguous recv", lambda: comm.all_reduce(x, np.ones((4, 2), np.float32)[:, 0]), "recv:", "not contiguous")
-    bad("Fortran-order 2-D array", lambda: comm.all_reduce(np.ones((3, 2), np.float32, order="F")), "not contiguous")
+    # (Every numpy and torch element type, reduced or moved or refused: workers/dtypes.py.)
+    bad("int16 array reduced", lambda: comm.all_reduce(np.ones(4, np.int16)), "send:", "int16 cannot be reduced")
+    bad("complex64 array, max", lambda: comm.all_reduce(np.ones(4, np.complex64), op="max"), "op:", "complex64")
+    bad("float128 array reduced", lambda: comm.all_reduce(np.ones(4, np.longdouble)), "send:", "longdouble")
+    bad("object array", lambda: comm.broadcast(np.array([1, "a"], dtype=object)), "send:", "Python objects")
+    bad("non-contiguous array", lambda: comm.all_reduce(np.ones(8, np.float32)[::2]), "send:", "not C-contiguous")
+    bad("non-contiguous recv", lambda: comm.all_reduce(x, np.ones((4, 2), np.float32)[:, 0]), "recv:",
+        "not C-contiguous")
+    bad("Fortran-order 2-D array", lambda: comm.all_reduce(np.ones((3, 2), np.float32, order="F")),
+        "not C-contiguous", "Fortran order", "numpy.ascontiguousarray")
     bad("read-only array written in place", lambda: comm.all_reduce(ro), "send:", "read-only")
     bad("read-only recv", lambda: comm.all_reduce(x, ro), "recv:", "read-only")
     bad("read-only broadcast buffer", lambda: comm.broadcast(ro, root=0), "send:", "read-only")
@@ -56,7 +60,8 @@ def run():
     bad("a list", lambda: comm.all_reduce([1.0, 2.0]), "send:", "list", "buffer protocol")
     bad("None as the buffer", lambda: comm.all_reduce(None), "send:")
     bad("dtype= unknown name", lambda: comm.all_reduce(x, dtype="float128"), "dtype:", "float128")
-    bad("dtype= int16", lambda: comm.all_reduce(x, dtype="int16"), "dtype:", "int16")
+    bad("dtype= int16, reduced", lambda: comm.all_reduce(bytearray(8), dtype="int16"), "send:", "int16 cannot")
+    bad("dtype= quantized", lambda: comm.all_reduce(x, dtype="qint8"), "dtype:", "quantized")
     bad("bytes not a whole number of elements", lambda: comm.all_reduce(bytearray(6), dtype="float32"),
         "send:", "6 bytes")
     bad("send and recv types differ", lambda: comm.all_reduce(x, np.zeros(4, np.int32)), "recv:", "int32", "float")
@@ -94,12 +99,13 @@ def run():
     bad("Work.wait(timeout=-1)", lambda: comm.barrier() or _work(comm).wait(timeout=-1), "timeout:")
     bad("shrink excluding a rank out of range", lambda: comm.shrink([p]), "exclude:")
     # Torch tensors through the Communicator.
-    bad("int16 tensor", lambda: comm.all_reduce(torch.ones(4, dtype=torch.int16)), "send:", "torch.int16")
-    bad("complex tensor", lambda: comm.all_reduce(torch.ones(4, dtype=torch.complex64)), "send:", "complex64")
+    bad("int16 tensor", lambda: comm.all_reduce(torch.ones(4, dtype=torch.int16)), "send:", "int16 cannot")
+    bad("complex tensor, prod", lambda: comm.all_reduce(torch.ones(4, dtype=torch.complex64), op="prod"), "op:",
+        "complex64")
     bad("non-contiguous tensor", lambda: comm.all_reduce(torch.ones(4, 4)[:, 1]), "send:", "not contiguous")
     bad("meta tensor", lambda: comm.all_reduce(torch.ones(4, device="meta")), "send:", "meta")
     bad("tensor and array of different types", lambda: comm.all_reduce(torch.ones(4), np.zeros(4, np.float64)),
-        "recv:", "double")
+        "recv:", "float64")
     # Constructor arguments.
     bad("unique_id without size and rank", lambda: oxccl.Communicator(b"x" * 128), "unique_id")
     bad("malformed unique id", lambda: oxccl.Communicator(b"garbage", 2, 0), "unique id")
@@ -128,8 +134,9 @@ def run():
 
     # --------------------------------------------------------- torch.distributed "oxccl"
     t = torch.ones(4)
-    bad("dist: int16 tensor", lambda: dist.all_reduce(torch.ones(4, dtype=torch.int16)), "int16")
-    bad("dist: uint16 tensor", lambda: dist.broadcast(torch.ones(4, dtype=torch.uint16), src=0), "uint16")
+    bad("dist: int16 tensor", lambda: dist.all_reduce(torch.ones(4, dtype=torch.int16)), "int16 cannot be reduced")
+    bad("dist: bool AVG", lambda: dist.all_reduce(torch.ones(4, dtype=torch.bool), op=dist.ReduceOp.AVG),
+        "op:", "avg", "bool")
     bad("dist: non-contiguous tensor", lambda: dist.all_reduce(torch.ones(4, 4)[:, 0]), "contiguous")
     # Gloo's and NCCL's rule: the large tensor holds exactly world size × the small one.
     for what, fn, arg in (

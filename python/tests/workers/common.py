@@ -115,7 +115,18 @@ class Checks:
         if got.nbytes != want.nbytes or got.size != want.size:
             self.fail(f"{what}: expected {want.dtype} × {want.size}, got {got.dtype} × {got.size}")
             return
-        u = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[got.itemsize]
+        u = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(got.itemsize)
+        if u is None:  # complex128, structured, ...: element by element, as rows of bytes
+            g = np.ascontiguousarray(got).reshape(-1).view(np.uint8).reshape(got.size, -1)
+            w = np.ascontiguousarray(want).reshape(-1).view(np.uint8).reshape(want.size, -1)
+            rows = np.nonzero((g != w).any(1))[0]
+            if rows.size == 0:
+                self.ok()
+            else:
+                i = int(rows[0])
+                self.fail(f"{what}: index {i}: expected {want.reshape(-1)[i]!r}, got {got.reshape(-1)[i]!r} "
+                          f"({rows.size} of {got.size} elements differ)")
+            return
         g, w = np.ascontiguousarray(got).reshape(-1).view(u), np.ascontiguousarray(want).reshape(-1).view(u)
         diff = np.nonzero(g != w)[0]
         if diff.size == 0:

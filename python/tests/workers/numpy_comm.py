@@ -82,8 +82,8 @@ def run():
     c.eq("repr", repr(comm), f"<oxccl.Communicator rank {me} of {p}>")
     c.eq("closed", comm.closed, False)
     c.eq("data_types", oxccl.data_types(),
-         ["int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double", "bfloat16", "f8e4m3",
-          "f8e5m2"])
+         ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16",
+          "float8_e4m3fn", "float8_e5m2", "bool", "complex32", "complex64", "complex128"])
     c.true("__version__", isinstance(oxccl.__version__, str) and oxccl.__version__.count(".") == 2, oxccl.__version__)
     c.true("InvalidArgumentError is a ValueError", issubclass(oxccl.InvalidArgumentError, ValueError))
     c.true("TimeoutError is the built-in TimeoutError", issubclass(oxccl.TimeoutError, TimeoutError))
