@@ -130,6 +130,16 @@ class Work(dist._Work):
     def is_completed(self):
         return self._work is None or self._work.is_completed()
 
+    def _source_rank(self):
+        """The sender of a receive from any rank (once complete), as torch's Work answers."""
+        src = None if self._work is None else self._work.source
+        if src is None:
+            self.wait()
+            src = None if self._work is None else self._work.source
+        if src is None:
+            raise InvalidArgumentError("_source_rank: this Work is not a receive from any rank")
+        return src
+
     def get_future(self):
         if self._fut is None:
             if self._work is None:
@@ -328,7 +338,22 @@ class OxcclBackend(_BASE):
         return _done(output_lists[0] if len(output_lists) == 1 else [t for ol in output_lists for t in ol])
 
     def allgather_coalesced(self, output_lists, inputs, opts):
-        return self.allgather(output_lists, inputs, opts)
+        # torch's all_gather_coalesced lays the outputs out the other way round from
+        # allgather's: output_lists[r][i] receives rank r's inputs[i].
+        me = self._rank
+        if len(output_lists) != self._size:
+            raise InvalidArgumentError(
+                f"output_tensor_lists: {len(output_lists)} lists, but all_gather_coalesced needs one per rank "
+                f"({self._size})")
+        for r, outs in enumerate(output_lists):
+            if len(outs) != len(inputs):
+                raise InvalidArgumentError(
+                    f"output_tensor_lists[{r}]: {len(outs)} tensors, but there are {len(inputs)} inputs")
+        with self.comm.group():
+            for r, outs in enumerate(output_lists):
+                for i, o in enumerate(outs):
+                    self.comm.broadcast(inputs[i] if r == me else None, o, r)
+        return _done([t for ol in output_lists for t in ol])
 
     def all_gather_single(self, out, inp, opts):
         _sizes("output_tensor", out, inp, self._size)
@@ -443,7 +468,18 @@ class OxcclBackend(_BASE):
         return self._p2p(self.comm.recv, tensors, src)
 
     def recv_anysource(self, tensors, tag):
-        raise InvalidArgumentError("recv: oxccl needs the source rank (src=None, a receive from any rank, is not supported)")
+        # The next message any rank sends this one; the Work's _source_rank() names it. torch
+        # reads it through the Work it is handed, which only the compiled fast path's holder
+        # (and the Python ProcessGroup of torch before 2.15) forwards.
+        if len(tensors) != 1:
+            raise InvalidArgumentError(f"tensors: recv takes one tensor, not {len(tensors)}")
+        if self._group is not None:
+            raise InvalidArgumentError("src: a receive from any rank (src=None) cannot be part of a coalescing block")
+        if not _LEGACY and _FAST is None:
+            raise InvalidArgumentError(
+                "src: a receive from any rank (src=None) needs oxccl.torch's compiled fast path, which is unavailable "
+                "here (see the warning at import; OXCCL_TORCH_FAST=0 turns it off)")
+        return Work(tensors, self.comm.recv(tensors[0], None, async_op=True), self)
 
     def _p2p(self, fn, tensors, peer):
         if len(tensors) != 1:

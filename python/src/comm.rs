@@ -144,6 +144,50 @@ impl Communicator {
     }
 }
 
+impl Communicator {
+    /// A receive from any rank (`recv(buf, None)`): host memory, outside groups.
+    fn recv_any(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        async_op: bool,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Py<PyAny>>> {
+        if lock(&self.group).is_some() {
+            return Err(invalid(
+                "peer",
+                "None (a receive from any rank) cannot be part of a group: a group plans its receives with their peers",
+            ));
+        }
+        let (dt, mut k) = (dtype_arg(dtype)?, Keep::new());
+        let b = b("buf", buf, true, dt, &mut k)?;
+        if b.place != Place::Host {
+            return Err(invalid(
+                "buf",
+                "a receive from any rank takes host memory (CPU tensors, numpy arrays)",
+            ));
+        }
+        let comm = self.get()?;
+        if async_op {
+            // SAFETY: `k` holds the buffer's object until the worker has completed the
+            // receive (it is dropped there); the buffer belongs to the call until then.
+            let d = unsafe { comm.recv_any_detached(b.dtype, b.ptr as *mut u8, b.len, Box::new(k)) }
+                .map_err(to_py)?;
+            return Ok(Some(Py::new(py, Work::pending(d))?.into_any()));
+        }
+        let (ptr, len, t) = (b.ptr, b.len, b.dtype);
+        let r = py.detach(move || {
+            // SAFETY: `k` (held by this frame until the call returns) keeps the buffer alive;
+            // no other Python code writes it meanwhile unless another thread races the call.
+            let buf = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
+            comm.recv_any_raw(t, buf)
+        });
+        drop(k);
+        let peer = r.map_err(to_py)?;
+        Ok(Some(peer.0.into_pyobject(py)?.into_any().unbind()))
+    }
+}
+
 /// Parses an operator: a name (`"sum"`, `"prod"`/`"product"`, `"max"`, `"min"`, `"avg"`,
 /// `"band"`, `"bor"`, `"bxor"`) or NCCL's number.
 fn parse_op(o: Option<&Bound<'_, PyAny>>) -> PyResult<ReduceOp> {
@@ -527,17 +571,23 @@ impl Communicator {
         self.p2p(py, false, buf, peer, async_op, dtype)
     }
 
-    /// Rank `peer`'s `send` into `buf`.
-    #[pyo3(signature = (buf, peer, *, async_op=false, dtype=None))]
+    /// Rank `peer`'s `send` into `buf`. With `peer=None`, the next message any rank sends to
+    /// this one: returns the sender's rank (with `async_op=True`, a Work whose `source` names
+    /// it once complete).
+    #[pyo3(signature = (buf, peer=None, *, async_op=false, dtype=None))]
     fn recv(
         &self,
         py: Python<'_>,
         buf: &Bound<'_, PyAny>,
-        peer: i64,
+        peer: Option<i64>,
         async_op: bool,
         dtype: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Option<Py<Work>>> {
-        self.p2p(py, true, buf, peer, async_op, dtype)
+    ) -> PyResult<Option<Py<PyAny>>> {
+        let w = match peer {
+            Some(peer) => self.p2p(py, true, buf, peer, async_op, dtype)?,
+            None => return self.recv_any(py, buf, async_op, dtype),
+        };
+        Ok(w.map(|w| w.into_any()))
     }
 
     /// Returns once every rank has called it.

@@ -7,7 +7,7 @@
 use crate::errors::{raise, to_py};
 use oxccl::Detached;
 use pyo3::prelude::*;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 enum State {
@@ -21,17 +21,19 @@ enum State {
 #[pyclass(module = "oxccl._oxccl", frozen)]
 pub struct Work {
     st: Mutex<State>,
+    /// A receive from any rank's sender, once known.
+    from: Option<Arc<OnceLock<oxccl::Rank>>>,
 }
 
 impl Work {
     pub fn pending(d: Detached) -> Work {
-        Work { st: Mutex::new(State::Pending(d)) }
+        Work { from: d.source(), st: Mutex::new(State::Pending(d)) }
     }
 
     /// A call already complete (device calls: enqueued on the stream, which orders them).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub fn done() -> Work {
-        Work { st: Mutex::new(State::Ok) }
+        Work { st: Mutex::new(State::Ok), from: None }
     }
 }
 
@@ -81,6 +83,13 @@ impl Work {
             State::Failed(e) => Err(e.clone_ref(py)),
             _ => Ok(true),
         }
+    }
+
+    /// For a receive from any rank (`recv(buf, None, async_op=True)`): the rank whose message
+    /// it received, once complete; None before, and for every other call.
+    #[getter]
+    fn source(&self) -> Option<u32> {
+        self.from.as_ref().and_then(|f| f.get()).map(|r| r.0)
     }
 
     /// Whether the call is complete (never blocks).

@@ -86,6 +86,8 @@ pub struct PeerState {
     pub done: u64,
     /// In a group of several collectives: those after `sig`, in order (at most [`MAX_REST`]).
     pub rest: Vec<Sig>,
+    /// Messages it has numbered for the rank that asked (sends planned to it, in all).
+    pub sent: u64,
 }
 
 impl PeerState {

@@ -153,8 +153,9 @@ py::object P(const c10d::AllToAllOptions&) { return ns(); }
 py::object P(const c10d::BarrierOptions&) { return ns(); }
 
 // A Python Work (a send or receive still running) kept alive with its Python object, as torch's
-// PyWorkHolder keeps one, but also answering isCompleted from the object's is_completed():
-// torch's holder forwards only wait and getFuture, so a caller would see False forever.
+// PyWorkHolder keeps one, but also answering isCompleted from the object's is_completed() and
+// sourceRank from its _source_rank(): torch's holder forwards only wait and getFuture, so a
+// caller would see False forever, and no sender for a receive from any rank.
 class OxWorkHolder : public c10d::Work {
  public:
   explicit OxWorkHolder(py::object w)
@@ -168,6 +169,11 @@ class OxWorkHolder : public c10d::Work {
   bool isCompleted() override {
     py::gil_scoped_acquire gil;
     return py_.attr("is_completed")().cast<bool>();
+  }
+  // The sender of a receive from any rank (torch's recv without src reads it here).
+  int sourceRank() const override {
+    py::gil_scoped_acquire gil;
+    return py_.attr("_source_rank")().cast<int>();
   }
 
  private:

@@ -152,7 +152,8 @@ def run():
     ):
         bad(f"dist: reduce_scatter_tensor {what}", fn, "input_tensor:", "exactly world size")
     bad("dist: BAND on floats", lambda: dist.all_reduce(torch.ones(4), op=dist.ReduceOp.BAND), "band", "float")
-    bad("dist: recv from any source", lambda: dist.recv(torch.zeros(4)), "source rank")
+    bad("recv from any rank inside a group", lambda: _in_group(comm, lambda: comm.recv(np.zeros(4, np.float32))),
+        "peer:", "group")
     bad("dist: all_to_all_single split sizes that do not sum",
         lambda: dist.all_to_all_single(torch.zeros(2 * p), torch.ones(2 * p), [1] * p, [3] * p), "input_split_sizes")
     bad("dist: all_to_all_single split count wrong",

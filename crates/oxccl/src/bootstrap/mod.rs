@@ -44,7 +44,7 @@ pub use service::{Incoming, Mailbox, Service, Word};
 pub use wire::*;
 
 /// Protocol version of every bootstrap message.
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// Frame kinds.
 pub(crate) mod kind {
@@ -272,13 +272,31 @@ impl Bootstrap {
     }
 
     /// Closes outgoing control connections in order: a goodbye, then end of stream (so
-    /// peers do not take this rank for gone).
+    /// peers do not take this rank for gone). Each goodbye carries the messages this rank
+    /// numbered for that peer (a receive from any rank there may still be due one of them,
+    /// sent eagerly before this rank left); a peer it sent to without holding a control
+    /// connection to it (a sparse communicator's) is connected to for its goodbye.
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
         let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
-        for s in out.values_mut() {
+        let progress = &self.mailbox.progress;
+        for to in progress.sent_to_any() {
+            if to != self.me && to.idx() < self.peers.len() && !out.contains_key(&to.0) {
+                if let Ok(mut s) =
+                    TcpStream::connect_timeout(&self.peers[to.idx()].addr, Duration::from_millis(200))
+                {
+                    let _ = s.set_nodelay(true);
+                    let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
+                    let hello = Hello { secret: self.secret, from: self.me, to, data: None };
+                    if write_frame(&mut s, kind::HELLO, &hello.encode()).is_ok() {
+                        out.insert(to.0, s);
+                    }
+                }
+            }
+        }
+        for (to, s) in out.iter_mut() {
             let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
-            let _ = write_frame(s, kind::BYE, &[]);
+            let _ = write_frame(s, kind::BYE, &progress.sent_to(Rank(*to)).to_le_bytes());
             let _ = s.shutdown(std::net::Shutdown::Write);
         }
         // Each peer's service closes its end once it has read the goodbye. Until then this

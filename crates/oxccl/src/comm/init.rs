@@ -471,6 +471,7 @@ impl Communicator {
             closed: AtomicBool::new(false),
             split_seq: AtomicU64::new(0),
             shrink_seq: AtomicU64::new(0),
+            any_next: Default::default(),
             worker: Mutex::new(None),
             herald: Mutex::new(herald),
             sparse_from: p.route.sparse_from,

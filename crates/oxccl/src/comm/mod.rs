@@ -12,6 +12,7 @@
 //! `api` (single calls, each a group of one), `elastic` (growing, memory held); this one holds the
 //! communicator's state, split and shrink, the call queue and failure.
 
+mod anysrc;
 mod api;
 mod elastic;
 mod init;
@@ -124,6 +125,9 @@ pub(crate) struct Inner {
     closed: AtomicBool,
     split_seq: AtomicU64,
     shrink_seq: AtomicU64,
+    /// Where a receive from any rank starts looking (an index into the other ranks), after
+    /// the peer it last took from (`anysrc`).
+    any_next: std::sync::atomic::AtomicU32,
     worker: Mutex<Option<JoinHandle<()>>>,
     /// A sparse communicator's herald thread (joined at shutdown, once the mailbox closed).
     herald: Mutex<Option<JoinHandle<()>>>,
@@ -362,6 +366,18 @@ impl Communicator {
         done: Box<dyn FnOnce(Result<()>) + Send>,
     ) -> Result<()> {
         self.inner.check_usable()?;
+        self.queue(Box::new(move |inner: &Inner| {
+            let r = match inner.check_usable() {
+                Ok(()) => inner.run_job(&ops, &bufs, what),
+                Err(e) => Err(e),
+            };
+            done(r);
+        }))
+    }
+
+    /// Queues `job` for the worker thread (started at the first job), after every job queued
+    /// before it.
+    fn queue(&self, job: QueuedJob) -> Result<()> {
         let i = &self.inner;
         {
             let mut w = lock(&i.worker);
@@ -379,13 +395,7 @@ impl Communicator {
             }
         }
         let mut s = lock(&i.sched);
-        s.queue.push_back(Box::new(move |inner: &Inner| {
-            let r = match inner.check_usable() {
-                Ok(()) => inner.run_job(&ops, &bufs, what),
-                Err(e) => Err(e),
-            };
-            done(r);
-        }));
+        s.queue.push_back(job);
         i.sched_cv.notify_all();
         Ok(())
     }

@@ -70,11 +70,26 @@ impl Work<'_> {
 #[must_use = "a launched call runs anyway; wait() reports its result"]
 pub struct Detached {
     st: Arc<WorkState>,
+    /// A receive from any rank's sender, set when it completes.
+    from: Option<Arc<std::sync::OnceLock<oxccl_core::Rank>>>,
 }
 
 impl Detached {
     pub(super) fn new(st: Arc<WorkState>) -> Detached {
-        Detached { st }
+        Detached { st, from: None }
+    }
+
+    pub(super) fn with_source(
+        st: Arc<WorkState>,
+        from: Arc<std::sync::OnceLock<oxccl_core::Rank>>,
+    ) -> Detached {
+        Detached { st, from: Some(from) }
+    }
+
+    /// For a receive from any rank ([`Communicator::recv_any_detached`]): a handle that
+    /// names the sender once the receive is complete (and stays unset if it failed).
+    pub fn source(&self) -> Option<Arc<std::sync::OnceLock<oxccl_core::Rank>>> {
+        self.from.clone()
     }
 
     /// Blocks until the call is complete on this rank; its result.

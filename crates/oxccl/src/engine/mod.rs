@@ -305,6 +305,19 @@ impl Engine {
         self.ctx.mailbox.progress.group_rest(later.zip(first + 1..).map(|(op, n)| Sig::of(op, n)));
     }
 
+    /// Publishes, for peers' receives from any rank, how many messages this rank has
+    /// numbered for each peer it sends to in `ops` (now planned). Out of line: groups with
+    /// sends only.
+    #[inline(never)]
+    fn publish_sends(&self, ops: &[OpSpec]) {
+        let n = self.ctx.peers.len();
+        for op in ops {
+            if let OpSpec::Send { peer, .. } = op {
+                self.ctx.mailbox.progress.note_sent(*peer, self.seqs.sent[peer.idx()], n);
+            }
+        }
+    }
+
     /// A waiter for one job: the communicator's deadline, abort flag, gone peers, and probes
     /// of the awaited peers once stuck.
     fn waiter(&self) -> Waiter {
@@ -342,6 +355,9 @@ impl Engine {
             }
         }
         let job = plan_group_signed(g, ops, &mut self.seqs, self.ctx.check_calls)?;
+        if !job.p2p.is_empty() {
+            self.publish_sends(ops);
+        }
         self.run(job, bufs, what)
     }
 

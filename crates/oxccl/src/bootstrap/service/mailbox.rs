@@ -30,8 +30,9 @@ pub(super) struct MailState {
     /// Control blocks (and doorbells) peers offered: (ctl, doorbell).
     pub(super) arenas: HashMap<u32, (OwnedFd, OwnedFd)>,
     closed: bool,
-    /// Peers that said goodbye: they destroyed their communicators in order.
-    left: std::collections::HashSet<u32>,
+    /// Peers that said goodbye (they destroyed their communicators in order), with the
+    /// messages each had numbered for this rank in all.
+    left: HashMap<u32, u64>,
 }
 
 impl std::fmt::Debug for Mailbox {
@@ -79,6 +80,10 @@ pub struct Progress {
     busy: AtomicBool,
     done: AtomicU64,
     rest: Mutex<Vec<Sig>>,
+    /// Per peer, how many messages this rank has numbered for it (its sends' pair numbers,
+    /// published when a group with sends to that peer is planned): a peer's receive from any
+    /// rank compares it with the messages it has taken from this one. Sized at first use.
+    sent: std::sync::OnceLock<Box<[AtomicU64]>>,
 }
 
 /// How many of a rank's last calls [`Progress`] remembers.
@@ -130,6 +135,32 @@ impl Progress {
         }
     }
 
+    /// This rank has numbered `n` messages for `peer` in all (of `size` ranks).
+    #[inline]
+    pub fn note_sent(&self, peer: Rank, n: u64, size: usize) {
+        let sent = self.sent.get_or_init(|| (0..size).map(|_| AtomicU64::new(0)).collect());
+        if let Some(c) = sent.get(peer.idx()) {
+            c.store(n, Ordering::Release);
+        }
+    }
+
+    /// The messages this rank has numbered for `peer` in all.
+    pub fn sent_to(&self, peer: Rank) -> u64 {
+        self.sent.get().and_then(|s| s.get(peer.idx())).map_or(0, |c| c.load(Ordering::Acquire))
+    }
+
+    /// The peers this rank has numbered messages for.
+    pub fn sent_to_any(&self) -> Vec<Rank> {
+        let Some(s) = self.sent.get() else { return Vec::new() };
+        (0..s.len()).filter(|&i| s[i].load(Ordering::Acquire) > 0).map(Rank::new).collect()
+    }
+
+    /// The state a probe from `asker` is answered with: [`snapshot`](Self::snapshot), and the
+    /// messages this rank has numbered for `asker`.
+    pub fn snapshot_for(&self, asker: Rank) -> PeerState {
+        PeerState { sent: self.sent_to(asker), ..self.snapshot() }
+    }
+
     pub fn snapshot(&self) -> PeerState {
         let busy = self.busy.load(Ordering::Acquire);
         let sig = Sig::from_words([0, 1, 2].map(|i| self.sig[i].load(Ordering::Relaxed)));
@@ -142,7 +173,7 @@ impl Progress {
                 Vec::new()
             }
         };
-        PeerState { busy, sig, done: self.done.load(Ordering::Relaxed), rest }
+        PeerState { busy, sig, done: self.done.load(Ordering::Relaxed), rest, sent: 0 }
     }
 }
 
@@ -161,6 +192,7 @@ impl PeerState {
                 w.u64(x);
             }
         }
+        w.u64(self.sent);
         w.finish()
     }
 
@@ -181,8 +213,9 @@ impl PeerState {
         for _ in 0..n {
             rest.push(Sig::from_words([r.u64()?, r.u64()?, r.u64()?]));
         }
+        let sent = r.u64()?;
         r.finish()?;
-        Ok((nonce, PeerState { busy, sig, done, rest }))
+        Ok((nonce, PeerState { busy, sig, done, rest, sent }))
     }
 }
 
@@ -259,14 +292,19 @@ impl Mailbox {
     }
 
     /// Records that `r` said goodbye (it destroyed its communicator in order).
-    pub(crate) fn mark_left(&self, r: Rank) {
-        self.lock().left.insert(r.0);
+    pub(crate) fn mark_left(&self, r: Rank, sent: u64) {
+        self.lock().left.insert(r.0, sent);
         self.cv.notify_all();
     }
 
     /// Whether `r` said goodbye.
     pub fn has_left(&self, r: Rank) -> bool {
-        self.lock().left.contains(&r.0)
+        self.lock().left.contains_key(&r.0)
+    }
+
+    /// The messages `r` had numbered for this rank when it said goodbye (None: it has not).
+    pub fn left_sent(&self, r: Rank) -> Option<u64> {
+        self.lock().left.get(&r.0).copied()
     }
 
     /// Records that `r` is gone and wakes everyone waiting on this rank.
@@ -414,7 +452,7 @@ impl Mailbox {
         let until = Instant::now() + wait;
         let mut st = self.lock();
         loop {
-            if st.left.contains(&peer.0) {
+            if st.left.contains_key(&peer.0) {
                 return false;
             }
             {

@@ -342,8 +342,11 @@ fn tcp_step(ctx: &Ctx, c: &mut TcpConn, now: Instant, deadline: Duration) -> Ste
                     }
                 }
             }
-            (ConnState::Msgs { from, .. }, (kind::BYE, _)) => {
-                ctx.mailbox.mark_left(*from);
+            (ConnState::Msgs { from, .. }, (kind::BYE, payload)) => {
+                // The messages it numbered for this rank, in all (see Bootstrap::close).
+                let sent =
+                    u64::from_le_bytes(payload.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]));
+                ctx.mailbox.mark_left(*from, sent);
                 c.state = ConnState::Msgs { from: *from, bye: true };
             }
             (ConnState::Msgs { from, .. }, (kind::PROBE, payload)) => {
@@ -351,7 +354,7 @@ fn tcp_step(ctx: &Ctx, c: &mut TcpConn, now: Instant, deadline: Duration) -> Ste
                 // answer (the prober gives up after its timeout).
                 let nonce =
                     u64::from_le_bytes(payload.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]));
-                let answer = ctx.mailbox.progress.snapshot().encode(nonce);
+                let answer = ctx.mailbox.progress.snapshot_for(*from).encode(nonce);
                 if let Err(e) = super::write_frame(&mut c.s, kind::STATE, &answer) {
                     ctx.log.info_in(
                         oxccl_core::config::subsys::BOOTSTRAP,
