@@ -15,7 +15,7 @@
 //! 5. After a failure, the launcher says where the ranks' flight recorder dumps are and how
 //!    to read them (`oxccl analyze`).
 
-use crate::args::{Bench, Opts};
+use crate::args::Opts;
 use oxccl::Config;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -239,6 +239,12 @@ pub fn launch(o: &Opts, args: &[String]) -> i32 {
         eprintln!("oxccl-perf: {e}");
         return 2;
     }
+    // Refused here, once, before any rank starts (and prints a header).
+    let (ranks, job) = crate::args::job(Some(np), None, o.nthreads);
+    if let Err(e) = crate::args::check_root(o, ranks, &job) {
+        eprintln!("oxccl-perf: {e}");
+        return 2;
+    }
     let id = match oxccl::new_unique_id(&Config::default()) {
         Ok(id) => id,
         Err(e) => {
@@ -253,7 +259,8 @@ pub fn launch(o: &Opts, args: &[String]) -> i32 {
             return 2;
         }
     };
-    // The children get the same flags without -np, and the benchmark's name first.
+    // The children get the same flags without -np, and the benchmark's name first (wherever
+    // it was given).
     let mut child_args = vec![o.bench.program().to_string()];
     let mut i = 0;
     while i < args.len() {
@@ -261,7 +268,7 @@ pub fn launch(o: &Opts, args: &[String]) -> i32 {
             i += 2;
             continue;
         }
-        if Bench::parse(&args[i]).is_none() || i > 0 {
+        if o.bench_at != Some(i) {
             child_args.push(args[i].clone());
         }
         i += 1;
