@@ -9,6 +9,9 @@
 //! omitted. Without `-np`, every process a launcher started (mpirun, srun, torchrun) is one
 //! rank; a process started alone is a world of one.
 
+#[cfg(test)]
+oxccl_testkit::test_scope!();
+
 mod args;
 mod bench;
 mod colls;

@@ -18,6 +18,9 @@
 //! A failing command prints `oxccl COMMAND: why` on stderr and exits 1; a closed stdout ends
 //! the process quietly (`sigpipe`).
 
+#[cfg(test)]
+oxccl_testkit::test_scope!();
+
 #[allow(dead_code)]
 mod plot;
 #[allow(dead_code)]
