@@ -10,19 +10,44 @@ in it at `timeout`; each worker also arms its own deadline (OXCCL_TEST_DEADLINE,
 shorter: it prints every thread's stack and exits) and dies with torchrun (workers/common.py),
 since torchrun puts each rank in a session of its own. Runs are never concurrent: the suite
 starts one torchrun at a time.
+
+Files: the suite writes only under its run root, `$TMPDIR/oxccl-test-<pid>` (as the Rust
+tests do, oxccl_testkit::scope), removed when the session ends, pass or fail. Made before any
+test, it becomes `TMPDIR` for this process and every rank it starts (torchrun's log
+directories, the flight recorder dumps of ranks that fail on purpose, unique-id files), holds
+pytest's `tmp_path` directories, and its `cache` is `OXCCL_CACHE_DIR` unless that is set.
 """
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 WORKERS = Path(__file__).parent / "workers"
+
+_ROOT = Path(tempfile.gettempdir()) / f"oxccl-test-{os.getpid()}"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    _ROOT.mkdir(parents=True, exist_ok=True)
+    os.environ["TMPDIR"] = str(_ROOT)
+    tempfile.tempdir = None  # tempfile reads TMPDIR again
+    if not os.environ.get("OXCCL_CACHE_DIR"):
+        os.environ["OXCCL_CACHE_DIR"] = str(_ROOT / "cache")
+    if config.option.basetemp is None:
+        config.option.basetemp = str(_ROOT / "pytest")
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_ROOT, ignore_errors=True)
 
 
 def torchrun(script, nproc, *args, env=None, timeout=240, check=True):

@@ -2,7 +2,17 @@
 //! (`-np`, `--plot`), parsed by hand to keep nccl-tests' syntax exactly (`-b8`, `-b 8`,
 //! `-np 4`, `--minbytes=1K`). `-h`/`--help` is an outcome of its own ([`ArgsError::Help`]:
 //! the usage on stdout, exit 0), apart from a wrong command line ([`ArgsError::Invalid`]).
+//!
+//! Rules:
+//! 1. A wrong command line is said in a line or two, never the whole usage: what was wrong,
+//!    the nearest known option or benchmark when one is near (`suggest`), and where to look
+//!    ([`SEE_HELP`]).
+//! 2. What can be checked before any rank starts is: the options here, a root (`-r`) against
+//!    the job's rank count in [`check_root`] (called by the launcher and by each rank before
+//!    its rendezvous).
 
+use crate::sizes::SIZE_FORMS;
+use crate::suggest::{did_you_mean, nearest};
 use oxccl::{DataType, ReduceOp};
 use oxccl_core::coll::Collective;
 
@@ -134,9 +144,87 @@ pub struct Opts {
     /// The capture mode (`--graph_mode`): 0 global, 1 thread-local, 2 relaxed; `None`: as
     /// nccl-tests (thread-local with several threads, else global).
     pub graph_mode: Option<u8>,
+    /// Where in the arguments the benchmark was named (`None`: by the program's name, or not
+    /// at all), so that the launcher gives its ranks every other argument.
+    pub bench_at: Option<usize>,
 }
 
 pub use crate::sizes::parse_size;
+
+/// The second line of a wrong command line's error.
+pub const SEE_HELP: &str = "  (--help lists the benchmarks and every option)";
+
+/// Every option as it is typed, for suggestions: exactly the spellings [`parse`] takes.
+pub const OPTIONS: [&str; 68] = [
+    "-np",
+    "-t",
+    "--nthreads",
+    "-g",
+    "--ngpus",
+    "--mem",
+    "-b",
+    "--minbytes",
+    "-e",
+    "--maxbytes",
+    "-i",
+    "--stepbytes",
+    "-f",
+    "--stepfactor",
+    "-o",
+    "--op",
+    "-d",
+    "--datatype",
+    "-r",
+    "--root",
+    "-n",
+    "--iters",
+    "-w",
+    "--warmup_iters",
+    "-m",
+    "--agg_iters",
+    "-N",
+    "--run_cycles",
+    "-a",
+    "--average",
+    "-c",
+    "--check",
+    "-z",
+    "--blocking",
+    "-T",
+    "--timeout",
+    "-I",
+    "--per_iter_timing",
+    "-K",
+    "--per_iter_skip",
+    "-J",
+    "--output_file",
+    "-M",
+    "--memory",
+    "-C",
+    "--report_cputime",
+    "-S",
+    "--report_timestamps",
+    "-R",
+    "--local_register",
+    "-u",
+    "--unalign",
+    "--plot",
+    "-G",
+    "--cudagraph",
+    "--graph_mode",
+    "-p",
+    "--parallel_init",
+    "-y",
+    "--stream_null",
+    "-x",
+    "--cta_policy",
+    "-D",
+    "--device_implementation",
+    "-V",
+    "--device_cta_count",
+    "-h",
+    "--help",
+];
 
 pub const USAGE: &str =
     "USAGE: oxccl-perf <benchmark> [options]   (or run as <benchmark>, e.g. all_reduce_perf)
@@ -253,6 +341,7 @@ pub fn parse(args: &[String], bench: Option<Bench>) -> Result<Opts, ArgsError> {
         device: false,
         graph: 0,
         graph_mode: None,
+        bench_at: None,
     };
     let mut have_bench = bench.is_some();
     let mut i = 0;
@@ -271,12 +360,20 @@ pub fn parse(args: &[String], bench: Option<Bench>) -> Result<Opts, ArgsError> {
             (k.to_string(), (!rest.is_empty()).then(|| rest.to_string()))
         } else {
             if !have_bench {
-                o.bench = Bench::parse(a).ok_or_else(|| format!("unknown benchmark {a:?}\n{USAGE}"))?;
+                o.bench = Bench::parse(a).ok_or_else(|| {
+                    let names = Bench::ALL.map(Bench::program);
+                    format!("unknown benchmark {a:?}{}\n{SEE_HELP}", did_you_mean(a, names))
+                })?;
+                o.bench_at = Some(i);
                 have_bench = true;
             } else if o.plot.is_some() {
                 o.plot_inputs.push(a.to_string());
             } else {
-                return Err(format!("unexpected argument {a:?}\n{USAGE}").into());
+                return Err(format!(
+                    "unexpected argument {a:?}: the benchmark is {} already, and options start with -\n{SEE_HELP}",
+                    o.bench.program()
+                )
+                .into());
             }
             i += 1;
             continue;
@@ -291,7 +388,9 @@ pub fn parse(args: &[String], bench: Option<Bench>) -> Result<Opts, ArgsError> {
             i += 1;
             args.get(i).cloned().ok_or_else(|| format!("option {a} needs a value"))
         };
-        let size = |v: String, f: &str| parse_size(&v).ok_or_else(|| format!("invalid size {v:?} for {f}"));
+        let size = |v: String, f: &str| {
+            parse_size(&v).ok_or_else(|| format!("invalid size {v:?} for {f}: {SIZE_FORMS}"))
+        };
         match flag.as_str() {
             "t" | "nthreads" => o.nthreads = num("-t", &value()?)?,
             "g" | "ngpus" => o.ngpus = num("-g", &value()?)?,
@@ -374,7 +473,14 @@ pub fn parse(args: &[String], bench: Option<Bench>) -> Result<Opts, ArgsError> {
                     v => return Err(format!("invalid value {v:?} for --mem (host or device)").into()),
                 }
             }
-            _ => return Err(format!("invalid option {a:?}\n{USAGE}").into()),
+            _ if a.starts_with("--") => {
+                // Long names are compared without their dashes, as clap does.
+                let longs = OPTIONS.iter().filter_map(|o| o.strip_prefix("--"));
+                let hint =
+                    nearest(&flag, longs).map(|n| format!("; did you mean \"--{n}\"?")).unwrap_or_default();
+                return Err(format!("unknown option \"--{flag}\"{hint}\n{SEE_HELP}").into());
+            }
+            _ => return Err(format!("unknown option \"-{flag}\"\n{SEE_HELP}").into()),
         }
         i += 1;
     }
@@ -406,6 +512,35 @@ pub fn parse(args: &[String], bench: Option<Bench>) -> Result<Opts, ArgsError> {
         return Err("-G captures CUDA graphs, which needs device buffers: add --mem device".into());
     }
     Ok(o)
+}
+
+/// A job's rank count and how to say where it comes from: `-np` processes, or those of the
+/// launcher (`(name, processes)`) that started this one, or this process alone; each of `-t`
+/// threads.
+pub fn job(np: Option<usize>, launcher: Option<(&str, usize)>, threads: usize) -> (usize, String) {
+    let t = if threads > 1 { format!(" × -t {threads}") } else { String::new() };
+    match (np, launcher) {
+        (Some(n), _) => (n * threads, format!("with -np {n}{t}")),
+        (None, Some((name, n))) => (n * threads, format!("under {name} with {n} processes{t}")),
+        (None, None) if threads > 1 => (threads, format!("with -t {threads} in one process")),
+        (None, None) => (1, "in one process (no -np, no launcher)".to_string()),
+    }
+}
+
+/// Refuses a root (`-r`) that is not a rank of a job of `ranks` ranks, which `job` describes
+/// ("with -np 2", "under torchrun with 4 processes"); only for the rooted benchmarks, since
+/// nccl-tests ignores `-r` for the others.
+pub fn check_root(o: &Opts, ranks: usize, job: &str) -> Result<(), String> {
+    match o.root {
+        Some(r) if o.bench.rooted() && ranks > 0 && r >= ranks => {
+            let have = match ranks {
+                1 => "only rank 0: give -r 0".to_string(),
+                n => format!("ranks 0 to {}: give one of them", n - 1),
+            };
+            Err(format!("invalid root {r} for -r: {} {job} has {have}, or -r all", o.bench.program()))
+        }
+        _ => Ok(()),
+    }
 }
 
 impl Opts {
@@ -483,11 +618,103 @@ mod tests {
         assert!(p("all_reduce_perf -t 0").is_err());
         assert!(p("all_reduce_perf --mem gpu").is_err());
         assert!(p("nosuch_perf").is_err());
-        let Err(ArgsError::Invalid(e)) = p("all_reduce_perf -q 1") else { panic!("-q accepted") };
-        assert!(e.starts_with("invalid option \"-q\"\nUSAGE: oxccl-perf"), "{e}");
-        let Err(ArgsError::Invalid(e)) = p("all_reduce_perf -b 1K -e x") else { panic!("-e x accepted") };
-        assert_eq!(e, "invalid size \"x\" for -e");
         assert_eq!(parse_size("1.5K"), Some(1536));
         assert_eq!(parse_size("x"), None);
+    }
+
+    fn invalid(line: &str) -> String {
+        match p(line) {
+            Err(ArgsError::Invalid(e)) => e,
+            other => panic!("{line}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_wrong_command_line_is_said_in_two_lines_with_the_nearest_known_word() {
+        let help = "\n  (--help lists the benchmarks and every option)";
+        let minbytes = format!("unknown option \"--minbyte\"; did you mean \"--minbytes\"?{help}");
+        assert_eq!(invalid("all_reduce_perf --minbyte 8"), minbytes);
+        assert_eq!(invalid("all_reduce_perf --minbyte=8"), minbytes);
+        assert_eq!(
+            invalid("all_reduce_perf --warmup_iter 2"),
+            format!("unknown option \"--warmup_iter\"; did you mean \"--warmup_iters\"?{help}")
+        );
+        assert_eq!(invalid("all_reduce_perf -q1"), format!("unknown option \"-q\"{help}"));
+        assert_eq!(invalid("all_reduce_perf --colour 1"), format!("unknown option \"--colour\"{help}"));
+        assert_eq!(
+            invalid("allreduce_perf -b 8"),
+            format!("unknown benchmark \"allreduce_perf\"; did you mean \"all_reduce_perf\"?{help}")
+        );
+        assert_eq!(
+            invalid("alltoal_perf"),
+            format!("unknown benchmark \"alltoal_perf\"; did you mean \"alltoall_perf\"?{help}")
+        );
+        assert_eq!(invalid("frobnicate"), format!("unknown benchmark \"frobnicate\"{help}"));
+        assert_eq!(
+            invalid("all_reduce_perf 8M"),
+            format!("unexpected argument \"8M\": the benchmark is all_reduce_perf already, and options start with -{help}")
+        );
+        assert_eq!(
+            invalid("all_reduce_perf -b 1T"),
+            "invalid size \"1T\" for -b: a number of bytes, optionally with K, M or G (powers of 1024): 8, 64K, 1.5M, 1G"
+        );
+        assert_eq!(
+            invalid("all_reduce_perf -b 1K -e x"),
+            "invalid size \"x\" for -e: a number of bytes, optionally with K, M or G (powers of 1024): 8, 64K, 1.5M, 1G"
+        );
+    }
+
+    /// The suggestions' list is the parser's: every spelling in it is taken (with some value).
+    #[test]
+    fn every_listed_option_is_taken() {
+        for opt in OPTIONS {
+            match p(&format!("all_reduce_perf {opt} 1")) {
+                Err(ArgsError::Invalid(e)) => assert!(!e.starts_with("unknown option"), "{opt}: {e}"),
+                Err(ArgsError::Help) => assert!(opt == "-h" || opt == "--help", "{opt}"),
+                Ok(_) => {}
+            }
+        }
+        assert_eq!(OPTIONS.iter().collect::<std::collections::HashSet<_>>().len(), OPTIONS.len());
+    }
+
+    /// The benchmark may come after options; where it came is kept for the launcher.
+    #[test]
+    fn the_benchmark_anywhere_and_where() {
+        let o = p("-np 2 -t 2 broadcast_perf -r 3").unwrap();
+        assert_eq!(
+            (o.bench, o.bench_at, o.root, o.np, o.nthreads),
+            (Bench::Broadcast, Some(4), Some(3), Some(2), 2)
+        );
+        assert_eq!(p("reduce_perf -np 2").unwrap().bench_at, Some(0));
+        assert_eq!(p("-np 2").unwrap().bench_at, None);
+    }
+
+    #[test]
+    fn a_root_outside_the_job_is_refused_naming_r_and_the_ranks() {
+        let o = p("broadcast_perf -r 5").unwrap();
+        assert_eq!(
+            check_root(&o, 2, "with -np 2").unwrap_err(),
+            "invalid root 5 for -r: broadcast_perf with -np 2 has ranks 0 to 1: give one of them, or -r all"
+        );
+        assert_eq!(
+            check_root(&o, 1, "in a process started alone").unwrap_err(),
+            "invalid root 5 for -r: broadcast_perf in a process started alone has only rank 0: give -r 0, or -r all"
+        );
+        assert_eq!(check_root(&o, 6, "with -np 6"), Ok(()));
+        assert_eq!(check_root(&p("reduce_perf -r 2").unwrap(), 3, "with -np 3"), Ok(()));
+        assert!(check_root(&p("reduce_perf -r 3").unwrap(), 3, "with -np 3").is_err());
+        assert_eq!(check_root(&p("broadcast_perf -r all").unwrap(), 2, "with -np 2"), Ok(()));
+        // Where the rank count comes from.
+        assert_eq!(job(Some(2), None, 1), (2, "with -np 2".to_string()));
+        assert_eq!(job(Some(2), None, 3), (6, "with -np 2 × -t 3".to_string()));
+        assert_eq!(job(None, Some(("torchrun", 4)), 1), (4, "under torchrun with 4 processes".to_string()));
+        assert_eq!(
+            job(None, Some(("mpirun", 2)), 2),
+            (4, "under mpirun with 2 processes × -t 2".to_string())
+        );
+        assert_eq!(job(None, None, 2), (2, "with -t 2 in one process".to_string()));
+        assert_eq!(job(None, None, 1), (1, "in one process (no -np, no launcher)".to_string()));
+        // nccl-tests ignores -r where there is no root.
+        assert_eq!(check_root(&p("all_reduce_perf -r 5").unwrap(), 2, "with -np 2"), Ok(()));
     }
 }

@@ -6,6 +6,9 @@
 //! [`oxccl_callcost_measured`], the function callgrind collects in. Settings are the defaults
 //! a user gets (the environment is not read), so the count is that of the common call.
 
+#[cfg(test)]
+oxccl_testkit::test_scope!();
+
 use oxccl::{Communicator, Config, Rank, ReduceOp, UniqueId};
 use std::io::Write as _;
 use std::time::Duration;

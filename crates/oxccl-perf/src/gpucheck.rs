@@ -7,6 +7,9 @@
 //! Exit status 1 if any check fails; without CUDA it says so and exits 2. `--help` prints
 //! [`USAGE`] (stdout, exit 0); an argument it does not know is an error (stderr, exit 2).
 
+#[cfg(test)]
+oxccl_testkit::test_scope!();
+
 mod sigpipe;
 
 use oxccl::cuda::kernels::{Kop, Sync};

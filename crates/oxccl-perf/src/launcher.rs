@@ -13,13 +13,14 @@
 //!    are stopped, their errors (about the dead rank) and flight recorder dumps are dropped,
 //!    and the launcher ends by SIGPIPE itself, quietly, as `cat` does.
 //! 5. After a failure, the launcher says where the ranks' flight recorder dumps are and how
-//!    to read them (`oxccl analyze`).
+//!    to read them: a command that runs as printed, from any directory ([`analyze_command`]).
 
-use crate::args::{Bench, Opts};
+use crate::args::Opts;
 use oxccl::Config;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -239,6 +240,12 @@ pub fn launch(o: &Opts, args: &[String]) -> i32 {
         eprintln!("oxccl-perf: {e}");
         return 2;
     }
+    // Refused here, once, before any rank starts (and prints a header).
+    let (ranks, job) = crate::args::job(Some(np), None, o.nthreads);
+    if let Err(e) = crate::args::check_root(o, ranks, &job) {
+        eprintln!("oxccl-perf: {e}");
+        return 2;
+    }
     let id = match oxccl::new_unique_id(&Config::default()) {
         Ok(id) => id,
         Err(e) => {
@@ -253,7 +260,8 @@ pub fn launch(o: &Opts, args: &[String]) -> i32 {
             return 2;
         }
     };
-    // The children get the same flags without -np, and the benchmark's name first.
+    // The children get the same flags without -np, and the benchmark's name first (wherever
+    // it was given).
     let mut child_args = vec![o.bench.program().to_string()];
     let mut i = 0;
     while i < args.len() {
@@ -261,7 +269,7 @@ pub fn launch(o: &Opts, args: &[String]) -> i32 {
             i += 2;
             continue;
         }
-        if Bench::parse(&args[i]).is_none() || i > 0 {
+        if o.bench_at != Some(i) {
             child_args.push(args[i].clone());
         }
         i += 1;
@@ -303,19 +311,56 @@ pub fn launch(o: &Opts, args: &[String]) -> i32 {
         }
     }
     let dir = oxccl::env::config().ok().and_then(|c| c.flight_dir).unwrap_or_else(std::env::temp_dir);
-    let dumps = Dumps { dir, comm: format!("{:016x}", id.comm_hash().0) };
+    let dir = std::path::absolute(&dir).unwrap_or(dir);
+    let dumps =
+        Dumps { dir, comm: format!("{:016x}", id.comm_hash().0), exe: exe.parent().map(Path::to_path_buf) };
     supervise(ranks, &dumps)
 }
 
 /// Where the job's ranks write their flight recorder dumps.
 struct Dumps {
-    dir: std::path::PathBuf,
+    /// An absolute path.
+    dir: PathBuf,
     comm: String,
+    /// The directory of this program (where cargo also puts `oxccl`).
+    exe: Option<PathBuf>,
+}
+
+/// `s` as one word for a POSIX shell: as it is when nothing in it is special, else in single
+/// quotes (a `'` in it as `'\''`).
+fn shell_word(s: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._-+=:,@%".contains(c);
+    if !s.is_empty() && s.chars().all(plain) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+/// The command that reads the dumps `pattern` (a file name glob, left unquoted) in `dir`, as
+/// a shell runs it from any directory: the `oxccl` binary beside this program when there is
+/// one (`cargo test` and `cargo build` put it there; the README's `cargo run` does not), else
+/// cargo on this program's source tree when its manifest is still there, else `oxccl` from
+/// the path.
+pub fn analyze_command(exe_dir: Option<&Path>, manifest: &Path, dir: &Path, pattern: &str) -> String {
+    let dumps = format!("{}/{pattern}", shell_word(&dir.to_string_lossy()));
+    if let Some(tool) = exe_dir.map(|d| d.join("oxccl")).filter(|t| t.is_file()) {
+        return format!("{} analyze {dumps}", shell_word(&tool.to_string_lossy()));
+    }
+    if manifest.is_file() {
+        // The profile this program was built with.
+        let release = if cfg!(debug_assertions) { "" } else { " --release" };
+        return format!(
+            "cargo run{release} --manifest-path {} --bin oxccl -- analyze {dumps}",
+            shell_word(&manifest.to_string_lossy())
+        );
+    }
+    format!("oxccl analyze {dumps}")
 }
 
 impl Dumps {
     /// The dumps the job's ranks wrote.
-    fn written(&self) -> Vec<std::path::PathBuf> {
+    fn written(&self) -> Vec<PathBuf> {
         let prefix = format!("oxccl-flight-{}-r", self.comm);
         let Ok(rd) = std::fs::read_dir(&self.dir) else { return Vec::new() };
         rd.flatten()
@@ -412,10 +457,11 @@ fn supervise(mut ranks: Vec<Rank>, dumps: &Dumps) -> i32 {
             );
             let n = dumps.written().len();
             if n > 0 {
+                let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+                let pattern = format!("oxccl-flight-{}-r*.json", dumps.comm);
                 eprintln!(
-                    "oxccl-perf: {n} rank(s) wrote flight recorder dumps; read them with: oxccl analyze {}/oxccl-flight-{}-r*.json",
-                    dumps.dir.display(),
-                    dumps.comm
+                    "oxccl-perf: {n} rank(s) wrote flight recorder dumps; read them with: {}",
+                    analyze_command(dumps.exe.as_deref(), &manifest, &dumps.dir, &pattern)
                 );
             }
             code_of(s)
@@ -433,6 +479,48 @@ mod tests {
         let e = check_np(99_999_999).unwrap_err();
         assert!(e.contains("-np 99999999") && e.contains("allows at most"), "{e}");
         assert!(check_np(2).is_ok());
+    }
+
+    #[test]
+    fn words_are_quoted_for_a_shell_only_when_they_must_be() {
+        assert_eq!(shell_word("/tmp/oxccl-flight_1.json"), "/tmp/oxccl-flight_1.json");
+        assert_eq!(shell_word("/tmp/flight dumps"), "'/tmp/flight dumps'");
+        assert_eq!(shell_word("/tmp/it's"), "'/tmp/it'\\''s'");
+        assert_eq!(shell_word("/tmp/$HOME*"), "'/tmp/$HOME*'");
+        assert_eq!(shell_word(""), "''");
+    }
+
+    /// The three commands, each in the one place where it applies.
+    #[test]
+    fn the_analyze_command_names_what_is_there() {
+        // A directory whose name a shell must have quoted.
+        let root = oxccl_testkit::scope::Scratch::new("analyze 'command'");
+        let (bin, dumps) = (root.join("bin"), root.join("dumps"));
+        std::fs::create_dir_all(&bin).unwrap();
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+        let pat = "oxccl-flight-00ff-r*.json";
+        let quoted = |p: &Path| format!("'{}'", p.display().to_string().replace('\'', "'\\''"));
+        let dumps_q = format!("{}/{pat}", quoted(&dumps));
+        // Nothing beside this program: cargo, on the source tree.
+        let release = if cfg!(debug_assertions) { "" } else { " --release" };
+        assert!(!manifest.display().to_string().contains([' ', '\'']), "{}", manifest.display());
+        assert_eq!(
+            analyze_command(Some(&bin), &manifest, &dumps, pat),
+            format!(
+                "cargo run{release} --manifest-path {} --bin oxccl -- analyze {dumps_q}",
+                manifest.display()
+            )
+        );
+        // No source tree either: from the path.
+        let gone = root.join("no-such/Cargo.toml");
+        assert_eq!(analyze_command(Some(&bin), &gone, &dumps, pat), format!("oxccl analyze {dumps_q}"));
+        assert_eq!(analyze_command(None, &gone, &dumps, pat), format!("oxccl analyze {dumps_q}"));
+        // The binary beside this program comes first.
+        std::fs::write(bin.join("oxccl"), "").unwrap();
+        assert_eq!(
+            analyze_command(Some(&bin), &manifest, &dumps, pat),
+            format!("{} analyze {dumps_q}", quoted(&bin.join("oxccl")))
+        );
     }
 
     #[test]

@@ -9,6 +9,9 @@
 //! omitted. Without `-np`, every process a launcher started (mpirun, srun, torchrun) is one
 //! rank; a process started alone is a world of one.
 
+#[cfg(test)]
+oxccl_testkit::test_scope!();
+
 mod args;
 mod bench;
 mod colls;
@@ -18,6 +21,7 @@ mod report;
 mod sigpipe;
 mod sizes;
 mod stamp;
+mod suggest;
 
 use args::{Bench, Opts};
 use oxccl::{Communicator, Rank};
@@ -63,6 +67,18 @@ fn run_rank(o: Opts) -> i32 {
             return 2;
         }
     };
+    // A root outside the job is refused before the rendezvous, by rank 0 alone: every rank has
+    // the same command line. The others end without a word a moment later, so that a launcher
+    // that stops the job at its first failure lets rank 0 say why.
+    let (ranks, job) = args::job(None, launched.as_ref().map(|l| (l.launcher, l.size)), o.nthreads);
+    if let Err(e) = args::check_root(&o, ranks, &job) {
+        if launched.as_ref().is_none_or(|l| l.rank == 0) {
+            eprintln!("oxccl-perf: {e}");
+        } else {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        return 2;
+    }
     let (prank, psize, local, id) = match &launched {
         Some(l) => match oxccl::rendezvous::unique_id(l, &config) {
             Ok(id) => (l.rank, l.size, l.local_rank.unwrap_or(0), id),
@@ -156,14 +172,14 @@ fn main() {
     let argv: Vec<String> = std::env::args().collect();
     if argv.get(1).map(|s| s.as_str()) == Some("--plot") {
         let Some(svg) = argv.get(2) else {
-            eprintln!("{}", args::USAGE);
+            eprintln!("oxccl-perf: --plot needs the SVG file to write: --plot <file.svg> [--title <text>] <json...>");
             std::process::exit(2);
         };
         let (title, files) = match argv.get(3).map(|s| s.as_str()) {
             Some("--title") => match argv.get(4) {
                 Some(t) => (Some(t.as_str()), &argv[5..]),
                 None => {
-                    eprintln!("oxccl-perf: --plot: --title needs a text\n{}", args::USAGE);
+                    eprintln!("oxccl-perf: --plot: --title needs a text\n{}", args::SEE_HELP);
                     std::process::exit(2);
                 }
             },

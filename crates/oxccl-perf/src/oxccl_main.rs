@@ -18,6 +18,9 @@
 //! A failing command prints `oxccl COMMAND: why` on stderr and exits 1; a closed stdout ends
 //! the process quietly (`sigpipe`).
 
+#[cfg(test)]
+oxccl_testkit::test_scope!();
+
 #[allow(dead_code)]
 mod plot;
 #[allow(dead_code)]
@@ -25,6 +28,7 @@ mod report;
 mod sigpipe;
 mod simcmd;
 mod sizes;
+mod suggest;
 
 use clap::{Args, Parser, Subcommand};
 use oxccl_core::topo::{graphs, Topo};
@@ -114,8 +118,13 @@ fn rank_count(v: &str) -> Result<usize, String> {
 }
 
 fn collective(v: &str) -> Result<RingColl, String> {
-    RingColl::parse(v)
-        .ok_or_else(|| "the collectives are allreduce, allgather, reducescatter, broadcast and reduce".into())
+    const NAMES: [&str; 5] = ["allreduce", "allgather", "reducescatter", "broadcast", "reduce"];
+    RingColl::parse(v).ok_or_else(|| {
+        format!(
+            "the collectives are allreduce, allgather, reducescatter, broadcast and reduce{}",
+            suggest::did_you_mean(&v.to_ascii_lowercase(), NAMES)
+        )
+    })
 }
 
 fn fail(cmd: &str, e: impl std::fmt::Display) -> ! {

@@ -297,9 +297,10 @@ mod tests {
         use crate::report::tests::strategies::{measured, text};
         use proptest::prelude::*;
 
-        fn scratch(name: &str, text: &str) -> String {
-            let dir = std::env::temp_dir().join(format!("oxccl-plot-test-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap();
+        use oxccl_testkit::scope::Scratch;
+
+        /// Writes `text` to `name` in `dir`; its path.
+        fn scratch(dir: &Scratch, name: &str, text: &str) -> String {
             let path = dir.join(name).to_str().unwrap().to_string();
             std::fs::write(&path, text).unwrap();
             path
@@ -316,7 +317,8 @@ mod tests {
                     .iter()
                     .map(|(size, t, bw)| serde_json::json!({"size": size, "type": "float", "redop": "sum", "root": -1, "out_of_place": body(*t, *bw)}))
                     .collect();
-                let path = scratch("prop.json", &serde_json::json!({"label": label, "results": results}).to_string());
+                let dir = Scratch::new("oxccl-plot-test");
+                let path = scratch(&dir, "prop.json", &serde_json::json!({"label": label, "results": results}).to_string());
                 let s = read(&path).unwrap();
                 let want: Vec<(f64, f64, f64)> = rows
                     .iter()
@@ -334,7 +336,9 @@ mod tests {
 
         #[test]
         fn numbers_as_text_and_nulls_are_read_and_malformed_files_named() {
+            let dir = Scratch::new("oxccl-plot-test");
             let path = scratch(
+                &dir,
                 "mixed.json",
                 r#"{"results": [{"size": "1024", "type": "float", "redop": "sum", "root": 0,
                                  "out_of_place": {"time": " 2.5", "bus_bw": 1e1}},
@@ -352,14 +356,14 @@ mod tests {
                 )
             );
             assert_eq!(s[1].points, [(4096.0, 8.0, 7.0)]);
-            let bad = scratch("bad.json", "{\"label\": \"x\",\n \"results\": [{\"size\": +1}]}");
+            let bad = scratch(&dir, "bad.json", "{\"label\": \"x\",\n \"results\": [{\"size\": +1}]}");
             assert_eq!(read(&bad).unwrap_err(), format!("{bad}: expected value at line 2 column 23"));
-            let cut = scratch("cut.json", "{\"label\": \"x\",\n \"results\": [{\"size\": 1");
+            let cut = scratch(&dir, "cut.json", "{\"label\": \"x\",\n \"results\": [{\"size\": 1");
             assert_eq!(
                 read(&cut).unwrap_err(),
                 format!("{cut}: EOF while parsing an object at line 2 column 23")
             );
-            let weird = scratch("weird.json", "{\"results\": [{\"size\": true}]}");
+            let weird = scratch(&dir, "weird.json", "{\"results\": [{\"size\": true}]}");
             assert_eq!(
                 read(&weird).unwrap_err(),
                 format!("{weird}: data did not match any variant of untagged enum Num at line 1 column 27")

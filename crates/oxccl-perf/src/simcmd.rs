@@ -23,7 +23,8 @@
 
 use crate::plot::Series;
 use crate::report::float_str;
-use crate::sizes::parse_size;
+use crate::sizes::{parse_size, SIZE_FORMS};
+use crate::suggest::did_you_mean;
 use clap::Args;
 use oxccl_core::json::{self, finite};
 use oxccl_core::netsim::{model_of, simulate, Cluster, Spec};
@@ -205,14 +206,14 @@ fn rank_count(v: &str) -> Result<usize, String> {
 }
 
 fn size(v: &str) -> Result<usize, String> {
-    parse_size(v).ok_or_else(|| "not a size (8, 64K, 1M, 1.5G, ...)".into())
+    parse_size(v).ok_or_else(|| format!("not a size: {SIZE_FORMS}"))
 }
 
 fn algo(v: &str) -> Result<Algo, String> {
     match v.trim().to_ascii_lowercase().as_str() {
         "ring" => Ok(Algo::Ring),
         "tree" => Ok(Algo::Tree),
-        _ => Err("the algorithms are ring and tree".into()),
+        w => Err(format!("the algorithms are ring and tree{}", did_you_mean(w, ["ring", "tree"]))),
     }
 }
 
@@ -221,7 +222,10 @@ fn proto(v: &str) -> Result<Proto, String> {
         "ll" => Ok(Proto::LL),
         "ll128" => Ok(Proto::LL128),
         "simple" => Ok(Proto::Simple),
-        _ => Err("the protocols are LL, LL128 and Simple".into()),
+        w => Err(format!(
+            "the protocols are LL, LL128 and Simple{}",
+            did_you_mean(w, ["ll", "ll128", "simple"])
+        )),
     }
 }
 

@@ -415,11 +415,33 @@ fn ranks_of(launcher: u32, n: usize) -> Vec<u32> {
     }
 }
 
+/// The command the launcher printed to read the dumps, run as printed by a shell: it exits 0
+/// and prints the verdict on the job's dumps.
+fn run_the_analyze_hint(err: &str, victim: usize, pid: u32) -> String {
+    let hint = "wrote flight recorder dumps; read them with: ";
+    let line = err.lines().find(|l| l.contains(hint)).unwrap_or_else(|| panic!("no {hint:?} in:\n{err}"));
+    let cmd = line.split_once(hint).unwrap().1;
+    let out = Command::new("sh").args(["-c", cmd]).stdin(Stdio::null()).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "`{cmd}` failed ({}):\n{stdout}\n{stderr}", out.status);
+    assert!(stdout.contains(" of 4 ranks, 3 dump(s)\n"), "the output of `{cmd}`:\n{stdout}");
+    let gone = format!("rank {victim} (host ");
+    let gone_pid = format!(", pid {pid}): no dump (did its process die?)");
+    assert!(
+        stdout.lines().any(|l| l.starts_with(&gone) && l.ends_with(&gone_pid)),
+        "no {gone:?}...{gone_pid:?} in the output of `{cmd}`:\n{stdout}"
+    );
+    cmd.to_string()
+}
+
 #[test]
 fn the_launcher_names_a_killed_rank_and_fails() {
     for victim in [0usize, 2] {
+        // Dumps where a shell must quote the path; removed when this round ends.
+        let dumps = oxccl_testkit::scope::Scratch::new("flight dumps 'here'");
         let mut c = command(PERF);
-        c.args(["all_reduce_perf", "-np", "4", "-b", "1M", "-e", "1M", "-n", "1000000"]);
+        c.args(["all_reduce_perf", "-np", "4", "-b", "1M", "-e", "1M", "-n", "1000000"])
+            .env("OXCCL_FLIGHT_DIR", dumps.path());
         let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
         let pids = ranks_of(child.id(), 4);
         assert!(pids.iter().all(|&p| p != 0), "ranks not found: {pids:?}");
@@ -449,8 +471,14 @@ fn the_launcher_names_a_killed_rank_and_fails() {
         assert!(!rest.contains("0 OK"), "a failed run reported 0 OK:\n{rest}");
         // Rank 0 prints the report: alive, it says the run stopped early.
         assert!(victim == 0 || rest.contains("found before the run stopped early: FAILED"), "{rest}");
-        // The survivors' flight recorder dumps, and how to read them.
-        assert!(err.contains("wrote flight recorder dumps; read them with: oxccl analyze "), "{err}");
+        // The survivors' flight recorder dumps, and a command that reads them as printed: the
+        // `oxccl` binary beside oxccl-perf (cargo built it for these tests).
+        let cmd = run_the_analyze_hint(&err, victim, pids[victim]);
+        let tool = std::path::Path::new(PERF).with_file_name("oxccl");
+        let quoted = format!("'{}'", dumps.display().to_string().replace('\'', "'\\''"));
+        assert!(cmd.starts_with(&format!("{} analyze {quoted}/oxccl-flight-", tool.display())), "{cmd}");
+        assert!(cmd.ends_with("-r*.json"), "{cmd}");
+        assert_eq!(std::fs::read_dir(&dumps).unwrap().count(), 3, "one dump per survivor");
     }
 }
 

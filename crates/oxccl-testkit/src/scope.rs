@@ -14,11 +14,15 @@
 //! 3. removes the run root at exit (`atexit`: after libtest's last test, pass or fail). A rank
 //!    killed on purpose leaves its root inside its parent's, which the parent removes.
 //!
+//! A test that wants its files gone when it ends (not only at exit) takes a [`Scratch`]: a
+//! fresh directory in the temporary directory, removed when the guard drops, also when the
+//! test panics.
+//!
 //! Programs that are not tests (the kit's examples, `oxccl-perf`) never invoke it: a user's
 //! run keeps its temporary files and caches where the library puts them.
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 static ROOT: OnceLock<PathBuf> = OnceLock::new();
@@ -32,6 +36,52 @@ pub fn root() -> Option<&'static PathBuf> {
 /// Whether this process set `OXCCL_CACHE_DIR` to its own run root's `cache` (it was unset).
 pub fn cache_is_scoped() -> bool {
     CACHE_SCOPED.load(Ordering::Relaxed)
+}
+
+/// A fresh directory `<name>-<pid>-<n>` in the temporary directory (the run root in a test
+/// binary); the caller removes it (or leaves it to the run root).
+pub fn fresh_dir(name: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "{name}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::create_dir_all(&d);
+    d
+}
+
+/// A test's own directory ([`fresh_dir`]), removed with everything in it when dropped.
+#[derive(Debug)]
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> Scratch {
+        Scratch(fresh_dir(name))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 extern "C" fn leave() {

@@ -26,7 +26,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 const ENV_SCENARIO: &str = "OXCCL_TESTKIT_SCENARIO";
@@ -146,23 +146,7 @@ impl Finished {
 /// A fresh directory in the temporary directory (under the run root in a test binary, see
 /// [`crate::scope`]).
 fn scratch_dir() -> PathBuf {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "oxccl-test-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::create_dir_all(&d);
-    d
-}
-
-/// Removes a launch's scratch directory when the launch ends, on every path.
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    crate::scope::fresh_dir("oxccl-test")
 }
 
 /// What rank `r`'s claim file says is wrong with a rank that exited, if anything.
@@ -255,8 +239,9 @@ impl Launch {
             }
         }
         let exe = std::env::current_exe().map_err(|e| fail(format!("current_exe: {e}")))?;
-        let scratch = Scratch(scratch_dir());
-        let dir = &scratch.0;
+        // Removed when the launch ends, on every path.
+        let scratch = crate::scope::Scratch::new("oxccl-test");
+        let dir = scratch.path();
         let started = Instant::now();
         let mut children: Vec<(Child, PathBuf, PathBuf)> = Vec::new();
         for r in 0..self.size {

@@ -137,8 +137,10 @@ fn every_process_works_under_its_run_root_and_a_test_scoped_cache() {
     }
 }
 
-/// Every test binary of the workspace enters its scope; oxccl-core's tests, which cannot (the
-/// kit depends on that crate), write no files.
+/// Every test binary of the workspace enters its scope: each file under `crates/*/tests/`,
+/// `oxccl`'s unit tests, and the unit tests of every program (`[[bin]]`, whose modules are
+/// compiled into a test binary of their own); oxccl-core's tests, which cannot (the kit
+/// depends on that crate), write no files.
 #[test]
 fn every_test_binary_enters_its_scope() {
     let crates = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
@@ -163,9 +165,23 @@ fn every_test_binary_enters_its_scope() {
         }
     }
     assert!(checked >= 15, "only {checked} test files found under {}", crates.display());
-    let lib = std::fs::read_to_string(crates.join("oxccl/src/lib.rs")).unwrap();
-    assert!(
-        lib.contains("#[cfg(test)]\noxccl_testkit::test_scope!();"),
-        "oxccl's unit tests do not enter the scope"
-    );
+    // Crate roots whose unit tests enter the scope: oxccl's library and every program.
+    let mut roots = vec![crates.join("oxccl/src/lib.rs")];
+    for krate in std::fs::read_dir(crates).unwrap().flatten() {
+        let Ok(manifest) = std::fs::read_to_string(krate.path().join("Cargo.toml")) else { continue };
+        for section in manifest.split("[[bin]]").skip(1) {
+            let section = section.split("\n[").next().unwrap();
+            let path =
+                section.lines().find_map(|l| l.trim().strip_prefix("path = ")).expect("a [[bin]] path");
+            roots.push(krate.path().join(path.trim_matches('"')));
+        }
+    }
+    assert!(roots.len() >= 5, "only {} crate roots found under {}", roots.len(), crates.display());
+    for root in roots {
+        assert!(
+            std::fs::read_to_string(&root).unwrap().contains("#[cfg(test)]\noxccl_testkit::test_scope!();"),
+            "{}: its unit tests do not enter the scope",
+            root.display()
+        );
+    }
 }
