@@ -16,10 +16,13 @@
 //!   until `ncclCommResume`. Connection memory (shared with the peers) stays: MemStats
 //!   reports it as persistent.
 
-use crate::handle::{invalid, lock, member_of, phase, ready, set_current_handle, state, usage, SUCCESS};
-use crate::life::{launch_init, Later};
+use crate::abi::{decode_id, encode_id, ncclComm_t, ncclConfig, ncclUniqueId};
+use crate::fail::{invalid, lock, usage, SUCCESS};
+use crate::handle::{member_of, ready, set_current_handle, state};
+use crate::life::{init_rank, launch_init, Later};
 use crate::ptr::{self, put};
-use crate::{decode_id, encode_id, ncclComm_t, ncclConfig, ncclUniqueId, settings, Settings};
+use crate::settings::{settings, Settings};
+use crate::tomb::phase;
 use oxccl::{Communicator, UniqueId};
 use std::ffi::c_int;
 
@@ -95,7 +98,7 @@ crate::entry! {
             let id = unsafe { ptr::deref(unique_id, "uniqueId") }?;
             // SAFETY: nccl.h: `newcomm` points to the ncclComm_t the call fills (checked
             // non-NULL); `config` is NULL or an ncclConfig_t from NCCL_CONFIG_INITIALIZER.
-            return unsafe { crate::init_rank(newcomm, n_ranks, id, rank, config) };
+            return unsafe { init_rank(newcomm, n_ranks, id, rank, config) };
         }
         if rank != -1 {
             return Err(invalid("rank", format!("{rank}: existing ranks pass -1 (they keep their rank)")));

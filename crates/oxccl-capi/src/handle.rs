@@ -1,99 +1,35 @@
-//! Communicator handles, result codes and the last-error record.
+//! Communicator handles: each one's state ([`CommState`]), the registry that maps a handle to
+//! its tomb, the communicator the running entry point works on, and the last-error record.
 //!
 //! A `ncclComm_t` is the address of a [`Tomb`] that is never freed, so an address is never
 //! reused: a handle that was destroyed stays recognisable (and is refused by name) instead of
 //! aliasing a newer communicator. The registry maps that address to the tomb, and the tomb to
 //! the communicator's state while it lives; calls reach the state through a [`Pin`], and
-//! ending the communicator frees it (see [`crate::life`]).
+//! ending the communicator frees it (see [`crate::tomb`] and [`crate::life`]).
+//!
+//! Rule: below every module that runs calls; it names only [`crate::fail`], [`crate::tomb`]
+//! and [`crate::proxy`] (a state's parts).
 
-pub use crate::life::{Pin, Tomb};
-use oxccl::{Communicator, Error};
+use crate::fail::{invalid, lock, usage, Fail, INTERNAL_ERROR, R};
+use crate::proxy::Proxy;
+use crate::tomb::{self, phase};
+use oxccl::Communicator;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::{c_char, CString};
 use std::sync::atomic::AtomicI32;
-use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, RwLock};
+use std::sync::{Condvar, Mutex, OnceLock, RwLock};
 
-/// `ncclResult_t` (a C enum: an `int`).
-#[allow(non_camel_case_types)]
-pub type ncclResult_t = i32;
+/// A communicator's tomb (see [`crate::tomb`]), over its state.
+pub type Tomb = tomb::Tomb<CommState>;
+/// A pin on a communicator's state (see [`crate::tomb`]).
+pub type Pin = tomb::Pin<CommState>;
 
-pub const SUCCESS: ncclResult_t = 0;
-pub const UNHANDLED_CUDA_ERROR: ncclResult_t = 1;
-pub const SYSTEM_ERROR: ncclResult_t = 2;
-pub const INTERNAL_ERROR: ncclResult_t = 3;
-pub const INVALID_ARGUMENT: ncclResult_t = 4;
-pub const INVALID_USAGE: ncclResult_t = 5;
-pub const REMOTE_ERROR: ncclResult_t = 6;
-pub const IN_PROGRESS: ncclResult_t = 7;
-
-/// A failed call: its result code and what went wrong.
-#[derive(Debug, Clone)]
-pub struct Fail {
-    pub code: ncclResult_t,
-    pub msg: String,
-}
-
-pub type R<T> = Result<T, Fail>;
-
-/// A bad argument, named.
-pub fn invalid(arg: &str, why: impl std::fmt::Display) -> Fail {
-    Fail { code: INVALID_ARGUMENT, msg: format!("invalid argument {arg}: {why}") }
-}
-
-/// A call not allowed in the current state.
-pub fn usage(why: impl std::fmt::Display) -> Fail {
-    Fail { code: INVALID_USAGE, msg: format!("invalid usage: {why}") }
-}
-
-/// NCCL's result code for an oxccl error.
-pub fn code_of(e: &Error) -> ncclResult_t {
-    match e {
-        Error::Invalid(_) => INVALID_ARGUMENT,
-        Error::InvalidUsage(_)
-        | Error::Rejected { .. }
-        | Error::Aborted { .. }
-        | Error::CallMismatch { .. } => INVALID_USAGE,
-        Error::Io { .. } => SYSTEM_ERROR,
-        Error::PeerClosed { .. }
-        | Error::PeerFailed { .. }
-        | Error::Mismatch { .. }
-        | Error::Timeout { .. }
-        | Error::Broken { .. } => REMOTE_ERROR,
-        _ => INTERNAL_ERROR,
-    }
-}
-
-impl From<Error> for Fail {
-    fn from(e: Error) -> Fail {
-        Fail { code: code_of(&e), msg: e.to_string() }
-    }
-}
-
-impl From<oxccl_core::CoreError> for Fail {
-    fn from(e: oxccl_core::CoreError) -> Fail {
-        Fail::from(Error::from(e))
-    }
-}
-
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Where a communicator stands ([`Tomb::phase`]).
-pub mod phase {
-    /// A nonblocking init (or one queued in a group) has not finished.
-    pub const INIT: u8 = 0;
-    pub const READY: u8 = 1;
-    /// Init failed: every call answers `CommState::failure`.
-    pub const FAILED: u8 = 2;
-    pub const FINALIZED: u8 = 3;
-    pub const DESTROYED: u8 = 4;
-    /// `ncclCommSuspend`: only queries, `ncclCommResume`, revoke, destroy and abort.
-    pub const SUSPENDED: u8 = 5;
-    /// `ncclCommRevoke`: the communicator was aborted; only queries, split, shrink, destroy
-    /// and abort.
-    pub const REVOKED: u8 = 6;
+/// What a registration handle stands for (`CommState::regs`; see [`crate::mem`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegKind {
+    Buffer,
+    Window,
 }
 
 /// A reduction operator made by `ncclRedOpCreatePreMulSum`.
@@ -136,9 +72,9 @@ pub struct CommState {
     /// The grow id `ncclCommGetUniqueId` made and no `ncclCommGrow` consumed yet.
     pub grow_id: Mutex<Option<[u8; 128]>>,
     /// Registered buffers (`ncclCommRegister`) and windows, by handle: `(address, bytes, kind)`.
-    pub regs: Mutex<HashMap<usize, (usize, usize, crate::mem::RegKind)>>,
+    pub regs: Mutex<HashMap<usize, (usize, usize, RegKind)>>,
     /// Runs the communicator's stream-ordered calls (device buffers) after they returned.
-    pub proxy: crate::proxy::Proxy,
+    pub proxy: Proxy,
     /// The device engine of the communicator's calls on device buffers, made at the first,
     /// released at `ncclCommDestroy` / `ncclCommAbort`.
     #[cfg(feature = "cuda")]
@@ -458,6 +394,7 @@ pub fn last_error(comm: *const std::ffi::c_void) -> *const c_char {
 #[cfg(all(test, feature = "cuda"))]
 mod tests {
     use super::*;
+    use crate::fail::{INVALID_USAGE, UNHANDLED_CUDA_ERROR};
 
     /// The device engine is made once (a failure to make it is kept and answered again
     /// without trying anew) and, once released at destroy, every later ask is refused.

@@ -5,19 +5,31 @@
 //! `ncclInvalidArgument` or `ncclInvalidUsage`, with `ncclGetLastError` naming the argument
 //! and the rank), and records every failure for `ncclGetLastError`.
 //!
-//! Layout: [`handle`] (communicator handles, result codes, last error), [`life`] (pins, the
-//! start and end of a communicator), [`ops`] (call checks, group queues, execution),
-//! [`premul`] (PreMulSum scaling), [`mem`] (ncclMemAlloc, registrations), [`win`] (windows),
-//! [`rma`] (one-sided calls), [`elastic`] (revoke, grow, suspend, memory statistics),
-//! [`param`] (parameters), `settings` (what an `ncclConfig_t` asks for), `ptr` (every read or
-//! write through a pointer argument: entry bodies are not `unsafe` blocks, each such
-//! operation is a `ptr` call in a block of its own with its `// SAFETY:` reasoning). See
-//! `docs/capi.md` for the semantics on host memory.
+//! Layout, lowest first (a module names only those before it; `tests/module_graph.rs` of
+//! oxccl-core checks that no file names another in a circle):
+//! - [`fail`] (result codes, failures), [`abi`] (nccl.h's types, unique ids), `ptr` (every read
+//!   or write through a pointer argument: entry bodies are not `unsafe` blocks, each such
+//!   operation is a `ptr` call in a block of its own with its `// SAFETY:` reasoning),
+//!   [`premul`] (PreMulSum scaling);
+//! - [`tomb`] (a handle's tomb, phase and pins, over any state), [`proxy`] (the thread that runs
+//!   stream-ordered work), then [`handle`] (a communicator's state, the handle registry, the
+//!   last error);
+//! - [`mem`] (ncclMemAlloc, registrations), `settings` (what an `ncclConfig_t` asks for),
+//!   [`ops`] (call checks, group queues, execution), `entry` (how every entry point runs:
+//!   `crate::entry!`), [`winops`] (the window table and the one-sided work on it);
+//! - the entry points: [`life`] (the start and end of a communicator), [`win`] (windows),
+//!   [`rma`] (one-sided calls), [`elastic`] (revoke, grow, suspend, memory statistics),
+//!   [`param`] (parameters), and this file (init, collectives, groups, queries).
+//!
+//! See `docs/capi.md` for the semantics on host memory.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![allow(clippy::missing_safety_doc)]
 
+pub mod abi;
 pub mod elastic;
+mod entry;
+pub mod fail;
 pub mod handle;
 pub mod life;
 pub mod mem;
@@ -28,199 +40,30 @@ pub mod proxy;
 mod ptr;
 pub mod rma;
 mod settings;
+pub mod tomb;
 pub mod win;
+pub mod winops;
 
-use handle::{
-    invalid, lock, ncclResult_t, phase, ready, state, usage, Fail, PreMul, Scalar, INTERNAL_ERROR,
-    IN_PROGRESS, R, SUCCESS,
-};
-use life::{launch_init, Later};
+use abi::SIM_MAGIC;
+pub use abi::{decode_id, encode_id, ncclComm_t, ncclConfig, ncclSimInfo, ncclUniqueId};
+pub(crate) use entry::entry;
+use fail::{invalid, lock, ncclResult_t, usage, Fail, INTERNAL_ERROR, IN_PROGRESS, R, SUCCESS};
+use handle::{ready, state, PreMul, RegKind, Scalar};
+use life::{init_rank, launch_init, Later};
 pub use life::{
     ncclCommAbort, ncclCommDestroy, ncclCommFinalize, pncclCommAbort, pncclCommDestroy, pncclCommFinalize,
 };
-use mem::RegKind;
 use ops::{Args, Call, Kind};
-use oxccl::{Communicator, Config, Rank, UniqueId};
+use oxccl::{Communicator, Config, Rank};
 use ptr::put;
-pub(crate) use settings::{settings, Settings};
+use settings::{env_config, settings, Settings};
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::catch_unwind;
 use std::sync::atomic::Ordering;
+use tomb::phase;
 
 /// The NCCL version whose host API this library implements (`NCCL_VERSION_CODE`).
 pub const NCCL_VERSION_CODE: c_int = 23007;
-
-/// `ncclComm_t`.
-#[allow(non_camel_case_types)]
-pub type ncclComm_t = *mut c_void;
-
-/// `ncclUniqueId`: 128 opaque bytes (oxccl's root address and secret, see [`encode_id`]).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct ncclUniqueId {
-    pub internal: [u8; 128],
-}
-
-/// `ncclConfig_t` as NCCL 2.30 lays it out (a 2.28 struct ends after `nvlink_centric_sched`:
-/// fields are read only within the caller's `size`).
-#[repr(C)]
-pub struct ncclConfig {
-    pub size: usize,
-    pub magic: u32,
-    pub version: u32,
-    pub blocking: c_int,
-    pub cga_cluster_size: c_int,
-    pub min_ctas: c_int,
-    pub max_ctas: c_int,
-    pub net_name: *const c_char,
-    pub split_share: c_int,
-    pub traffic_class: c_int,
-    pub comm_name: *const c_char,
-    pub collnet_enable: c_int,
-    pub cta_policy: c_int,
-    pub shrink_share: c_int,
-    pub nvls_ctas: c_int,
-    pub n_channels_per_net_peer: c_int,
-    pub nvlink_centric_sched: c_int,
-    pub graph_usage_mode: c_int,
-    pub num_rma_ctx: c_int,
-    pub max_p2p_peers: c_int,
-    pub graph_stream_ordering: c_int,
-}
-
-/// `ncclSimInfo_t`.
-#[repr(C)]
-pub struct ncclSimInfo {
-    pub size: usize,
-    pub magic: u32,
-    pub version: u32,
-    pub estimated_time: f32,
-}
-
-const API_MAGIC: u32 = 0xcafe_beef;
-const SIM_MAGIC: u32 = 0x7468_5283;
-const UNDEF_INT: c_int = c_int::MIN;
-
-fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "(no message)".into())
-}
-
-/// Runs an entry point's body: catches panics, records failures, notes them in an open group.
-pub(crate) fn guard(func: &'static str, f: impl FnOnce() -> R<ncclResult_t>) -> ncclResult_t {
-    handle::set_current(None);
-    let r = catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
-        Err(Fail {
-            code: INTERNAL_ERROR,
-            msg: format!("internal error: oxccl panicked: {}", panic_text(&*p)),
-        })
-    });
-    match r {
-        Ok(code) => code,
-        Err(fail) => {
-            let cur = handle::take_current();
-            handle::record(func, cur.as_deref(), &fail);
-            if func != "ncclGroupEnd" && func != "ncclGroupSimulateEnd" {
-                ops::group_failed(&fail);
-            }
-            fail.code
-        }
-    }
-}
-
-/// Defines `ncclX` and its alias `pncclX`, both returning `ncclResult_t` (modules use it as
-/// `crate::entry!`). The functions are `unsafe` (nccl.h's contracts on their pointer
-/// arguments); the body is not an `unsafe` block: each of its raw-pointer operations is a
-/// call of a [`ptr`] helper in a block of its own, with its own `// SAFETY:` reasoning.
-macro_rules! entry {
-    ($( fn $name:ident / $pname:ident ( $($a:ident : $t:ty),* $(,)? ) $body:block )*) => {$(
-        #[no_mangle]
-        pub unsafe extern "C" fn $name($($a: $t),*) -> $crate::handle::ncclResult_t {
-            $crate::guard(stringify!($name), || $body)
-        }
-
-        #[no_mangle]
-        pub unsafe extern "C" fn $pname($($a: $t),*) -> $crate::handle::ncclResult_t {
-            // SAFETY: the same contract, passed on unchanged.
-            unsafe { $name($($a),*) }
-        }
-    )*};
-}
-
-#[allow(unused_imports)] // used by the modules that define entry points
-pub(crate) use entry;
-
-// ------------------------------------------------------------------------- unique ids
-
-/// An oxccl unique id in NCCL's 128 bytes (its binary form, see `oxccl_core::uniqueid`).
-pub fn encode_id(id: &UniqueId) -> ncclUniqueId {
-    ncclUniqueId { internal: id.to_bytes() }
-}
-
-/// The oxccl unique id in NCCL's 128 bytes (the argument is named `arg` in errors).
-pub fn decode_id(u: &ncclUniqueId, arg: &str) -> R<UniqueId> {
-    UniqueId::from_bytes(&u.internal).map_err(|e| {
-        invalid(
-            arg,
-            format!(
-                "not a unique id from oxccl's ncclGetUniqueId (uninitialized, or made by another NCCL?): {e}"
-            ),
-        )
-    })
-}
-
-pub(crate) fn env_config() -> R<Config> {
-    oxccl::env::config().map_err(Fail::from)
-}
-
-/// The calling thread's current CUDA device, if the process uses CUDA.
-#[cfg(feature = "cuda")]
-pub(crate) fn current_device() -> Option<i32> {
-    oxccl::cuda::current_device()
-}
-
-#[cfg(not(feature = "cuda"))]
-pub(crate) fn current_device() -> Option<i32> {
-    None
-}
-
-// ------------------------------------------------------------------------- init
-
-/// Starts rank `rank` of `nranks` on `id` and writes its handle to `out`.
-///
-/// # Safety
-/// `out` is NULL or valid for a write of an `ncclComm_t`; `config` is as [`settings`] needs.
-pub(crate) unsafe fn init_rank(
-    out: *mut ncclComm_t,
-    nranks: c_int,
-    id: &ncclUniqueId,
-    rank: c_int,
-    config: *const ncclConfig,
-) -> R<ncclResult_t> {
-    if out.is_null() {
-        return Err(invalid("comm", "NULL pointer for the new communicator"));
-    }
-    if nranks < 1 {
-        return Err(invalid("nranks", format!("{nranks} (a communicator needs at least one rank)")));
-    }
-    if rank < 0 || rank >= nranks {
-        return Err(invalid("rank", format!("{rank} is outside 0..{nranks}")));
-    }
-    // SAFETY: `config` is as `settings` needs: this function's contract.
-    let s = unsafe { settings(config, None) }?;
-    let id = decode_id(id, "commId")?;
-    let mut cfg = env_config()?;
-    // NCCL's rank lives on the device current at init: every rank learns every rank's.
-    cfg.cuda_device = current_device();
-    let st = handle::new_comm(-1, s.name.clone(), s.blocking);
-    s.apply(&st);
-    // SAFETY: `out` is NULL or writable (this function's contract; checked non-NULL above).
-    unsafe { put(out, "comm", st.handle as ncclComm_t) }?;
-    let (n, r) = (nranks as usize, Rank::new(rank as usize));
-    launch_init(st, s.blocking, move || Communicator::init(&id, n, r, cfg).map_err(Fail::from))
-}
 
 entry! {
     fn ncclGetVersion / pncclGetVersion(version: *mut c_int) {
@@ -419,7 +262,7 @@ entry! {
                 Some(Ok(())) => SUCCESS,
                 Some(Err(e)) => {
                     *lock(&st.last_error) = Some(e.to_string());
-                    handle::code_of(&e)
+                    fail::code_of(&e)
                 }
                 None => INTERNAL_ERROR,
             },

@@ -8,8 +8,12 @@
 //! Registrations are recorded per communicator (so deregistering checks the handle) and
 //! change nothing else; windows are recorded here too, and registered with the peers by
 //! [`crate::win`].
+//!
+//! Rule: names only [`crate::fail`] and [`crate::handle`] (a registration is a record in the
+//! communicator's state).
 
-use crate::handle::{invalid, lock, CommState, R};
+use crate::fail::{invalid, lock, R};
+use crate::handle::{CommState, RegKind};
 use oxccl::mem::SharedBuf;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -35,8 +39,8 @@ fn dev_allocs() -> std::sync::MutexGuard<'static, HashMap<usize, usize>> {
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_fail(what: String, e: oxccl::cuda::CudaError) -> crate::handle::Fail {
-    crate::handle::Fail { code: crate::handle::UNHANDLED_CUDA_ERROR, msg: format!("{what}: {e}") }
+fn cuda_fail(what: String, e: oxccl::cuda::CudaError) -> crate::fail::Fail {
+    crate::fail::Fail { code: crate::fail::UNHANDLED_CUDA_ERROR, msg: format!("{what}: {e}") }
 }
 
 /// `size` bytes of device memory in the current context, if the process uses CUDA (the
@@ -93,13 +97,6 @@ pub fn free(p: usize) -> R<()> {
 fn next_handle() -> usize {
     static N: AtomicUsize = AtomicUsize::new(1);
     N.fetch_add(1, Ordering::Relaxed) << 4
-}
-
-/// What a registration handle stands for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RegKind {
-    Buffer,
-    Window,
 }
 
 /// Records `[buff, buff + size)` on `st`; returns the handle.

@@ -9,7 +9,7 @@
 //! and never freed, so a handle stays valid for the life of the process; strings handed out
 //! live until the next call of the same kind on the same thread, as NCCL documents.
 
-use crate::handle::{invalid, usage, R, SUCCESS};
+use crate::fail::{invalid, usage, R, SUCCESS};
 use crate::ptr::{self, put};
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CString};

@@ -14,7 +14,7 @@
 //! proxy for `'static`: a proxy that is freed at all (with its communicator's state) is
 //! [`stop`](Proxy::stop)ped first, which runs every job and joins the thread.
 
-use crate::handle::{lock, Fail, INTERNAL_ERROR, R};
+use crate::fail::{lock, Fail, INTERNAL_ERROR, R};
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -86,7 +86,7 @@ impl Proxy {
                 self.pending.fetch_sub(n, Ordering::AcqRel);
                 self.cv.notify_all();
                 return Err(Fail {
-                    code: crate::handle::SYSTEM_ERROR,
+                    code: crate::fail::SYSTEM_ERROR,
                     msg: format!("cannot start the proxy thread: {e}"),
                 });
             }

@@ -13,7 +13,7 @@
 //! - Nothing a helper returns outlives the entry point's call: a borrowed slice, struct or
 //!   string is copied out before the call returns if it is kept.
 
-use crate::handle::{invalid, R};
+use crate::fail::{invalid, R};
 use std::ffi::{c_char, CStr};
 
 /// Writes `v` through the out-pointer `p` (named `arg`).

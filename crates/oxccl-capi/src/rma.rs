@@ -1,5 +1,7 @@
 //! NCCL 2.29+'s one-sided calls: `ncclPutSignal`, `ncclSignal`, `ncclWaitSignal`, over
-//! `oxccl::rma` (windows: [`crate::win`]).
+//! `oxccl::rma` (windows: [`crate::win`]). Their arguments are checked here; the checked
+//! operations run through [`crate::winops`], which windows share (this module and `win`
+//! name it, never each other).
 //!
 //! Rules:
 //! 1. Every argument is checked when the call is made (inside a group too), each refusal
@@ -16,15 +18,13 @@
 //!    oxccl's `CONTEXTS`; `sigIdx` is below oxccl's `SIGNALS` (NCCL 2.30 takes only 0 for
 //!    both); `flags` must be 0; `opCnt` and `nDesc` at least 1 (as NCCL checks).
 
-use crate::handle::{self, invalid, lock, usage, CommState, Fail, R, SUCCESS};
-use crate::life::{Pin, Tomb};
-use crate::win::{self, WinState};
-use oxccl::rma::{WaitDesc, Window, CONTEXTS, SIGNALS};
+use crate::fail::{invalid, lock, usage, R, SUCCESS};
+use crate::handle::{self, CommState, Pin};
+use crate::winops::{self, submit, Op, WinState};
+use oxccl::rma::{WaitDesc, CONTEXTS, SIGNALS};
 use oxccl::{Communicator, Rank};
-use std::cell::RefCell;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 
 /// `ncclWaitSignalDesc_t`.
 #[repr(C)]
@@ -34,184 +34,6 @@ pub struct ncclWaitSignalDesc {
     pub peer: c_int,
     pub sig_idx: c_int,
     pub ctx: c_int,
-}
-
-/// A checked one-sided call or window (de)registration, ready to run.
-pub(crate) enum Op {
-    Register {
-        h: usize,
-        base: usize,
-        len: usize,
-        device: bool,
-        state: Arc<Mutex<WinState>>,
-    },
-    Deregister {
-        state: Arc<Mutex<WinState>>,
-    },
-    Put {
-        src: usize,
-        bytes: usize,
-        peer: Rank,
-        h: usize,
-        state: Arc<Mutex<WinState>>,
-        off: usize,
-        at: (usize, usize),
-    },
-    Signal {
-        peer: Rank,
-        at: (usize, usize),
-    },
-    Wait {
-        descs: Vec<WaitDesc>,
-    },
-}
-
-// SAFETY: an Op is addresses and sizes; nccl.h makes the caller keep `src` valid and unchanged
-// until the call (or its group) has completed, and the window memory registered until it is
-// deregistered, on whichever thread runs the op.
-unsafe impl Send for Op {}
-
-impl Op {
-    fn func(&self) -> &'static str {
-        match self {
-            Op::Register { .. } => "ncclCommWindowRegister",
-            Op::Deregister { .. } => "ncclCommWindowDeregister",
-            Op::Put { .. } => "ncclPutSignal",
-            Op::Signal { .. } => "ncclSignal",
-            Op::Wait { .. } => "ncclWaitSignal",
-        }
-    }
-
-    fn run(self, st: &CommState, c: &Communicator) -> R<()> {
-        match self {
-            Op::Register { h, base, len, device, state } => {
-                // SAFETY: the caller registers memory it keeps valid until it deregisters the
-                // window (nccl.h's contract for ncclCommWindowRegister).
-                let r = unsafe { c.register_window(base as *mut u8, len, device) };
-                match r {
-                    Ok(w) => {
-                        *lock(&state) = WinState::Ready(w);
-                        Ok(())
-                    }
-                    Err(e) => {
-                        let f = Fail::from(e);
-                        *lock(&state) = WinState::Failed(f.msg.clone());
-                        win::forget(st, h);
-                        Err(f)
-                    }
-                }
-            }
-            Op::Deregister { state } => {
-                let w = std::mem::replace(&mut *lock(&state), WinState::Gone);
-                match w {
-                    WinState::Ready(w) => c.deregister_window(w).map_err(Fail::from),
-                    // Its registration failed (and said so): nothing was registered.
-                    _ => Ok(()),
-                }
-            }
-            Op::Put { src, bytes, peer, h, state, off, at } => {
-                let w = ready_window(&state, h, "peerWin")?;
-                let data: &[u8] = if bytes == 0 {
-                    &[]
-                } else {
-                    // SAFETY: checked non-NULL with `bytes` > 0; the caller keeps `bytes`
-                    // bytes at `src` valid until the call completes.
-                    unsafe { std::slice::from_raw_parts(src as *const u8, bytes) }
-                };
-                c.put_signal(data, peer, &w, off, at.0, at.1).map_err(Fail::from)
-            }
-            Op::Signal { peer, at } => c.signal(peer, at.0, at.1).map_err(Fail::from),
-            Op::Wait { descs } => c.wait_signal(&descs).map_err(Fail::from),
-        }
-    }
-}
-
-/// The registered window behind a handle whose registration may have been queued.
-fn ready_window(state: &Mutex<WinState>, h: usize, arg: &str) -> R<Window> {
-    match &*lock(state) {
-        WinState::Ready(w) => Ok(*w),
-        WinState::Pending => Err(Fail {
-            code: handle::INTERNAL_ERROR,
-            msg: format!("window {h:#x} is used before its registration ran"),
-        }),
-        WinState::Failed(why) => Err(invalid(arg, format!("{h:#x}: its registration failed: {why}"))),
-        WinState::Gone => Err(invalid(arg, format!("{h:#x} was deregistered"))),
-    }
-}
-
-/// Runs `ops` on `st` in order; the first failure stops them.
-fn run(st: &Pin, ops: Vec<Op>) -> R<()> {
-    let c = st.ready()?;
-    if st.proxy.pending() > 0 {
-        st.proxy.drain();
-    }
-    st.proxy.check()?;
-    let mut ops = ops.into_iter();
-    while let Some(op) = ops.next() {
-        let func = op.func();
-        if let Err(f) = op.run(st, c) {
-            // Registrations queued after the failure never run: their handles go.
-            for later in ops {
-                if let Op::Register { h, state, .. } = later {
-                    *lock(&state) = WinState::Failed(format!("an earlier call of its group failed ({func})"));
-                    win::forget(st, h);
-                }
-            }
-            return Err(Fail { msg: format!("{func}: {}", f.msg), ..f });
-        }
-    }
-    Ok(())
-}
-
-/// A communicator's one-sided calls of the open group (rule 3).
-struct Batch {
-    /// Queued work holds no pin: the group's job pins when it runs.
-    tomb: &'static Tomb,
-    ops: Vec<Op>,
-    /// Set once the batch ran or was dropped: later calls start a new one.
-    closed: bool,
-}
-
-/// Closes its batch when the group's job is dropped unrun (a failed group).
-struct CloseOnDrop(Arc<Mutex<Batch>>);
-
-impl Drop for CloseOnDrop {
-    fn drop(&mut self) {
-        lock(&self.0).closed = true;
-    }
-}
-
-thread_local! {
-    static OPEN: RefCell<Vec<Arc<Mutex<Batch>>>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Runs `op` on `st` now, or adds it to the open group's batch for `st` (rule 3).
-pub(crate) fn submit(st: &Pin, op: Op) -> R<()> {
-    if !crate::ops::in_group() {
-        return run(st, vec![op]);
-    }
-    let open = OPEN.with(|o| {
-        let mut o = o.borrow_mut();
-        o.retain(|b| !lock(b).closed);
-        o.iter().find(|b| lock(b).tomb.handle() == st.handle).cloned()
-    });
-    if let Some(b) = open {
-        lock(&b).ops.push(op);
-        return Ok(());
-    }
-    let tomb = st.tomb();
-    let b = Arc::new(Mutex::new(Batch { tomb, ops: vec![op], closed: false }));
-    OPEN.with(|o| o.borrow_mut().push(b.clone()));
-    let guard = CloseOnDrop(b.clone());
-    crate::ops::submit_job(Box::new(move || {
-        let ops = {
-            let mut g = lock(&guard.0);
-            g.closed = true;
-            std::mem::take(&mut g.ops)
-        };
-        let st = tomb.pin()?;
-        run(&st, ops).inspect_err(|f| handle::record("ncclGroupEnd", Some(&st), f))
-    }))
 }
 
 /// The state behind `comm`, pinned, with its communicator ready.
@@ -281,7 +103,7 @@ crate::entry! {
             return Err(invalid("localbuff", format!("NULL pointer with count {count}")));
         }
         let peer = check_peer("peer", peer, c)?;
-        let (h, state) = win::lookup(&st, peer_win as usize, "peerWin")?;
+        let (h, state) = winops::lookup(&st, peer_win as usize, "peerWin")?;
         let at = check_at(&st, sig_idx, ctx, "sigIdx", "ctx")?;
         check_flags(flags)?;
         let end = peer_win_offset

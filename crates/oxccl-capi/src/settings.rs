@@ -1,7 +1,17 @@
 //! What an `ncclConfig_t` asks for: its magic checked, then each field read only within the
-//! struct's `size` (older nccl.h versions' structs are shorter); a bad field is named.
+//! struct's `size` (older nccl.h versions' structs are shorter); a bad field is named. Also
+//! what a new communicator takes from the process: the environment's configuration
+//! ([`env_config`]) and the calling thread's CUDA device ([`current_device`]).
+//!
+//! Rule: names only [`crate::abi`], [`crate::fail`], [`crate::handle`] and [`crate::ptr`].
 
-use super::*;
+use crate::abi::{ncclConfig, API_MAGIC, UNDEF_INT};
+use crate::fail::{invalid, Fail, R};
+use crate::handle::CommState;
+use crate::ptr;
+use oxccl::Config;
+use std::ffi::{c_char, c_int};
+use std::sync::atomic::Ordering;
 
 /// What an `ncclConfig_t` asks for.
 #[derive(Clone)]
@@ -14,7 +24,7 @@ pub(crate) struct Settings {
 
 impl Settings {
     /// What a child of `st` inherits when its config leaves a field undefined.
-    pub(crate) fn of(st: &handle::CommState) -> Settings {
+    pub(crate) fn of(st: &CommState) -> Settings {
         Settings {
             blocking: st.blocking,
             name: st.name.clone(),
@@ -23,7 +33,7 @@ impl Settings {
     }
 
     /// Gives the new communicator `st` what it was asked for beyond its handle.
-    pub(crate) fn apply(&self, st: &handle::CommState) {
+    pub(crate) fn apply(&self, st: &CommState) {
         st.num_rma_ctx.store(self.num_rma_ctx, Ordering::Relaxed);
     }
 }
@@ -99,4 +109,20 @@ pub(crate) unsafe fn settings(config: *const ncclConfig, inherit: Option<Setting
         v => v,
     };
     Ok(Settings { blocking, name, num_rma_ctx })
+}
+
+/// The environment's configuration (`NCCL_*` / `OXCCL_*`, read by `oxccl::env`).
+pub(crate) fn env_config() -> R<Config> {
+    oxccl::env::config().map_err(Fail::from)
+}
+
+/// The calling thread's current CUDA device, if the process uses CUDA.
+#[cfg(feature = "cuda")]
+pub(crate) fn current_device() -> Option<i32> {
+    oxccl::cuda::current_device()
+}
+
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn current_device() -> Option<i32> {
+    None
 }

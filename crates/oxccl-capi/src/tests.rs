@@ -1,6 +1,8 @@
 //! Tests of the entry points' helpers: unique ids, configs, error strings.
 
 use super::*;
+use crate::entry::guard;
+use oxccl::UniqueId;
 
 #[test]
 fn a_panic_becomes_internal_error_with_its_message() {
@@ -20,7 +22,7 @@ fn unique_ids_round_trip_and_garbage_is_refused() {
         assert_eq!((back.root, back.secret), (id.root, id.secret));
     }
     let e = decode_id(&ncclUniqueId { internal: [0; 128] }, "commId").unwrap_err();
-    assert_eq!(e.code, handle::INVALID_ARGUMENT);
+    assert_eq!(e.code, fail::INVALID_ARGUMENT);
     assert!(e.msg.contains("commId"), "{}", e.msg);
 }
 
@@ -28,8 +30,8 @@ fn unique_ids_round_trip_and_garbage_is_refused() {
 fn result_codes_of_oxccl_errors() {
     use oxccl::Error;
     let r = Rank::new(1);
-    assert_eq!(handle::code_of(&Error::Aborted { rank: r }), handle::INVALID_USAGE);
-    assert_eq!(handle::code_of(&Error::Internal("x".into())), INTERNAL_ERROR);
+    assert_eq!(fail::code_of(&Error::Aborted { rank: r }), fail::INVALID_USAGE);
+    assert_eq!(fail::code_of(&Error::Internal("x".into())), INTERNAL_ERROR);
     let t = Error::Timeout {
         rank: r,
         op: "x".into(),
@@ -37,8 +39,8 @@ fn result_codes_of_oxccl_errors() {
         waiting_for: vec![],
         detail: String::new(),
     };
-    assert_eq!(handle::code_of(&t), handle::REMOTE_ERROR);
+    assert_eq!(fail::code_of(&t), fail::REMOTE_ERROR);
     let io = Error::Io { rank: r, op: "x", peer: None, source: std::io::Error::other("x") };
-    assert_eq!(handle::code_of(&io), handle::SYSTEM_ERROR);
+    assert_eq!(fail::code_of(&io), fail::SYSTEM_ERROR);
 }
 use std::time::Duration;

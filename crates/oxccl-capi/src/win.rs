@@ -1,6 +1,8 @@
 //! Windows: `ncclCommWindowRegister` / `Deregister` (collective, as in NCCL), the window
 //! queries `ncclWinGetUserPtr`, `ncclGetPeerDevicePointer`, `ncclGetLsaDevicePointer` and
-//! `ncclGetLsaMultimemDevicePointer`.
+//! `ncclGetLsaMultimemDevicePointer`. The table of windows and the registrations' runs are
+//! [`crate::winops`]'s (shared with the one-sided calls of [`crate::rma`]; neither of the two
+//! names the other).
 //!
 //! Rules:
 //! 1. A window handle is unique in the process and never reused (the registration handles of
@@ -16,61 +18,13 @@
 //! 4. oxccl has no device API: the device-pointer queries check their arguments as NCCL does
 //!    and answer NULL with `ncclSuccess`, NCCL's answer where no device mapping exists.
 
-use crate::handle::{self, invalid, lock, CommState, R, SUCCESS};
-use crate::life::Pin;
-use crate::mem::{self, RegKind};
+use crate::fail::{invalid, R, SUCCESS};
+use crate::handle::{self, Pin, RegKind};
+use crate::mem;
 use crate::ptr::put;
-use crate::rma::{submit, Op};
-use std::collections::HashMap;
+use crate::winops::{lookup, submit, table, Op, WinRec, WinState};
 use std::ffi::{c_int, c_void};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-
-/// Where a window's registration stands.
-pub(crate) enum WinState {
-    /// Queued in a group, not run yet.
-    Pending,
-    Ready(oxccl::rma::Window),
-    /// The registration failed, for this reason.
-    Failed(String),
-    /// Deregistered.
-    Gone,
-}
-
-/// What a window handle stands for (rule 1).
-struct WinRec {
-    comm: usize,
-    base: usize,
-    state: Arc<Mutex<WinState>>,
-}
-
-fn table() -> MutexGuard<'static, HashMap<usize, WinRec>> {
-    static T: OnceLock<Mutex<HashMap<usize, WinRec>>> = OnceLock::new();
-    lock(T.get_or_init(Default::default))
-}
-
-/// The window `h` of `st` (the argument is named `arg`): its handle and state.
-pub(crate) fn lookup(st: &CommState, h: usize, arg: &str) -> R<(usize, Arc<Mutex<WinState>>)> {
-    if h == 0 {
-        return Err(invalid(arg, "NULL window"));
-    }
-    match table().get(&h) {
-        Some(w) if w.comm == st.handle => Ok((h, w.state.clone())),
-        Some(w) => Err(invalid(
-            arg,
-            format!("{h:#x} is a window of communicator {:#x}, not of this one ({:#x})", w.comm, st.handle),
-        )),
-        None => Err(invalid(
-            arg,
-            format!("{h:#x} is not a window registered on this communicator (or it was deregistered)"),
-        )),
-    }
-}
-
-/// Forgets window `h` of `st` (its registration failed).
-pub(crate) fn forget(st: &CommState, h: usize) {
-    table().remove(&h);
-    let _ = mem::deregister(st, RegKind::Window, h, "win");
-}
+use std::sync::{Arc, Mutex};
 
 /// The state (pinned, its communicator ready) and base address behind a window the caller
 /// names `arg`.

@@ -3,8 +3,10 @@
 //! The discriminants are NCCL's (`ncclDataType_t`, `ncclRedOp_t`), so the C ABI maps them by
 //! value. Bitwise operations are an oxccl extension and carry values past NCCL's built-in range
 //! of operators that a C caller can never confuse with a user-created operator handle.
+//!
+//! Rule: this module names no error type; the check that answers one ([`ReduceOp::check`],
+//! [`crate::error::CoreError::OpInvalidForType`]) lives in [`crate::error`], above it.
 
-use crate::error::CoreError;
 use crate::fp8::{F8E4M3, F8E5M2};
 use bytemuck::Pod;
 
@@ -159,15 +161,6 @@ impl ReduceOp {
         ReduceOp::ALL.into_iter().filter(move |o| o.valid_for(dtype))
     }
 
-    /// Checks that `self` may be applied to `dtype`.
-    pub fn check(self, dtype: DataType) -> Result<(), CoreError> {
-        if self.valid_for(dtype) {
-            Ok(())
-        } else {
-            Err(CoreError::OpInvalidForType { op: self, dtype })
-        }
-    }
-
     /// The name nccl-tests prints for the operator.
     pub const fn name(self) -> &'static str {
         match self {
@@ -239,8 +232,8 @@ mod tests {
 
     #[test]
     fn bitwise_only_on_integers() {
-        assert!(ReduceOp::check(ReduceOp::BitXor, DataType::F32).is_err());
-        assert!(ReduceOp::check(ReduceOp::BitXor, DataType::U8).is_ok());
+        assert!(!ReduceOp::BitXor.valid_for(DataType::F32));
+        assert!(ReduceOp::BitXor.valid_for(DataType::U8));
         assert_eq!(ReduceOp::valid_ops(DataType::F16).count(), 5);
         assert_eq!(ReduceOp::valid_ops(DataType::I64).count(), 8);
     }

@@ -2,6 +2,10 @@
 //!
 //! Every variant names what was wrong (the argument, the value, the limit), so the runtime can
 //! wrap it with the rank and operation without losing the specifics.
+//!
+//! Rule: this module sits above [`crate::dtype`] (its variants name data types and operators);
+//! `dtype` names no error, so the check of an operator against a type that answers one,
+//! [`ReduceOp::check`], is here.
 
 use crate::dtype::{DataType, ReduceOp};
 
@@ -42,5 +46,32 @@ impl CoreError {
 
     pub(crate) fn invalid(arg: &'static str, reason: impl Into<String>) -> Self {
         CoreError::InvalidArgument { arg, reason: reason.into() }
+    }
+}
+
+impl ReduceOp {
+    /// Checks that `self` may be applied to `dtype` ([`ReduceOp::valid_for`]).
+    pub fn check(self, dtype: DataType) -> Result<(), CoreError> {
+        if self.valid_for(dtype) {
+            Ok(())
+        } else {
+            Err(CoreError::OpInvalidForType { op: self, dtype })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bitwise_operators_are_refused_on_floats_by_name() {
+        let e = ReduceOp::BitXor.check(DataType::F32).unwrap_err();
+        assert_eq!(e, CoreError::OpInvalidForType { op: ReduceOp::BitXor, dtype: DataType::F32 });
+        assert_eq!(
+            e.to_string(),
+            "reduce operator `bxor` is not defined on data type `float` (bitwise operators need an integer type)"
+        );
+        assert_eq!(ReduceOp::BitXor.check(DataType::U8), Ok(()));
     }
 }

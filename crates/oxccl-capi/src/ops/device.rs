@@ -2,8 +2,9 @@
 //! engine the communicator's ranks allow (`oxccl::cuda::DevComm`: ranks as threads of this
 //! process, or processes of this host by CUDA IPC); anything else is staged.
 
-use super::{Call, Kind};
-use crate::handle::{code_of, CommState, Fail, PreMul, Scalar, INVALID_USAGE, R, UNHANDLED_CUDA_ERROR};
+use super::call::{Call, Kind};
+use crate::fail::{code_of, Fail, INVALID_USAGE, R, UNHANDLED_CUDA_ERROR};
+use crate::handle::{CommState, PreMul, Scalar};
 use oxccl::cuda::call::DevCall;
 use oxccl::cuda::comm::EngineKind;
 use oxccl::cuda::stage::MemKind;

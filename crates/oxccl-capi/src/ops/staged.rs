@@ -1,8 +1,10 @@
 //! Calls with device buffers, run over host mirrors by the communicator's proxy (see the
 //! documentation of `ops`).
 
-use super::{run_host, Call};
-use crate::handle::{CommState, Fail, PreMul, Scalar, R, UNHANDLED_CUDA_ERROR};
+use super::call::{run_host, Call};
+use crate::fail::{Fail, R, UNHANDLED_CUDA_ERROR};
+use crate::handle::{CommState, PreMul, Scalar};
+use crate::proxy::Proxy;
 use oxccl::cuda::stage::{classify, stream_flag, MemKind, OnDevice, Pinned, StreamEvent};
 use oxccl::cuda::CudaError;
 use oxccl::Communicator;
@@ -69,7 +71,7 @@ fn refuse_capture(calls: &[Call], why: &str) -> Option<R<()>> {
     let c =
         calls.iter().find(|c| c.stream > 1 && oxccl::cuda::graph::capturing(c.stream).unwrap_or(false))?;
     Some(Err(Fail {
-        code: crate::handle::INVALID_USAGE,
+        code: crate::fail::INVALID_USAGE,
         msg: format!(
             "{}: the stream is being captured into a CUDA graph, but {why}: a graph could not replay it (run the call outside the capture)",
             c.func
@@ -131,7 +133,7 @@ pub(super) fn spans(c: &Call, send_dev: bool, recv_dev: bool) -> Vec<Span> {
 /// Calls with device buffers, set up: mirrors with their input copies enqueued, the
 /// calls rewritten onto the mirrors, and each stream's event after its input copies.
 struct Staged {
-    proxy: &'static crate::proxy::Proxy,
+    proxy: &'static Proxy,
     mirrors: Vec<Mirror>,
     host_calls: Vec<Call>,
     /// Each distinct stream of the calls, with the device whose context serves it.

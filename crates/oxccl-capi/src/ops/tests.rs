@@ -2,6 +2,7 @@
 
 use super::staged::*;
 use super::*;
+use oxccl::{DataType, Rank, ReduceOp};
 
 fn call(kind: Kind, send: usize, recv: usize, send_len: usize, recv_len: usize, in_place: bool) -> Call {
     Call {

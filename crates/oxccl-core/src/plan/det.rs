@@ -16,8 +16,11 @@
 //! reduce-scatter and reduce is planned here, whatever the selector (`NCCL_ALGO`, `NCCL_PROTO`,
 //! the tuner) chose for its size; the selector still picks the protocol of the chunks.
 
-use super::direct::StreamKind;
-use super::{oneshot, BufId, ConnClass, ConnKey, DirectStream, Geometry, Input, Lane, Loc, OpSpec, Step};
+use super::direct::{DirectStream, StreamKind};
+use super::geometry::Geometry;
+use super::lane::{ConnClass, ConnKey, Lane};
+use super::oneshot::{self, fold_lane};
+use super::op::{BufId, Loc, OpSpec};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::CoreError;
 use crate::reduce::ReduceCtx;
@@ -75,37 +78,6 @@ impl Ctx {
     fn fold(&self, slot_bytes: usize, bytes: usize, out: Loc) -> Lane {
         fold_lane(self.ctx, self.p, |q| self.slot(q, slot_bytes), out, bytes, self.chunk)
     }
-}
-
-/// The rank-order fold `out = ((slot(0) ⊕ slot(1)) ⊕ slot(2)) ⊕ …` over `bytes`, in steps of
-/// at most `chunk`, finalized: the one order the one-shot plan and deterministic mode share
-/// (and the direct path's), so all give the same bits.
-pub(super) fn fold_lane(
-    ctx: ReduceCtx,
-    p: usize,
-    slot: impl Fn(usize) -> Loc,
-    out: Loc,
-    bytes: usize,
-    chunk: usize,
-) -> Lane {
-    let mut steps = Vec::new();
-    let mut off = 0;
-    while off < bytes {
-        let len = chunk.max(1).min(bytes - off);
-        let at = |q: usize| slot(q).at(off);
-        let step =
-            |input, finalize| Step { input, dst: Some(out.at(off)), send: None, finalize, len, tag: 0 };
-        if p == 1 {
-            steps.push(step(Input::Src(at(0)), true));
-        } else {
-            steps.push(step(Input::Local2(at(0), at(1)), p == 2));
-            for q in 2..p {
-                steps.push(step(Input::Local2(at(q), out.at(off)), q == p - 1));
-            }
-        }
-        off += len;
-    }
-    Lane::new(vec![], vec![], Some(ctx), Box::new(steps.into_iter()))
 }
 
 /// Phases and scratch bytes of a plan.

@@ -4,7 +4,9 @@
 //! direction; user send/recv use the `P2p` class, one lane per peer and direction carrying the
 //! group's messages to that peer in issue order. A rank's data for itself is a local copy lane.
 
-use super::{ConnClass, ConnKey, Geometry, Input, Lane, Loc, OpSpec, Port, Step};
+use super::geometry::Geometry;
+use super::lane::{ConnClass, ConnKey, Input, Lane, Port, Step};
+use super::op::{Loc, OpSpec};
 use crate::contract::{Seqs, Sig};
 use crate::dtype::DataType;
 use crate::error::CoreError;

@@ -18,376 +18,40 @@
 //!    size.
 //!
 //! Nothing here knows which transport carries a connection; [`sim`] executes plans in memory.
+//!
+//! Layout, lowest first: `op.rs` (what a plan is asked for: [`OpSpec`], [`Loc`]), `lane.rs` (what
+//! a plan is made of: [`Step`], [`Lane`], [`Job`]) and `geometry.rs` (what it knows of the
+//! communicator: [`Geometry`]); the planners (`ring.rs`, [`tree`], `direct.rs`, `oneshot.rs`,
+//! `det.rs`) build on those three, never on this file, which chooses among them
+//! ([`plan_op`], [`plan_group_signed`]) and re-exports the vocabulary. The call signatures
+//! ([`crate::contract`]) name only `op.rs`, so they sit between the vocabulary and the planners.
 
 mod det;
 pub mod device;
 mod direct;
 pub mod exec;
+mod geometry;
 pub mod hostdirect;
+mod lane;
 mod oneshot;
+mod op;
 mod ring;
 pub mod sim;
 pub mod tree;
 
-use crate::coll::{Collective, RingColl};
+use crate::coll::RingColl;
 use crate::contract::{Seqs, Sig};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::CoreError;
+use crate::proto::Proto;
 use crate::reduce::ReduceCtx;
-use crate::tuner::Proto;
 use crate::types::{ChannelId, Rank};
-use std::sync::Arc;
 
 pub use direct::{alltoallv_bytes, p2p_checked, DirectStream};
-
+pub use geometry::{Geometry, GeometryCache};
+pub use lane::{job_connections, ConnClass, ConnKey, Input, Job, Lane, Port, Step};
+pub use op::{BufId, Loc, OpSpec};
 pub use ring::RingCollective;
-
-/// Which of an operation's buffers a location refers to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct BufId(pub u16);
-
-impl BufId {
-    /// The engine's scratch buffer (of [`Job::scratch_bytes`]), not a user buffer.
-    pub const SCRATCH: BufId = BufId(u16::MAX);
-}
-
-/// A byte position in one of an operation's buffers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Loc {
-    pub buf: BufId,
-    pub off: usize,
-}
-
-impl Loc {
-    /// The start of buffer `buf`.
-    pub const fn start(buf: BufId) -> Loc {
-        Loc { buf, off: 0 }
-    }
-
-    /// `self` advanced by `bytes`.
-    pub const fn at(self, bytes: usize) -> Loc {
-        Loc { buf: self.buf, off: self.off + bytes }
-    }
-}
-
-/// The kind of traffic a connection carries: collectives' rings, collectives' direct exchanges,
-/// or user point-to-point messages. One unidirectional connection exists per (peer pair, class).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ConnClass {
-    Ring(ChannelId),
-    Direct,
-    P2p,
-    /// One of the two trees of a tree all-reduce (child → parent: up, parent → child: down).
-    Tree(u8),
-    /// One-sided calls (`oxccl::rma`): puts and signals from the connecting rank, applied by a
-    /// thread of the accepting rank. Never part of a plan.
-    Rma,
-}
-
-/// One end of a unidirectional connection, as seen from this rank.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ConnKey {
-    pub peer: Rank,
-    pub class: ConnClass,
-}
-
-/// An index into a lane's inbound or outbound connection list.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Port(pub u8);
-
-/// Where a step's data comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Input {
-    /// A local buffer.
-    Src(Loc),
-    /// The next chunk of an inbound connection.
-    Recv(Port),
-    /// The next chunk of an inbound connection, reduced with a local buffer.
-    RecvReduce(Port, Loc),
-    /// Two local buffers reduced (the first in the role of the received operand).
-    Local2(Loc, Loc),
-}
-
-/// One chunk's worth of work.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Step {
-    pub input: Input,
-    /// Local destination of the result (skipped when it is the input location itself).
-    pub dst: Option<Loc>,
-    /// Outbound connection that receives the result.
-    pub send: Option<Port>,
-    /// Apply the reduction's final transform (Avg's division) before writing the result.
-    pub finalize: bool,
-    /// Bytes in the chunk.
-    pub len: usize,
-    /// Which of its lane's signatures the chunk belongs to (0: [`Lane::sig`]; `i`:
-    /// `Lane::more_sigs[i - 1]`, for lanes carrying several messages).
-    pub tag: u16,
-}
-
-/// A sequence of steps with the connections it uses.
-pub struct Lane {
-    pub inbound: Vec<ConnKey>,
-    pub outbound: Vec<ConnKey>,
-    pub reduce: Option<ReduceCtx>,
-    pub steps: Box<dyn Iterator<Item = Step> + Send>,
-    /// The signature of the call the lane's chunks belong to (steps tagged 0), checked on
-    /// every chunk received and carried by every chunk sent ([`crate::contract`]).
-    pub sig: Sig,
-    /// Signatures of steps tagged 1, 2, … (a point-to-point lane's later messages).
-    pub more_sigs: Vec<Sig>,
-    /// The protocol its chunks travel in (their size fits it: [`crate::proto::chunk_capacity`]).
-    pub proto: Proto,
-}
-
-impl Lane {
-    /// A lane without signatures (stamped later by [`plan_group_signed`]).
-    pub fn new(
-        inbound: Vec<ConnKey>,
-        outbound: Vec<ConnKey>,
-        reduce: Option<ReduceCtx>,
-        steps: Box<dyn Iterator<Item = Step> + Send>,
-    ) -> Lane {
-        Lane { inbound, outbound, reduce, steps, sig: Sig::NONE, more_sigs: Vec::new(), proto: Proto::Simple }
-    }
-
-    /// The signature of a step tagged `tag`.
-    #[inline]
-    pub fn sig_of(&self, tag: u16) -> Sig {
-        match tag {
-            0 => self.sig,
-            t => self.more_sigs.get(t as usize - 1).copied().unwrap_or(Sig::NONE),
-        }
-    }
-}
-
-impl core::fmt::Debug for Lane {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Lane")
-            .field("inbound", &self.inbound)
-            .field("outbound", &self.outbound)
-            .field("reduce", &self.reduce)
-            .finish_non_exhaustive()
-    }
-}
-
-/// What a plan needs to know about the communicator.
-#[derive(Clone, Debug)]
-pub struct Geometry {
-    pub rank: Rank,
-    pub size: usize,
-    /// The ring order (a permutation of all ranks), the same on every rank.
-    pub ring: Arc<[Rank]>,
-    /// Parallel rings a ring collective is striped over.
-    pub nchannels: usize,
-    /// The largest chunk a step may carry, in bytes.
-    pub chunk_bytes: usize,
-    /// The least data (bytes of the call's count) a collective puts on each ring; smaller
-    /// calls use fewer rings (0: always all `nchannels`).
-    pub channel_min_bytes: usize,
-    /// The largest all-reduce the one-shot plan takes ([`crate::tuning::one_shot_max_bytes`]).
-    pub one_shot_max_bytes: usize,
-    /// Each rank's host, as a small index (ranks with equal values share a host).
-    pub hosts: Arc<[u32]>,
-    /// The algorithm each all-reduce takes, by size (`None`: the built-in rules — one-shot for
-    /// small calls, else the ring).
-    pub select: Option<Arc<crate::tuner::Selector>>,
-    /// `OXCCL_DETERMINISTIC`: every reduction folds the ranks' inputs in rank order
-    /// (`plan/det.rs`), whatever the size and algorithm.
-    pub deterministic: bool,
-    /// What every rank's plans derive from `ring` and `hosts` alone, computed once
-    /// ([`Geometry::cached`]); `None`: computed by each plan that needs it.
-    pub cache: Option<Arc<GeometryCache>>,
-}
-
-/// Derived from a geometry's ring and hosts, the same for all its ranks.
-#[derive(Debug)]
-pub struct GeometryCache {
-    /// Each rank's position in the ring.
-    pub ring_pos: Vec<u32>,
-    /// The tree all-reduce's two rank-level trees ([`tree::places`]).
-    pub tree: [Vec<tree::Place>; 2],
-}
-
-impl Geometry {
-    /// A geometry with the ring in rank order.
-    pub fn simple(rank: Rank, size: usize, nchannels: usize, chunk_bytes: usize) -> Geometry {
-        Geometry {
-            rank,
-            size,
-            ring: (0..size).map(Rank::new).collect::<Vec<_>>().into(),
-            nchannels,
-            chunk_bytes,
-            channel_min_bytes: 0,
-            one_shot_max_bytes: crate::tuning::ONE_SHOT_MAX_BYTES,
-            hosts: vec![0; size].into(),
-            select: None,
-            deterministic: false,
-            cache: None,
-        }
-    }
-
-    /// This geometry with its [`GeometryCache`] (for every rank of a communicator: clone it
-    /// and set `rank`). Plans are the same with or without it.
-    pub fn cached(mut self) -> Geometry {
-        self.cache = None;
-        let mut ring_pos = vec![0u32; self.size];
-        for (i, r) in self.ring.iter().enumerate() {
-            if let Some(x) = ring_pos.get_mut(r.idx()) {
-                *x = i as u32;
-            }
-        }
-        let tree = tree::places(&self);
-        self.cache = Some(Arc::new(GeometryCache { ring_pos, tree }));
-        self
-    }
-
-    /// This geometry with rank `r` on host `host_of(r)`.
-    pub fn with_hosts(mut self, host_of: impl Fn(usize) -> u32) -> Geometry {
-        self.hosts = (0..self.size).map(host_of).collect::<Vec<_>>().into();
-        self.cache = None;
-        self
-    }
-
-    fn ring_pos(&self, r: Rank) -> usize {
-        if let Some(c) = &self.cache {
-            return c.ring_pos.get(r.idx()).map_or(0, |&p| p as usize);
-        }
-        self.ring.iter().position(|x| *x == r).unwrap_or(0)
-    }
-
-    fn chunk_elems(&self, dtype: DataType) -> usize {
-        (self.chunk_bytes / dtype.size_bytes()).max(1)
-    }
-}
-
-/// One operation of a rank, with its buffers' locations; counts in elements.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum OpSpec {
-    AllReduce {
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        src: Loc,
-        dst: Loc,
-    },
-    Broadcast {
-        count: usize,
-        dtype: DataType,
-        root: Rank,
-        src: Loc,
-        dst: Loc,
-    },
-    Reduce {
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        root: Rank,
-        src: Loc,
-        dst: Loc,
-    },
-    /// `count` elements per rank.
-    AllGather {
-        count: usize,
-        dtype: DataType,
-        src: Loc,
-        dst: Loc,
-    },
-    /// `count` elements per rank (the output size).
-    ReduceScatter {
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        src: Loc,
-        dst: Loc,
-    },
-    /// `count` elements per peer.
-    AllToAll {
-        count: usize,
-        dtype: DataType,
-        src: Loc,
-        dst: Loc,
-    },
-    /// Per-peer counts and displacements, in elements.
-    AllToAllV {
-        dtype: DataType,
-        send_counts: Vec<usize>,
-        send_displs: Vec<usize>,
-        recv_counts: Vec<usize>,
-        recv_displs: Vec<usize>,
-        src: Loc,
-        dst: Loc,
-    },
-    /// `count` elements per rank.
-    Gather {
-        count: usize,
-        dtype: DataType,
-        root: Rank,
-        src: Loc,
-        dst: Loc,
-    },
-    /// `count` elements per rank.
-    Scatter {
-        count: usize,
-        dtype: DataType,
-        root: Rank,
-        src: Loc,
-        dst: Loc,
-    },
-    Send {
-        count: usize,
-        dtype: DataType,
-        peer: Rank,
-        src: Loc,
-    },
-    Recv {
-        count: usize,
-        dtype: DataType,
-        peer: Rank,
-        dst: Loc,
-    },
-}
-
-impl OpSpec {
-    /// Whether the op is point-to-point (planned into the group's concurrent p2p lanes).
-    pub fn is_p2p(&self) -> bool {
-        self.collective().is_p2p()
-    }
-
-    /// The collective (or point-to-point operation) it is.
-    pub fn collective(&self) -> Collective {
-        match self {
-            OpSpec::AllReduce { .. } => Collective::AllReduce,
-            OpSpec::Broadcast { .. } => Collective::Broadcast,
-            OpSpec::Reduce { .. } => Collective::Reduce,
-            OpSpec::AllGather { .. } => Collective::AllGather,
-            OpSpec::ReduceScatter { .. } => Collective::ReduceScatter,
-            OpSpec::AllToAll { .. } => Collective::AllToAll,
-            OpSpec::AllToAllV { .. } => Collective::AllToAllV,
-            OpSpec::Gather { .. } => Collective::Gather,
-            OpSpec::Scatter { .. } => Collective::Scatter,
-            OpSpec::Send { .. } => Collective::Send,
-            OpSpec::Recv { .. } => Collective::Recv,
-        }
-    }
-
-    /// Where the op writes (every op but a send writes from there on).
-    pub fn dst(&self) -> Option<Loc> {
-        match *self {
-            OpSpec::AllReduce { dst, .. }
-            | OpSpec::Broadcast { dst, .. }
-            | OpSpec::Reduce { dst, .. }
-            | OpSpec::AllGather { dst, .. }
-            | OpSpec::ReduceScatter { dst, .. }
-            | OpSpec::AllToAll { dst, .. }
-            | OpSpec::AllToAllV { dst, .. }
-            | OpSpec::Gather { dst, .. }
-            | OpSpec::Scatter { dst, .. }
-            | OpSpec::Recv { dst, .. } => Some(dst),
-            OpSpec::Send { .. } => None,
-        }
-    }
-}
 
 fn ring_lanes(g: &Geometry, kind: RingColl, args: RingArgs) -> Result<Vec<Lane>, CoreError> {
     let reduce = match args.op {
@@ -442,30 +106,6 @@ struct RingArgs {
     root: Option<Rank>,
     src: Loc,
     dst: Loc,
-}
-
-impl OpSpec {
-    /// The collective the tuner knows this op as (none for all-to-all, gather, scatter and
-    /// point-to-point, which have one algorithm).
-    pub fn tuned(&self) -> Option<RingColl> {
-        RingColl::try_from(self.collective()).ok()
-    }
-}
-
-impl OpSpec {
-    /// The size the tuner prices a tuned collective at: the larger of its input and output in
-    /// bytes (nccl-tests' "size").
-    pub fn tuned_bytes(&self, nranks: usize) -> Option<usize> {
-        Some(match *self {
-            OpSpec::AllReduce { count, dtype, .. }
-            | OpSpec::Broadcast { count, dtype, .. }
-            | OpSpec::Reduce { count, dtype, .. } => count * dtype.size_bytes(),
-            OpSpec::AllGather { count, dtype, .. } | OpSpec::ReduceScatter { count, dtype, .. } => {
-                count * nranks * dtype.size_bytes()
-            }
-            _ => return None,
-        })
-    }
 }
 
 /// Whether the direct path may serve `op` under the communicator's selector.
@@ -532,16 +172,6 @@ pub fn plan_op(g: &Geometry, op: &OpSpec) -> Result<Vec<Lane>, CoreError> {
         }
         OpSpec::Send { .. } | OpSpec::Recv { .. } => direct::p2p_checked(g, std::slice::from_ref(op), None),
     }
-}
-
-/// A group's work for one rank: point-to-point lanes that run throughout, and the collectives'
-/// lanes as phases that run one after another, in issue order.
-#[derive(Debug, Default)]
-pub struct Job {
-    pub p2p: Vec<Lane>,
-    pub phases: Vec<Vec<Lane>>,
-    /// Bytes of scratch the job's steps address through [`BufId::SCRATCH`].
-    pub scratch_bytes: usize,
 }
 
 /// Plans a group of operations (a single op is a group of one), without signatures.
@@ -615,22 +245,10 @@ pub fn plan_group_signed(
     Ok(job)
 }
 
-/// Every connection a job uses: (key, is_outbound), deduplicated.
-pub fn job_connections(job: &Job) -> Vec<(ConnKey, bool)> {
-    let mut v: Vec<(ConnKey, bool)> = Vec::new();
-    let lanes = job.p2p.iter().chain(job.phases.iter().flatten());
-    for lane in lanes {
-        v.extend(lane.inbound.iter().map(|k| (*k, false)));
-        v.extend(lane.outbound.iter().map(|k| (*k, true)));
-    }
-    v.sort();
-    v.dedup();
-    v
-}
-
 #[cfg(test)]
 mod cache_tests {
     use super::*;
+    use std::sync::Arc;
 
     /// Every step of every lane, with its connections, for rank `g.rank`.
     fn trace(g: &Geometry, op: &OpSpec) -> Vec<String> {

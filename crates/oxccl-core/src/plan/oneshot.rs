@@ -5,10 +5,14 @@
 //! Phase 1 exchanges (direct connections) into scratch slot `q` per rank `q` (this rank's own
 //! input is copied into its slot); phase 2 folds the slots in rank order — the same grouping
 //! on every rank, so every rank gets the same bits.
+//!
+//! Rule: [`fold_lane`], the one rank-order fold, is here and deterministic mode (`det`) uses
+//! it; this module names no other planner but the direct streams it exchanges with.
 
-use super::direct::StreamKind;
-use super::BufId;
-use super::{ConnClass, ConnKey, DirectStream, Geometry, Lane, Loc};
+use super::direct::{DirectStream, StreamKind};
+use super::geometry::Geometry;
+use super::lane::{ConnClass, ConnKey, Input, Lane, Step};
+use super::op::{BufId, Loc};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::CoreError;
 use crate::reduce::ReduceCtx;
@@ -62,6 +66,37 @@ pub(super) fn all_reduce(
         ));
     }
     let ctx = ReduceCtx::new(dtype, op, p as u32)?;
-    let fold = super::det::fold_lane(ctx, p, slot, dst, n, n);
+    let fold = fold_lane(ctx, p, slot, dst, n, n);
     Ok((vec![exchange, vec![fold]], p * n))
+}
+
+/// The rank-order fold `out = ((slot(0) ⊕ slot(1)) ⊕ slot(2)) ⊕ …` over `bytes`, in steps of
+/// at most `chunk`, finalized: the one order the one-shot plan and deterministic mode share
+/// (and the direct path's), so all give the same bits.
+pub(super) fn fold_lane(
+    ctx: ReduceCtx,
+    p: usize,
+    slot: impl Fn(usize) -> Loc,
+    out: Loc,
+    bytes: usize,
+    chunk: usize,
+) -> Lane {
+    let mut steps = Vec::new();
+    let mut off = 0;
+    while off < bytes {
+        let len = chunk.max(1).min(bytes - off);
+        let at = |q: usize| slot(q).at(off);
+        let step =
+            |input, finalize| Step { input, dst: Some(out.at(off)), send: None, finalize, len, tag: 0 };
+        if p == 1 {
+            steps.push(step(Input::Src(at(0)), true));
+        } else {
+            steps.push(step(Input::Local2(at(0), at(1)), p == 2));
+            for q in 2..p {
+                steps.push(step(Input::Local2(at(q), out.at(off)), q == p - 1));
+            }
+        }
+        off += len;
+    }
+    Lane::new(vec![], vec![], Some(ctx), Box::new(steps.into_iter()))
 }

@@ -9,7 +9,8 @@
 //! - ReduceScatter / AllGather: the same two halves over per-rank blocks.
 //! - Broadcast: a chain from the root's position; Reduce: a chain ending at it.
 
-use super::{Input, Loc, Port, Step};
+use super::lane::{Input, Port, Step};
+use super::op::Loc;
 use crate::coll::RingColl;
 use crate::types::Rank;
 use std::sync::Arc;

@@ -6,7 +6,8 @@
 //! end. Tests run every algorithm through it for many world sizes and counts.
 
 use super::exec::{apply, StepData};
-use super::{BufId, ConnClass, Input, Job, Lane, Loc, Step};
+use super::lane::{ConnClass, Input, Job, Lane, Step};
+use super::op::{BufId, Loc};
 use crate::contract::{Sig, SigWords};
 use crate::error::CoreError;
 use crate::types::Rank;

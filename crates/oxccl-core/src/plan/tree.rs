@@ -21,61 +21,21 @@
 //! Child → parent carries up-traffic, parent → child down-traffic, so each direction of a
 //! tree edge of a part belongs to one lane.
 
-use super::{ConnClass, ConnKey, Geometry, Input, Lane, Loc, Port, Step};
+use super::geometry::Geometry;
+use super::lane::{ConnClass, ConnKey, Input, Lane, Port, Step};
+use super::op::Loc;
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::CoreError;
 use crate::reduce::ReduceCtx;
-use crate::topo::graphs::double_btree;
 use crate::types::Rank;
 use std::sync::Arc;
 
+/// The rank-level trees are the geometry's (every rank derives them from it alone); here too
+/// under their old path.
+pub use super::geometry::{places, Place};
+
 /// Most channels a tree call is striped over (connection classes `Tree(0..2 × this)`).
 pub const MAX_TREE_CHANNELS: usize = crate::tuning::MAX_CHANNELS;
-
-/// One rank's place in one tree.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Place {
-    pub parent: Option<Rank>,
-    pub children: Vec<Rank>,
-}
-
-/// The rank-level trees: for tree `t` (0 or 1), every rank's parent and children.
-pub fn places(g: &Geometry) -> [Vec<Place>; 2] {
-    // Hosts in ring order, each with its ranks in ring order.
-    let mut hosts: Vec<(u32, Vec<Rank>)> = Vec::new();
-    let mut index: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
-    for &r in g.ring.iter() {
-        let h = g.hosts.get(r.idx()).copied().unwrap_or(0);
-        match index.get(&h) {
-            Some(&i) => hosts[i].1.push(r),
-            None => {
-                index.insert(h, hosts.len());
-                hosts.push((h, vec![r]));
-            }
-        }
-    }
-    let trees = double_btree(hosts.len());
-    trees.map(|t| {
-        let mut out = vec![Place { parent: None, children: Vec::new() }; g.size];
-        for (hi, (_, ranks)) in hosts.iter().enumerate() {
-            for (k, &r) in ranks.iter().enumerate() {
-                let p = &mut out[r.idx()];
-                if k > 0 {
-                    p.parent = Some(ranks[k - 1]);
-                } else if let Some(ph) = t.parent[hi] {
-                    p.parent = Some(hosts[ph].1[0]);
-                }
-                if k + 1 < ranks.len() {
-                    p.children.push(ranks[k + 1]);
-                }
-                if k == 0 {
-                    p.children.extend(t.children[hi].iter().map(|&ch| hosts[ch].1[0]));
-                }
-            }
-        }
-        out
-    })
-}
 
 /// The lanes of a tree all-reduce for rank `g.rank`.
 pub fn all_reduce(

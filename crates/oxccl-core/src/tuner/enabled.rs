@@ -1,7 +1,9 @@
 //! `NCCL_ALGO` and `NCCL_PROTO`: which algorithms and protocols each collective may use,
 //! parsed with NCCL's syntax; an unknown name is an error naming the variable and the name.
 
-use super::{Algo, Proto, RingColl};
+use super::algo::Algo;
+use crate::coll::RingColl;
+use crate::proto::Proto;
 
 /// NCCL's algorithm names that exist in NCCL but not here (accepted, never enabled).
 const FOREIGN_ALGOS: [&str; 6] = ["collnetdirect", "collnetchain", "collnet", "nvls", "nvlstree", "pat"];

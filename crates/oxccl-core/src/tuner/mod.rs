@@ -35,52 +35,20 @@ use crate::topo::graphs::{ring_bottleneck, ring_order};
 use crate::topo::{PathType, Topo};
 use std::fmt;
 
+mod algo;
 mod enabled;
+pub use algo::{Algo, ALGOS};
 pub use enabled::Enabled;
-
-/// The algorithms, in NCCL's order where NCCL has them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Algo {
-    Tree,
-    Ring,
-    /// One exchange step (oxccl's direct / one-shot paths).
-    Direct,
-}
 
 pub use crate::proto::{Proto, PROTOS};
 
 pub use crate::coll::RingColl;
-
-pub const ALGOS: [Algo; 3] = [Algo::Tree, Algo::Ring, Algo::Direct];
 
 /// The most ranks a direct (one-step) call serves.
 pub const DIRECT_MAX_RANKS: usize = 8;
 /// The least data a channel is given (one chunk).
 pub const MIN_CHANNEL_BYTES: usize = 64 << 10;
 
-impl Algo {
-    pub fn name(self) -> &'static str {
-        match self {
-            Algo::Tree => "Tree",
-            Algo::Ring => "Ring",
-            Algo::Direct => "Direct",
-        }
-    }
-
-    /// Whether the algorithm exists for a collective.
-    pub fn runs(self, c: RingColl) -> bool {
-        match self {
-            Algo::Ring => true,
-            Algo::Tree | Algo::Direct => c == RingColl::AllReduce,
-        }
-    }
-}
-
-impl fmt::Display for Algo {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 impl fmt::Display for Proto {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

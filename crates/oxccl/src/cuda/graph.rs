@@ -4,7 +4,7 @@
 //!
 //! Rules:
 //! 1. A call on a capturing stream enqueues only what replays correctly: kernels whose
-//!    meeting numbers come from device memory (kernels.cu's `base`), no event record or wait,
+//!    meeting numbers come from device memory (kernels/sync.cu's `base`), no event record or wait,
 //!    no host work between launches. Engines that cannot say so refuse with a message.
 //! 2. A stream whose capture was invalidated is refused (its capture already failed).
 //! 3. Inside oxccl a thread's capture mode is relaxed: a thread of another rank capturing in

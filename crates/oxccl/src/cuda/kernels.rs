@@ -1,6 +1,10 @@
-//! oxccl's copy and reduce-copy kernels: CUDA C (`kernels.cu` plus one instantiation per
-//! operator and type, listed here), compiled by NVRTC for the device's architecture at first
-//! use, cached per process and on disk, and loaded with every kernel resolved at once.
+//! oxccl's copy and reduce-copy kernels: CUDA C (the files of `kernels/`, one per family:
+//! `common.cu` types and work lists, `arith.cu` element arithmetic and operators,
+//! `reduce_copy.cu` the reduce-copy, `sync.cu` the GPU meeting, `ll.cu` the LL and LL128
+//! all-reduces, `instances.cu` the per-variant entry points; concatenated in that order, plus
+//! one instantiation per operator and type, listed here), compiled by NVRTC as one source for
+//! the device's architecture at first use, cached per process and on disk, and loaded with
+//! every kernel resolved at once.
 //!
 //! A launch carries a work list of up to [`MAX_TASKS`] tasks (oxccl-core's
 //! `plan::device::Task`: sources reduced into destinations) and a [`Sync`] saying how it meets
@@ -22,7 +26,16 @@ pub const MAX_TASKS: usize = 8;
 /// Threads per block of every kernel (`__launch_bounds__(512)` in the source).
 pub const BLOCK_THREADS: u32 = 512;
 
-const BODY: &str = include_str!("kernels.cu");
+/// The kernels' source without their instantiations: the files of `kernels/`, one per family,
+/// in the order each names only those before it (NVRTC compiles them as one source).
+const BODY: &str = concat!(
+    include_str!("kernels/common.cu"),
+    include_str!("kernels/arith.cu"),
+    include_str!("kernels/reduce_copy.cu"),
+    include_str!("kernels/sync.cu"),
+    include_str!("kernels/ll.cu"),
+    include_str!("kernels/instances.cu"),
+);
 
 /// The types the kernels serve and their names in the source.
 pub const TYPES: [(DataType, &str, &str); 12] = [
@@ -323,7 +336,7 @@ struct LlArgs {
     pad: u32,
 }
 
-/// An LL all-reduce's place in its group's LL buffer (see kernels.cu's `ll_all_reduce`).
+/// An LL all-reduce's place in its group's LL buffer (see kernels/ll.cu's `ll_all_reduce`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ll {
     /// Device address of the group's LL buffer.
@@ -364,7 +377,7 @@ pub fn describe_ll_signature(sig: u32) -> String {
 }
 
 /// `#[repr(C)]` twin of the kernels' `Sync`: how a launch meets the other ranks' launches
-/// (see kernels.cu for the protocol). All zero: no meeting.
+/// (see kernels/sync.cu for the protocol). All zero: no meeting.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Sync {
@@ -388,7 +401,7 @@ pub struct Sync {
     pub mydep: CuDevicePtr,
     /// Device address of this rank's record (`u64[24]`, zero at first): with it, every count
     /// below (and an LL launch's call number) is relative to the record, which the kernels
-    /// advance, so a launch replayed from a CUDA graph meets with fresh numbers (kernels.cu's
+    /// advance, so a launch replayed from a CUDA graph meets with fresh numbers (kernels/sync.cu's
     /// `sync_resolve`). 0: the counts are absolute.
     pub base: CuDevicePtr,
     /// This rank's count of collective launches including this one; 0: none in this launch.

@@ -84,7 +84,7 @@ pub struct Planned {
     pub ll: Option<u32>,
 }
 
-/// What a launch with a device record does to it (kernels.cu's `sync_resolve` and
+/// What a launch with a device record does to it (kernels/sync.cu's `sync_resolve` and
 /// `ll_resolve`, rule 5): turns its relative meeting `rel` (or, for an LL launch, its next
 /// call number) into absolute counts and advances `base` past the launch. The CPU models of
 /// the device protocol run launches through it, replayed as a CUDA graph replays them.

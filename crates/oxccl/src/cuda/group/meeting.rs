@@ -1,11 +1,11 @@
-//! The CPU model of kernels.cu's GPU meeting (`Sync`, `sync_arrive`, `sync_depart`): its
+//! The CPU model of kernels/sync.cu's GPU meeting (`Sync`, `sync_arrive`, `sync_depart`): its
 //! counters as atomics (`crate::sync`) and each step a block takes on them, written line for
 //! line after the kernel's. Two checks drive these steps: `Emu` (the tests) steps the blocks
 //! of planned launches in random orders, looking for deadlocks in the plans; the model check
 //! (`--features model`, the `model` tests below) runs one thread per rank under loom, looking
 //! for an interleaving or a stale read that breaks the meeting's promises.
 //!
-//! Rules (kernels.cu's, for a CPU):
+//! Rules (kernels/sync.cu's, for a CPU):
 //! 1. `__threadfence()` is a SeqCst fence; `atomicMax`/`atomicAdd` are relaxed
 //!    read-modify-writes; `ld_acq` is an acquire load. Each step keeps the kernel's order of
 //!    fence, update and wait.

@@ -95,7 +95,7 @@ impl Member {
     /// Enqueues `calls` (a group: collectives every rank makes alike, in the same order, and
     /// sends and receives matched per pair in order) on `s`, and returns.
     /// On a stream being captured into a CUDA graph, the launches are captured: they meet
-    /// through the ranks' device records (kernels.cu's `base`), so every replay meets afresh,
+    /// through the ranks' device records (kernels/sync.cu's `base`), so every replay meets afresh,
     /// and nothing else is enqueued (no event is recorded or waited for: a replay is ordered
     /// by the stream the graph is launched on).
     pub fn run(&self, s: &Stream, calls: &[DevCall]) -> Result<(), CudaError> {
@@ -151,7 +151,7 @@ impl Member {
     }
 
     /// A lone small all-reduce, launched as LL without meeting the other ranks on the host:
-    /// the kernels exchange the data and compare the calls' signatures (kernels.cu's
+    /// the kernels exchange the data and compare the calls' signatures (kernels/ll.cu's
     /// `ll_all_reduce`). Ok(false): this rank refuses the call, and takes it to the host
     /// meeting, where every rank refuses alike. A rank that met while another launched (their
     /// calls differ, or one refused) is found by either of them from what each announced
@@ -382,7 +382,7 @@ impl Member {
             let line = self.ll_call(u).and_then(|(c, proto)| Some((c, proto, self.line_buf(proto)?)));
             let launched = match (plan.ll, line) {
                 (Some(seq), Some((c, proto, mut l))) => {
-                    // One flag exchange instead of the meeting (see kernels.cu's ll_all_reduce).
+                    // One flag exchange instead of the meeting (see kernels/ll.cu's ll_all_reduce).
                     l.seq = seq;
                     self.kernels.run_ll(s, proto, t, op, (c.send, c.recv, c.count), u.scalar, div, l, &sync)
                 }

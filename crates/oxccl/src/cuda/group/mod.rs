@@ -11,7 +11,7 @@
 //!   the same table of buffers and call descriptions; a mismatch or a refusal makes every rank
 //!   refuse, and none launches. Each rank then launches its collective tasks, packed into as
 //!   few launches as kernels allow (`call::collective_units`), and each launch meets the same
-//!   launch of the other ranks on the GPU (`Sync` in kernels.cu): at its start it waits until
+//!   launch of the other ranks on the GPU (`Sync` in kernels/sync.cu): at its start it waits until
 //!   every rank's stream has reached it (inputs written, outputs free), at its end until every
 //!   block of every rank has finished (so work after the call may use the result and reuse
 //!   the input). Nothing on the host waits for the GPU.
@@ -82,7 +82,7 @@ struct Post {
 /// How long a rank spins for the others at a meeting before it sleeps.
 const MEET_SPIN: Duration = Duration::from_micros(50);
 
-/// Device memory of the GPU meeting (see kernels.cu's `Sync`): `arr[8]` at 0, `dep` at 128,
+/// Device memory of the GPU meeting (see kernels/sync.cu's `Sync`): `arr[8]` at 0, `dep` at 128,
 /// `fail` at 192, `mydep[8]` at 256, `pready[64]` at 512, `pdone[64]` at 1024, and each
 /// rank's record (`base`: `u64[24]`, only that rank's kernels touch it) at
 /// `BASE_AT + BASE_BYTES * rank`.
@@ -152,7 +152,7 @@ pub(crate) fn timeout_ns(timeout: Option<Duration>) -> u64 {
     timeout.map_or(0, |t| t.as_nanos().clamp(1, u64::MAX as u128) as u64)
 }
 
-/// Words a failure code of the GPU meeting (kernels.cu's `Sync`).
+/// Words a failure code of the GPU meeting (kernels/sync.cu's `Sync`).
 pub(crate) fn describe_failure(code: u32, seq: u64, timeout: Option<Duration>) -> String {
     let waiter = (code >> 8) & 0xff;
     let missing = (code >> 16) & 0xff;

@@ -81,7 +81,7 @@ fn mismatched_collectives_are_named() {
     assert_eq!(mismatch(1, &same), None);
 }
 
-/// A CPU model of kernels.cu's meeting (`sync_arrive`, `sync_depart`: the counters and each
+/// A CPU model of kernels/sync.cu's meeting (`sync_arrive`, `sync_depart`: the counters and each
 /// block's steps on them are `meeting::Meeting`'s; and the LL flag exchange): each rank's
 /// launches run in stream order, every block of the running launches is stepped
 /// round-robin (the GPU runs them at once: they are all resident). It reports a
@@ -92,7 +92,7 @@ fn mismatched_collectives_are_named() {
 ///
 /// Launches come as the kernels take them: counts relative to each rank's device record,
 /// resolved (and the record advanced) when the launch reaches the head of its stream, as
-/// kernels.cu's `sync_resolve` does, so a queue may hold the same launches replayed (a CUDA
+/// kernels/sync.cu's `sync_resolve` does, so a queue may hold the same launches replayed (a CUDA
 /// graph). LL lines are modelled per (writer, parity) slot with the flag and the writer's
 /// own count of LL launches run: a reader takes a line only when its flag is the call's, and
 /// the line must then come from the writer's launch of the same rank (no stale line).

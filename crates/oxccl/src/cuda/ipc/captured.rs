@@ -4,7 +4,7 @@
 //! and each captures kernels that meet on the GPU through *boards*: the thread group's meeting
 //! memory (`cuda::group`'s layout: counters, failure word, a record per rank) in device
 //! memory. Every count the kernels take is relative to the rank's record, which the kernels
-//! advance (kernels.cu's `base`), so each replay meets afresh.
+//! advance (kernels/sync.cu's `base`), so each replay meets afresh.
 //!
 //! Rules:
 //! 1. Every rank makes its own board at its first captured group. Its record, its count of
@@ -25,7 +25,7 @@
 //! 6. A group of one small all-reduce runs as LL or LL128 (as the thread group decides, from
 //!    the same settings on every rank) over line buffers on rank 0's board, after its
 //!    counters: LL `p × 2 × p × (LL_LINES + 1)` lines of 16 bytes, then LL128
-//!    `p × 2 × p × (LL128_LINES + 1)` lines of 128 bytes (kernels.cu's layouts).
+//!    `p × 2 × p × (LL128_LINES + 1)` lines of 128 bytes (kernels/ll.cu's layouts).
 //! 7. A buffer that cannot be exported (virtual-memory allocations) is refused: the staged
 //!    path an eager call would take cannot be captured.
 
