@@ -19,7 +19,9 @@ argument).
 
 import os
 import queue
+import sys
 import threading
+import time
 import warnings
 from datetime import timedelta
 
@@ -123,11 +125,14 @@ class Work(dist._Work):
         self._fut = None
 
     def wait(self, timeout=None):
+        """Blocks until the call is complete (raising its error); `timeout` is accepted for torch's
+        interface and not used: the communicator's own timeout bounds the wait."""
         if self._work is not None:
             self._work.wait()
         return True
 
     def is_completed(self):
+        """Whether the call is complete (never blocks)."""
         return self._work is None or self._work.is_completed()
 
     def _source_rank(self):
@@ -141,6 +146,7 @@ class Work(dist._Work):
         return src
 
     def get_future(self):
+        """A torch Future completed (in issue order) with the list of output tensors."""
         if self._fut is None:
             if self._work is None:
                 self._fut = torch.futures.Future()
@@ -249,6 +255,8 @@ class OxcclBackend(_BASE):
             self._set_fast(self.comm._fast_handle(), api["call"], api["release"], secs or 0.0)
         self._rank = rank
         self._size = size
+        self._store = store
+        self._monitored = 0  # monitored barriers made (each one's keys in the store)
         self._group = None  # the open coalescing group (batch_isend_irecv)
         self._done = None
         self._lock = threading.Lock()
@@ -256,16 +264,18 @@ class OxcclBackend(_BASE):
     # What torch asks of every backend (each, left undefined, recurses in torch 2.15).
     @property
     def options(self):
+        """The backend's options (its name and timeout), as torch asks every backend."""
         return self._options
 
-    supports_splitting = property(lambda self: False)
-    supports_coalescing = property(lambda self: True)
+    supports_splitting = property(lambda self: False, doc="False: torch makes subgroups with new_group.")
+    supports_coalescing = property(lambda self: True, doc="True: coalescing blocks run as one oxccl group.")
     _supports_time_estimate = property(lambda self: False)
-    supports_shrinking = property(lambda self: False)
-    supports_reconfigure = property(lambda self: False)
-    supports_window = property(lambda self: False)
+    supports_shrinking = property(lambda self: False, doc="False: through torch (oxccl.Communicator.shrink has it).")
+    supports_reconfigure = property(lambda self: False, doc="False.")
+    supports_window = property(lambda self: False, doc="False: torch's symmetric-memory windows are not offered.")
 
     def getBackendName(self):
+        """"oxccl"."""
         return "oxccl"
 
     def _completer(self):
@@ -286,6 +296,10 @@ class OxcclBackend(_BASE):
         return op, inputs
 
     def allreduce(self, tensors, opts):
+        """All-reduce of each of `tensors` in place, by `opts.reduceOp` (one group); a sparse
+        COO tensor is summed as Gloo sums one (its result replaces it)."""
+        if any(t.layout == torch.sparse_coo for t in tensors):
+            return self._sparse_allreduce(tensors, opts)
         if len(tensors) == 1:
             op, factor = _op(opts.reduceOp)
             t = tensors[0]
@@ -299,10 +313,47 @@ class OxcclBackend(_BASE):
                 self.comm.all_reduce(t, None, op)
         return _done(tensors)
 
+    def _sparse_allreduce(self, tensors, opts):
+        """Sparse COO tensors, summed: every rank's indices and values are gathered (padded to
+        the largest count) and added up locally, coalesced; the sum replaces each tensor."""
+        op, factor = _op(opts.reduceOp)
+        if op != 0 or factor is not None:
+            raise InvalidArgumentError(f"op: {opts.reduceOp} on a sparse tensor: oxccl sums sparse tensors only (SUM)")
+        for t in tensors:
+            if t.layout != torch.sparse_coo:
+                raise InvalidArgumentError("tensors: sparse and dense tensors in one call")
+            if t.device.type != "cpu":
+                raise InvalidArgumentError(f"tensors: a sparse tensor on {t.device}: oxccl sums sparse CPU tensors")
+            c = t.coalesce()
+            idx, val = c.indices().contiguous(), c.values().contiguous()
+            p = self._size
+            counts = torch.zeros(p, dtype=torch.int64)
+            self.comm.all_gather(torch.tensor([idx.shape[1]], dtype=torch.int64), counts)
+            most = int(counts.max())
+            pi = torch.zeros((idx.shape[0], most), dtype=idx.dtype)
+            pi[:, : idx.shape[1]] = idx
+            pv = torch.zeros((most, *val.shape[1:]), dtype=val.dtype)
+            pv[: val.shape[0]] = val
+            gi = torch.empty((p, *pi.shape), dtype=pi.dtype)
+            gv = torch.empty((p, *pv.shape), dtype=pv.dtype)
+            with self.comm.group():
+                self.comm.all_gather(pi, gi)
+                self.comm.all_gather(pv, gv)
+            n = [int(k) for k in counts]
+            total = torch.sparse_coo_tensor(
+                torch.cat([gi[r][:, : n[r]] for r in range(p)], 1),
+                torch.cat([gv[r][: n[r]] for r in range(p)], 0),
+                t.shape,
+            ).coalesce()
+            t.copy_(total)
+        return _done(tensors)
+
     def allreduce_coalesced(self, tensors, opts):
+        """As allreduce: `tensors` in place, by `opts.reduceOp`, as one group."""
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors, opts):
+        """Broadcast of each of `tensors` from rank `opts.rootRank`, in place."""
         root = opts.rootRank
         if len(tensors) == 1:
             self.comm.broadcast(tensors[0], None, root)
@@ -313,6 +364,7 @@ class OxcclBackend(_BASE):
         return _done(tensors)
 
     def reduce(self, tensors, opts):
+        """Reduce of each of `tensors` by `opts.reduceOp` into rank `opts.rootRank`'s, in place."""
         op, factor = _op(opts.reduceOp)
         root = opts.rootRank
         with self.comm.group():
@@ -328,6 +380,8 @@ class OxcclBackend(_BASE):
 
     # Gathers.
     def allgather(self, output_lists, inputs, opts):
+        """All-gather: rank r's `inputs[i]` lands in every rank's `output_lists[i][r]` (`opts`
+        carries nothing used)."""
         # Each rank's input into every rank's output[r]: one broadcast per rank, in a group
         # (no staging copy; outputs may differ in size, as torch allows).
         me = self._rank
@@ -338,6 +392,8 @@ class OxcclBackend(_BASE):
         return _done(output_lists[0] if len(output_lists) == 1 else [t for ol in output_lists for t in ol])
 
     def allgather_coalesced(self, output_lists, inputs, opts):
+        """All-gather of several tensors: rank r's `inputs[i]` lands in every rank's
+        `output_lists[r][i]` (torch's layout for this call; `opts` carries nothing used)."""
         # torch's all_gather_coalesced lays the outputs out the other way round from
         # allgather's: output_lists[r][i] receives rank r's inputs[i].
         me = self._rank
@@ -356,11 +412,14 @@ class OxcclBackend(_BASE):
         return _done([t for ol in output_lists for t in ol])
 
     def all_gather_single(self, out, inp, opts):
+        """All-gather into one tensor: every rank's `inp` into `out` (world size × inp), in
+        rank order (`opts` carries nothing used)."""
         _sizes("output_tensor", out, inp, self._size)
         self.comm.all_gather(inp, out)
         return _done([out])
 
     def all_gather_single_coalesced(self, outs, inps, opts):
+        """all_gather_single of each pair of `outs` and `inps`, as one group (`opts` unused)."""
         with self.comm.group():
             for o, i in zip(outs, inps):
                 _sizes("output_tensor", o, i, self._size)
@@ -368,6 +427,8 @@ class OxcclBackend(_BASE):
         return _done(outs)
 
     def reduce_scatter(self, outs, input_lists, opts):
+        """Reduce-scatter: the reduction by `opts.reduceOp` of every rank's `input_lists[i][r]`
+        lands in rank r's `outs[i]`."""
         me = self._rank
         with self.comm.group():
             for out, ins in zip(outs, input_lists):
@@ -377,12 +438,16 @@ class OxcclBackend(_BASE):
         return _done(outs)
 
     def reduce_scatter_single(self, out, inp, opts):
+        """Reduce-scatter of one tensor: block r of the reduction by `opts.reduceOp` of every
+        rank's `inp` (world size × out) lands in rank r's `out`."""
         _sizes("input_tensor", inp, out, self._size)
         op, (inp,) = self._reduce_args(opts, [inp], False)
         self.comm.reduce_scatter(inp, out, op)
         return _done([out])
 
     def reduce_scatter_single_coalesced(self, outs, inps, opts):
+        """reduce_scatter_single of each pair of `outs` and `inps` (by `opts.reduceOp`), as one
+        group."""
         with self.comm.group():
             for o, i in zip(outs, inps):
                 _sizes("input_tensor", i, o, self._size)
@@ -392,6 +457,8 @@ class OxcclBackend(_BASE):
 
     # All-to-all.
     def alltoall(self, outs, inps, opts):
+        """All-to-all of tensor lists: `inps[j]` goes to rank j, into its `outs[i]` (`opts`
+        carries nothing used)."""
         me = self._rank
         outs[me].copy_(inps[me])
         with self.comm.group():
@@ -402,6 +469,8 @@ class OxcclBackend(_BASE):
         return _done(outs)
 
     def all_to_all_single(self, out, inp, out_splits, in_splits, opts):
+        """All-to-all of one tensor: rows of `inp` in blocks of `in_splits` (even blocks if
+        empty) go to each rank, into `out` in blocks of `out_splits` (`opts` unused)."""
         if not out_splits and not in_splits:
             self.comm.all_to_all(inp, out)
             return _done([out])
@@ -427,6 +496,7 @@ class OxcclBackend(_BASE):
 
     # Rooted gathers and scatters: point-to-point in a group (list buffers, no staging).
     def gather(self, output_lists, inputs, opts):
+        """Gather: every rank's `inputs[0]` into `output_lists[0][r]` at rank `opts.rootRank`."""
         root, me = opts.rootRank, self._rank
         with self.comm.group():
             if me == root:
@@ -442,6 +512,7 @@ class OxcclBackend(_BASE):
         return _done(inputs)
 
     def scatter(self, outs, input_lists, opts):
+        """Scatter: rank `opts.rootRank`'s `input_lists[0][r]` into rank r's `outs[0]`."""
         root, me = opts.rootRank, self._rank
         with self.comm.group():
             if me == root:
@@ -455,19 +526,69 @@ class OxcclBackend(_BASE):
             outs[0].copy_(input_lists[0][me])
         return _done(outs)
 
+    def monitored_barrier(self, timeout, wait_all_ranks):
+        """Gloo's monitored barrier, over the group's store: every rank but 0 says it has come
+        and waits for rank 0's word; rank 0 waits up to `timeout` seconds for them and names
+        the first rank that did not come (every one, with `wait_all_ranks`) in a RuntimeError,
+        as Gloo does; a rank that heard nothing raises naming rank 0."""
+        from datetime import timedelta as _td
+
+        self._monitored += 1
+        key = f"oxccl/monitored_barrier/{self._monitored}"
+        me, p = self._rank, self._size
+        wait = _td(seconds=max(timeout, 0.001))
+        if me != 0:
+            self._store.set(f"{key}/{me}", b"1")
+            try:
+                self._store.wait([f"{key}/done"], wait)
+            except Exception as e:  # noqa: BLE001 - the store's timeout, named
+                raise RuntimeError(
+                    f"Rank {me} successfully reached monitoredBarrier, but received errors while waiting for "
+                    f"send/recv from rank 0 ({e})") from None
+            return
+        missing = []
+        start = time.monotonic()
+        for r in range(1, p):
+            if self._store.check([f"{key}/{r}"]):
+                continue
+            left = start + timeout - time.monotonic()
+            if left <= 0 and not wait_all_ranks:
+                # Gloo's word when rank 0's own time is gone before it could wait for r.
+                raise RuntimeError(f"[Rank 0]: Rank 0 timed out in monitoredBarrier after "
+                                   f"{int((time.monotonic() - start) * 1000)} ms")
+            try:
+                self._store.wait([f"{key}/{r}"], _td(seconds=max(left, 0.001)))
+            except Exception:  # noqa: BLE001 - not there in time
+                missing.append(r)
+                if not wait_all_ranks:
+                    break
+        if missing:
+            ms = int(timeout * 1000)
+            if len(missing) == 1:
+                raise RuntimeError(f"[Rank 0]: Rank {missing[0]} failed to pass monitoredBarrier in {ms} ms")
+            raise RuntimeError(f"[Rank 0]: Ranks {', '.join(map(str, missing))} failed to pass monitoredBarrier "
+                               f"in {ms} ms")
+        self._store.set(f"{key}/done", b"1")
+
     def barrier(self, opts):
+        """Returns once every rank has called it (`opts`, device ids, are not needed on CPU)."""
         self.comm.barrier()
         return _done([])
 
     # Point-to-point: launched on the worker thread (an isend, then a recv, on two ranks must
     # not wait for each other), or recorded in the open coalescing group.
     def send(self, tensors, dst, tag):
+        """Sends `tensors[0]` to rank `dst` (`tag` is accepted; messages match in order)."""
         return self._p2p(self.comm.send, tensors, dst)
 
     def recv(self, tensors, src, tag):
+        """Receives into `tensors[0]` from rank `src` (`tag` is accepted; messages match in
+        order)."""
         return self._p2p(self.comm.recv, tensors, src)
 
     def recv_anysource(self, tensors, tag):
+        """Receives into `tensors[0]` the next message any rank sends this one; the Work's
+        `_source_rank()` names the sender (`tag` is accepted; messages match in order)."""
         # The next message any rank sends this one; the Work's _source_rank() names it. torch
         # reads it through the Work it is handed, which only the compiled fast path's holder
         # (and the Python ProcessGroup of torch before 2.15) forwards.
@@ -490,12 +611,14 @@ class OxcclBackend(_BASE):
         return Work(tensors, fn(tensors[0], peer, async_op=True), self)
 
     def start_coalescing(self):
+        """Opens a coalescing block (batch_isend_irecv): calls until end_coalescing form one group."""
         if self._group is not None:
             raise InvalidArgumentError("start_coalescing: a coalescing block is already open")
         self._group = self.comm.group(async_op=True)
         self._group.__enter__()
 
     def end_coalescing(self):
+        """Launches the open coalescing block's calls as one group; returns its Work."""
         g, self._group = self._group, None
         if g is None:
             raise InvalidArgumentError("end_coalescing: no coalescing block is open")
@@ -503,9 +626,11 @@ class OxcclBackend(_BASE):
         return Work([], g.work, self)
 
     def shutdown(self):
+        """Closes the communicator once its calls are complete."""
         self.comm.close()
 
     def abort(self):
+        """Ends every call in progress (they raise oxccl.AbortedError) and the communicator."""
         self.comm.abort()
 
 
@@ -521,7 +646,35 @@ if _LEGACY:
 
 
 def _create(store, rank, size, timeout):
-    return OxcclBackend(store, rank, size, timeout)
+    backend = OxcclBackend(store, rank, size, timeout)
+    return _own_group(store, rank, size, backend) or backend
+
+
+def _own_group(store, rank, size, backend):
+    """torch's ProcessGroup under the name "oxccl" (the compiled fast path's), holding
+    `backend` for each of the group's devices, when every device of the group is oxccl's; else
+    None, and torch makes its own group, named "custom" as any plugin's is. torch asks a
+    group, not its backend, for the name it reports (DDP's logging data, getBackendName), and
+    takes a ProcessGroup a creator returns as the group itself; whether the group mixes
+    backends ("cpu:oxccl,cuda:nccl") is read from the caller, torch's group factory, and an
+    unexpected caller leaves torch's own group."""
+    if _FAST is None or not hasattr(_FAST, "ProcessGroup"):
+        return None
+    try:
+        caller = sys._getframe(2).f_locals
+        devices = caller["backend_config"].get_device_backend_map()
+        if not devices or set(devices.values()) != {"oxccl"}:
+            return None
+        pg = _FAST.ProcessGroup(caller.get("prefix_store", store), rank, size)
+        custom = dist.ProcessGroup.BackendType.CUSTOM
+        pg._set_default_backend(custom)
+        for dev in devices:
+            pg._register_backend(torch.device(dev), custom, backend)
+        if caller.get("device_id") is not None:
+            pg.bound_device_id = caller["device_id"]
+        return pg
+    except Exception:  # noqa: BLE001 - any surprise leaves torch's own group
+        return None
 
 
 dist.Backend.register_backend("oxccl", _create, extended_api=False, devices=["cpu", "cuda"])

@@ -24,12 +24,18 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A communicator: this process's membership in a fixed group of ranks.
+/// A communicator: this process's membership in a fixed group of ranks, over which it makes
+/// collectives and sends and receives (host memory, or CUDA tensors on the current stream).
 ///
 /// `Communicator()` joins the job the launcher's environment describes (torchrun, Slurm,
-/// mpirun); `Communicator(unique_id, size, rank)` joins the communicator of a unique id (from
-/// `oxccl.unique_id()` on one rank); `Communicator.from_store(store, rank, size)` exchanges the
-/// id through any object with torch's Store interface (`set`, `get`).
+/// mpirun). `Communicator(unique_id, size, rank)` joins the communicator of `unique_id` (the
+/// bytes of `oxccl.unique_id()`, made on one rank and passed to the others) as rank `rank` of
+/// `size`. `timeout` (seconds, keyword only): how long any call of this communicator may wait
+/// for its peers before raising oxccl.TimeoutError (default: `OXCCL_TIMEOUT`, else forever, as
+/// NCCL; 0: forever). `Communicator.from_store(store, rank, size)` exchanges the id through
+/// any object with torch's Store interface (`set`, `get`).
+///
+/// Use it as a context manager (`with oxccl.Communicator() as comm:`) to close it at the end.
 #[pyclass(module = "oxccl._oxccl", frozen, subclass)]
 pub struct Communicator {
     comm: Mutex<Option<Arc<oxccl::Communicator>>>,
@@ -297,8 +303,9 @@ impl Communicator {
         Ok(Communicator::wrap(c.map_err(to_py)?))
     }
 
-    /// Joins through a store with torch's interface: rank 0 makes a unique id and `set`s it
-    /// under `key`; the others `get` it (which waits, as torch's stores do).
+    /// Joins through `store`, any object with torch's Store interface: rank 0 makes a unique
+    /// id and `set`s it under `key`; the others `get` it (which waits, as torch's stores do).
+    /// `rank` is this process's rank of `size`; `timeout` as for `Communicator(...)`.
     #[staticmethod]
     #[pyo3(signature = (store, rank, size, *, key="oxccl/unique_id", timeout=None))]
     fn from_store(
@@ -322,11 +329,13 @@ impl Communicator {
         Ok(Communicator::wrap(c))
     }
 
+    /// This process's rank in the communicator (0 .. size − 1).
     #[getter]
     fn rank(&self) -> PyResult<u32> {
         Ok(self.get()?.rank().0)
     }
 
+    /// The number of ranks in the communicator.
     #[getter]
     fn size(&self) -> PyResult<usize> {
         Ok(self.get()?.size())
@@ -344,7 +353,17 @@ impl Communicator {
         lock(&self.comm).is_none()
     }
 
-    /// In-place when `recv` is None (or is `send`).
+    /// All-reduce: every rank's `recv` receives the element-wise reduction, by `op`, of every
+    /// rank's `send` (the same length everywhere). In place (the result replaces `send`) when
+    /// `recv` is None or is `send`. `op`: "sum" (the default), "prod", "max", "min", "avg",
+    /// "band", "bor" or "bxor" (or NCCL's operator number); bool reduces logically and
+    /// complex types with "sum" and "avg" only.
+    ///
+    /// `async_op=True`: returns at once with a Work (`wait()`, `is_completed()`); the buffers
+    /// belong to the call until it is complete. `dtype`: the element type, read from the
+    /// buffers unless named here (a name, numpy or torch dtype), which reinterprets their
+    /// bytes (e.g. "bfloat16" over a uint16 array). Inside `with comm.group():` the call is
+    /// recorded and runs when the block ends.
     #[pyo3(signature = (send, recv=None, op=None, *, async_op=false, dtype=None))]
     fn all_reduce(
         &self,
@@ -363,8 +382,15 @@ impl Communicator {
         self.call(py, o, k, async_op)
     }
 
-    /// `buf` of `root` to every rank's `buf` (or, out of place, `send` at the root into every
-    /// `recv`; non-roots may pass None for `send`).
+    /// Broadcast: rank `root`'s `send` is copied into every rank's buffer. In place, each rank
+    /// passes one buffer as `send` (the root's is read, the others' written); out of place,
+    /// the root's `send` goes into every rank's `recv` (non-roots may pass None for `send`).
+    ///
+    /// `async_op=True`: returns at once with a Work (`wait()`, `is_completed()`); the buffers
+    /// belong to the call until it is complete. `dtype`: the element type, read from the
+    /// buffers unless named here (a name, numpy or torch dtype), which reinterprets their
+    /// bytes (e.g. "bfloat16" over a uint16 array). Inside `with comm.group():` the call is
+    /// recorded and runs when the block ends.
     #[pyo3(signature = (send, recv=None, root=0, *, async_op=false, dtype=None))]
     fn broadcast(
         &self,
@@ -389,8 +415,15 @@ impl Communicator {
         self.call(py, o, k, async_op)
     }
 
-    /// The reduction of every rank's `send` into `recv` at `root` (in place in `send` when
-    /// `recv` is None; non-roots may pass None for `recv`).
+    /// Reduce: the element-wise reduction, by `op` (default "sum"; the operators of
+    /// `all_reduce`), of every rank's `send` lands in `recv` at rank `root` only (in place in
+    /// the root's `send` when `recv` is None; non-roots may pass None for `recv`).
+    ///
+    /// `async_op=True`: returns at once with a Work (`wait()`, `is_completed()`); the buffers
+    /// belong to the call until it is complete. `dtype`: the element type, read from the
+    /// buffers unless named here (a name, numpy or torch dtype), which reinterprets their
+    /// bytes (e.g. "bfloat16" over a uint16 array). Inside `with comm.group():` the call is
+    /// recorded and runs when the block ends.
     #[pyo3(signature = (send, recv=None, op=None, root=0, *, async_op=false, dtype=None))]
     #[allow(clippy::too_many_arguments)]
     fn reduce(
@@ -415,8 +448,15 @@ impl Communicator {
         self.call(py, o, k, async_op)
     }
 
-    /// Every rank's `send` into every rank's `recv` (size × len(send)), in rank order; in
-    /// place when `send` is this rank's slice of `recv` (or None).
+    /// All-gather: every rank's `send` lands in every rank's `recv` (size × len(send)
+    /// elements), in rank order; in place when `send` is this rank's slice of `recv`, or
+    /// None.
+    ///
+    /// `async_op=True`: returns at once with a Work (`wait()`, `is_completed()`); the buffers
+    /// belong to the call until it is complete. `dtype`: the element type, read from the
+    /// buffers unless named here (a name, numpy or torch dtype), which reinterprets their
+    /// bytes (e.g. "bfloat16" over a uint16 array). Inside `with comm.group():` the call is
+    /// recorded and runs when the block ends.
     #[pyo3(signature = (send, recv, *, async_op=false, dtype=None))]
     fn all_gather(
         &self,
@@ -437,8 +477,15 @@ impl Communicator {
         self.call(py, o, k, async_op)
     }
 
-    /// Block r of the reduction of every rank's `send` into rank r's `recv`; in place when
-    /// `recv` is this rank's block of `send` (or None).
+    /// Reduce-scatter: `send` (size × len(recv) elements) is reduced element-wise by `op`
+    /// (default "sum"; the operators of `all_reduce`) across ranks, and block r of the result
+    /// lands in rank r's `recv`; in place when `recv` is this rank's block of `send`, or None.
+    ///
+    /// `async_op=True`: returns at once with a Work (`wait()`, `is_completed()`); the buffers
+    /// belong to the call until it is complete. `dtype`: the element type, read from the
+    /// buffers unless named here (a name, numpy or torch dtype), which reinterprets their
+    /// bytes (e.g. "bfloat16" over a uint16 array). Inside `with comm.group():` the call is
+    /// recorded and runs when the block ends.
     #[pyo3(signature = (send, recv=None, op=None, *, async_op=false, dtype=None))]
     fn reduce_scatter(
         &self,
@@ -463,8 +510,14 @@ impl Communicator {
         self.call(py, o, k, async_op)
     }
 
-    /// Block j of this rank's `send` to rank j, whose block i of `recv` it fills (in place
-    /// when `recv` is None).
+    /// All-to-all: `send` is cut into size equal blocks; block j goes to rank j, where it
+    /// fills block i (this rank's) of `recv`. In place when `recv` is None.
+    ///
+    /// `async_op=True`: returns at once with a Work (`wait()`, `is_completed()`); the buffers
+    /// belong to the call until it is complete. `dtype`: the element type, read from the
+    /// buffers unless named here (a name, numpy or torch dtype), which reinterprets their
+    /// bytes (e.g. "bfloat16" over a uint16 array). Inside `with comm.group():` the call is
+    /// recorded and runs when the block ends.
     #[pyo3(signature = (send, recv=None, *, async_op=false, dtype=None))]
     fn all_to_all(
         &self,
@@ -482,8 +535,16 @@ impl Communicator {
         self.call(py, o, k, async_op)
     }
 
-    /// All-to-all with per-peer counts (elements; displacements default to the counts'
-    /// prefix sums).
+    /// All-to-all with counts: `send_counts[j]` elements of `send`, from `send_displs[j]`, go
+    /// to rank j, which receives them into its `recv` at its `recv_displs[i]`
+    /// (`recv_counts[i]` elements from rank i). Counts and displacements are in elements;
+    /// displacements default to the counts' prefix sums (blocks packed in rank order).
+    ///
+    /// `async_op=True`: returns at once with a Work (`wait()`, `is_completed()`); the buffers
+    /// belong to the call until it is complete. `dtype`: the element type, read from the
+    /// buffers unless named here (a name, numpy or torch dtype), which reinterprets their
+    /// bytes (e.g. "bfloat16" over a uint16 array). Inside `with comm.group():` the call is
+    /// recorded and runs when the block ends.
     #[pyo3(signature = (send, recv, send_counts, recv_counts, send_displs=None, recv_displs=None, *, async_op=false, dtype=None))]
     #[allow(clippy::too_many_arguments)]
     fn all_to_all_v(
@@ -508,8 +569,14 @@ impl Communicator {
         self.call(py, o, k, async_op)
     }
 
-    /// Every rank's `send` into `recv` at `root` (size × len(send), rank order; non-roots
-    /// may pass None for `recv`).
+    /// Gather: every rank's `send` lands in `recv` at rank `root` (size × len(send) elements,
+    /// in rank order); non-roots may pass None for `recv`.
+    ///
+    /// `async_op=True`: returns at once with a Work (`wait()`, `is_completed()`); the buffers
+    /// belong to the call until it is complete. `dtype`: the element type, read from the
+    /// buffers unless named here (a name, numpy or torch dtype), which reinterprets their
+    /// bytes (e.g. "bfloat16" over a uint16 array). Inside `with comm.group():` the call is
+    /// recorded and runs when the block ends.
     #[pyo3(signature = (send, recv=None, root=0, *, async_op=false, dtype=None))]
     fn gather(
         &self,
@@ -533,8 +600,14 @@ impl Communicator {
         self.call(py, o, k, async_op)
     }
 
-    /// Block j of `send` at `root` into rank j's `recv` (non-roots may pass None for
-    /// `send`).
+    /// Scatter: rank `root`'s `send` is cut into size equal blocks, and block j lands in rank
+    /// j's `recv`; non-roots may pass None for `send`.
+    ///
+    /// `async_op=True`: returns at once with a Work (`wait()`, `is_completed()`); the buffers
+    /// belong to the call until it is complete. `dtype`: the element type, read from the
+    /// buffers unless named here (a name, numpy or torch dtype), which reinterprets their
+    /// bytes (e.g. "bfloat16" over a uint16 array). Inside `with comm.group():` the call is
+    /// recorded and runs when the block ends.
     #[pyo3(signature = (send, recv, root=0, *, async_op=false, dtype=None))]
     fn scatter(
         &self,
@@ -558,7 +631,16 @@ impl Communicator {
         self.call(py, o, k, async_op)
     }
 
-    /// `buf` to rank `peer` (which receives it with `recv`).
+    /// Sends `buf` to rank `peer`, which receives it with `recv` (the same number of elements,
+    /// the same type). A small message is handed over and the call returns; a large one
+    /// returns once `peer` has taken it. Sends and receives that depend on each other (a ring
+    /// exchange) go inside `with comm.group():`.
+    ///
+    /// `async_op=True`: returns at once with a Work (`wait()`, `is_completed()`); the buffers
+    /// belong to the call until it is complete. `dtype`: the element type, read from the
+    /// buffers unless named here (a name, numpy or torch dtype), which reinterprets their
+    /// bytes (e.g. "bfloat16" over a uint16 array). Inside `with comm.group():` the call is
+    /// recorded and runs when the block ends.
     #[pyo3(signature = (buf, peer, *, async_op=false, dtype=None))]
     fn send(
         &self,
@@ -571,9 +653,16 @@ impl Communicator {
         self.p2p(py, false, buf, peer, async_op, dtype)
     }
 
-    /// Rank `peer`'s `send` into `buf`. With `peer=None`, the next message any rank sends to
-    /// this one: returns the sender's rank (with `async_op=True`, a Work whose `source` names
-    /// it once complete).
+    /// Receives into `buf` the message rank `peer` sends with `send`. With `peer=None` (a
+    /// receive from any rank), takes the next message any rank sends to this one and returns
+    /// the sender's rank (with `async_op=True`, a Work whose `source` names it once
+    /// complete); such a receive takes host memory and cannot be part of a group.
+    ///
+    /// `async_op=True`: returns at once with a Work (`wait()`, `is_completed()`); the buffers
+    /// belong to the call until it is complete. `dtype`: the element type, read from the
+    /// buffers unless named here (a name, numpy or torch dtype), which reinterprets their
+    /// bytes (e.g. "bfloat16" over a uint16 array). Inside `with comm.group():` the call is
+    /// recorded and runs when the block ends.
     #[pyo3(signature = (buf, peer=None, *, async_op=false, dtype=None))]
     fn recv(
         &self,
@@ -590,22 +679,24 @@ impl Communicator {
         Ok(w.map(|w| w.into_any()))
     }
 
-    /// Returns once every rank has called it.
+    /// Returns once every rank of the communicator has called it.
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
         let comm = self.get()?;
         py.detach(move || ops::barrier(&comm)).map_err(to_py)
     }
 
-    /// `with comm.group():` records the calls made inside and runs them together at the end
-    /// of the block (sends and receives that depend on each other progress together).
-    /// `async_op=True`: the block launches them; its `work` attribute then holds the Work.
+    /// A group: `with comm.group():` records the calls made inside and runs them together at
+    /// the end of the block (sends and receives that depend on each other progress together,
+    /// as ncclGroupStart/End). `async_op=True`: the block launches them and returns; the
+    /// group's `work` attribute then holds their Work.
     #[pyo3(signature = (*, async_op=false))]
     fn group(slf: &Bound<'_, Self>, async_op: bool) -> GroupCall {
         GroupCall { comm: slf.clone().unbind(), async_op, work: Mutex::new(None) }
     }
 
-    /// The communicator of the ranks that pass the same `color` (None or a negative number,
-    /// NCCL's NCCL_SPLIT_NOCOLOR: this rank joins none and gets None), ranked by `key` (default: this rank), then by rank.
+    /// A new communicator of the ranks that pass the same `color` (None or a negative number,
+    /// NCCL's NCCL_SPLIT_NOCOLOR: this rank joins none and gets None), ranked by `key`
+    /// (default: this rank), then by rank. Every rank must call it.
     #[pyo3(signature = (color, key=None))]
     fn split(&self, py: Python<'_>, color: Option<i64>, key: Option<i64>) -> PyResult<Option<Communicator>> {
         let c = self.get()?;
@@ -622,8 +713,8 @@ impl Communicator {
         Ok(r.map(Communicator::wrap))
     }
 
-    /// A communicator of the ranks not in `exclude` (after those failed, say). The excluded
-    /// ranks do not call it.
+    /// A new communicator of the ranks not in `exclude` (a list of ranks: those that failed,
+    /// say), as ncclCommShrink. The excluded ranks do not call it.
     fn shrink(&self, py: Python<'_>, exclude: Vec<i64>) -> PyResult<Communicator> {
         let c = self.get()?;
         let ex: Vec<Rank> =

@@ -228,12 +228,9 @@ pub fn output_is_block(me: usize) -> impl Fn(&Buf) -> Option<usize> {
     move |r| Some(r.ptr.wrapping_sub(me * r.len))
 }
 
-/// Returns once every rank of `comm` has called it (a one-byte all-reduce).
+/// Returns once every rank of `comm` has called it.
 pub fn barrier(comm: &oxccl::Communicator) -> oxccl::Result<()> {
-    let mut one = [0u8; 1];
-    let mut g = comm.group();
-    g.all_reduce_in_place_raw(DataType::U8, &mut one, ReduceOp::Max)?;
-    g.end()
+    comm.barrier()
 }
 
 /// Adds every op to `g`.

@@ -104,7 +104,7 @@ pub enum Error {
     #[error("rank {rank}: {op}: rank {peer} (host {host}) failed: {reason}")]
     PeerFailed { rank: Rank, op: String, peer: Rank, host: String, reason: String },
     /// The call waited longer than the communicator's timeout.
-    #[error("rank {rank}: {op} timed out after {after:?}{}{detail}", waiting(.waiting_for))]
+    #[error("rank {rank}: {op} timed out after {after:.2?} (the timeout set for this communicator){}{detail}", waiting(.waiting_for))]
     Timeout { rank: Rank, op: String, after: Duration, waiting_for: Vec<Rank>, detail: String },
     /// The communicator was aborted.
     #[error("rank {rank}: communicator aborted")]

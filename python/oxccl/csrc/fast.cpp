@@ -238,12 +238,14 @@ class FastBackend : public c10d::Backend {
   bool supportsWindow() const override { return false; }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& t, const c10d::AllreduceOptions& o) override {
+    ++seq_;
     c10::intrusive_ptr<c10d::Work> w;
     if (t.size() == 1 && plain(t[0]) && run(one(kAllReduce, t[0], op_of(o.reduceOp), 0), c10d::OpType::ALLREDUCE, t, w))
       return w;
     OX_WORK("allreduce", c10d::Backend::allreduce(t, o), t, P(o));
   }
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& t, const c10d::BroadcastOptions& o) override {
+    ++seq_;
     c10::intrusive_ptr<c10d::Work> w;
     if (t.size() == 1 && o.rootTensor == 0 && plain(t[0]) &&
         run(one(kBroadcast, t[0], 0, o.rootRank), c10d::OpType::BROADCAST, t, w))
@@ -252,9 +254,11 @@ class FastBackend : public c10d::Backend {
   }
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& t,
                                                      const c10d::AllreduceCoalescedOptions& o) override {
+    ++seq_;
     OX_WORK("allreduce_coalesced", c10d::Backend::allreduce_coalesced(t, o), t, P(o));
   }
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& t, const c10d::ReduceOptions& o) override {
+    ++seq_;
     c10::intrusive_ptr<c10d::Work> w;
     if (t.size() == 1 && o.rootTensor == 0 && plain(t[0]) &&
         run(one(kReduce, t[0], op_of(o.reduceOp), o.rootRank), c10d::OpType::REDUCE, t, w))
@@ -263,10 +267,12 @@ class FastBackend : public c10d::Backend {
   }
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& out, std::vector<at::Tensor>& in,
                                            const c10d::AllgatherOptions& o) override {
+    ++seq_;
     OX_WORK("allgather", c10d::Backend::allgather(out, in, o), out, in, P(o));
   }
   c10::intrusive_ptr<c10d::Work> all_gather_single(at::Tensor& out, at::Tensor& in,
                                                    const c10d::AllgatherOptions& o) override {
+    ++seq_;
     c10::intrusive_ptr<c10d::Work> w;
     if (two(out, in) && out.numel() == in.numel() * getSize() &&
         run(pair(kAllGather, out, in, 0), c10d::OpType::_ALLGATHER_BASE, {out}, w))
@@ -276,28 +282,34 @@ class FastBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& out,
                                                      std::vector<at::Tensor>& in,
                                                      const c10d::AllgatherOptions& o) override {
+    ++seq_;
     OX_WORK("allgather_coalesced", c10d::Backend::allgather_coalesced(out, in, o), out, in, P(o));
   }
   c10::intrusive_ptr<c10d::Work> all_gather_single_coalesced(std::vector<at::Tensor>& out,
                                                              std::vector<at::Tensor>& in,
                                                              const c10d::AllgatherOptions& o) override {
+    ++seq_;
     OX_WORK("all_gather_single_coalesced", c10d::Backend::all_gather_single_coalesced(out, in, o), out, in, P(o));
   }
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& out, std::vector<at::Tensor>& in,
                                         const c10d::GatherOptions& o) override {
+    ++seq_;
     OX_WORK("gather", c10d::Backend::gather(out, in, o), out, in, P(o));
   }
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& out, std::vector<std::vector<at::Tensor>>& in,
                                          const c10d::ScatterOptions& o) override {
+    ++seq_;
     OX_WORK("scatter", c10d::Backend::scatter(out, in, o), out, in, P(o));
   }
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& out,
                                                 std::vector<std::vector<at::Tensor>>& in,
                                                 const c10d::ReduceScatterOptions& o) override {
+    ++seq_;
     OX_WORK("reduce_scatter", c10d::Backend::reduce_scatter(out, in, o), out, in, P(o));
   }
   c10::intrusive_ptr<c10d::Work> reduce_scatter_single(at::Tensor& out, at::Tensor& in,
                                                        const c10d::ReduceScatterOptions& o) override {
+    ++seq_;
     c10::intrusive_ptr<c10d::Work> w;
     if (two(out, in) && in.numel() == out.numel() * getSize() &&
         run(pair(kReduceScatter, out, in, op_of(o.reduceOp)), c10d::OpType::_REDUCE_SCATTER_BASE, {out}, w))
@@ -307,10 +319,12 @@ class FastBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_single_coalesced(std::vector<at::Tensor>& out,
                                                                  std::vector<at::Tensor>& in,
                                                                  const c10d::ReduceScatterOptions& o) override {
+    ++seq_;
     OX_WORK("reduce_scatter_single_coalesced", c10d::Backend::reduce_scatter_single_coalesced(out, in, o), out, in, P(o));
   }
   c10::intrusive_ptr<c10d::Work> all_to_all_single(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& outs,
                                                    std::vector<int64_t>& ins, const c10d::AllToAllOptions& o) override {
+    ++seq_;
     c10::intrusive_ptr<c10d::Work> w;
     if (two(out, in)) {
       OxCall c = pair(kAllToAll, out, in, 0);
@@ -330,6 +344,7 @@ class FastBackend : public c10d::Backend {
   }
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& out, std::vector<at::Tensor>& in,
                                           const c10d::AllToAllOptions& o) override {
+    ++seq_;
     OX_WORK("alltoall", c10d::Backend::alltoall(out, in, o), out, in, P(o));
   }
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& t, int dst, int tag) override {
@@ -342,6 +357,7 @@ class FastBackend : public c10d::Backend {
     OX_WORK("recv_anysource", c10d::Backend::recvAnysource(t, tag), t, tag);
   }
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& o) override {
+    ++seq_;
     c10::intrusive_ptr<c10d::Work> w;
     OxCall c{};
     c.kind = kBarrier;
@@ -353,6 +369,20 @@ class FastBackend : public c10d::Backend {
     OX_WORK("end_coalescing", c10d::Backend::endCoalescing());
   }
   void shutdown() override { OX_VOID("shutdown"); }
+
+  // The collectives this rank has issued on the group (every entry point above counts one, as
+  // Gloo's count): the same on every rank whose calls agree.
+  uint64_t getSequenceNumberForGroup() override { return seq_; }
+  void setSequenceNumberForGroup() override {}
+
+  // Gloo's monitored barrier, answered by the Python method (over the group's store: a rank
+  // that never comes leaves no call pending on the communicator).
+  void monitoredBarrier(const c10d::BarrierOptions& o, bool waitAllRanks) override {
+    py::gil_scoped_acquire gil;
+    py::function fn = py::get_override(static_cast<const FastBackend*>(this), "monitored_barrier");
+    if (!fn) return c10d::Backend::monitoredBarrier(o, waitAllRanks);
+    fn(static_cast<double>(o.timeout.count()) / 1000.0, waitAllRanks);
+  }
   void abort() override { OX_VOID("abort"); }
 
  private:
@@ -428,6 +458,7 @@ class FastBackend : public c10d::Backend {
     throw py::error_already_set();
   }
 
+  uint64_t seq_ = 0;
   void* handle_ = nullptr;
   CallFn call_ = nullptr;
   ReleaseFn release_ = nullptr;
@@ -436,6 +467,16 @@ class FastBackend : public c10d::Backend {
 
 }  // namespace
 
+// torch's ProcessGroup under the name "oxccl": torch asks a group, not its backend, for the name
+// it reports (DDP's logging data, ProcessGroup::getBackendName), and a plugin's group otherwise
+// says "custom". oxccl.torch hands torch one when every device of the group is oxccl's.
+class OxProcessGroup : public c10d::ProcessGroup {
+ public:
+  OxProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size)
+      : c10d::ProcessGroup(store, rank, size) {}
+  const std::string getBackendName() const override { return "oxccl"; }
+};
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Registered so that handing a DoneWork to Python finds its type at once (an unregistered
   // derived type costs pybind a failed lookup per call: about 0.7 µs of an 8-byte call).
@@ -443,4 +484,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<FastBackend, c10d::Backend, c10::intrusive_ptr<FastBackend>>(m, "FastBackend")
       .def(py::init<int, int>())
       .def("_set_fast", &FastBackend::set_fast);
+  py::class_<OxProcessGroup, c10d::ProcessGroup, c10::intrusive_ptr<OxProcessGroup>>(m, "ProcessGroup")
+      .def(py::init<const c10::intrusive_ptr<c10d::Store>&, int, int>());
 }

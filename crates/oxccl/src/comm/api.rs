@@ -3,7 +3,7 @@
 
 use super::{Communicator, Scope, Work};
 use crate::error::Result;
-use oxccl_core::{Element, Rank, ReduceOp};
+use oxccl_core::{DataType, Element, Rank, ReduceOp};
 
 macro_rules! calls {
     ($( $(#[$doc:meta])* fn $name:ident($($arg:ident : $ty:ty),*); )*) => {
@@ -72,4 +72,16 @@ calls! {
     fn send(buf: &'a [T], peer: Rank);
     /// Receive from `peer`.
     fn recv(buf: &'a mut [T], peer: Rank);
+}
+
+impl Communicator {
+    /// Returns once every rank of the communicator has called it (a one-byte all-reduce,
+    /// named "barrier" in errors and the flight recorder).
+    pub fn barrier(&self) -> Result<()> {
+        let mut one = [0u8; 1];
+        let mut g = self.group();
+        g.all_reduce_in_place_raw(DataType::U8, &mut one, ReduceOp::Max)?;
+        g.label("barrier");
+        g.end()
+    }
 }

@@ -90,6 +90,13 @@ impl<'a, M> Group<'a, M> {
         Ok(Loc::start(BufId(id)))
     }
 
+    /// Names the group's call in errors and the flight recorder (a barrier made of an
+    /// all-reduce is a "barrier" to its caller).
+    pub(crate) fn label(&mut self, what: &'static str) -> &mut Self {
+        self.what = what;
+        self
+    }
+
     fn push(&mut self, op: OpSpec, what: &'static str) -> &mut Self {
         self.what = if self.ops.is_empty() { what } else { "group" };
         self.ops.push(op);
