@@ -204,11 +204,18 @@ def _fast():
                 os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + path
             except ImportError:
                 pass
-        name = "oxccl_torch_fast"
+        # One build per source, torch and Python environment: torch's builder keeps one build per
+        # name and silently rebuilds it when any of them changes, so a shared name would make
+        # two virtualenvs (or two versions of oxccl) rebuild each other's, unannounced.
+        import hashlib
+
+        with open(src, "rb") as f:
+            key = hashlib.sha256(f.read() + torch.__version__.encode() + sys.prefix.encode()).hexdigest()[:12]
+        name = f"oxccl_torch_fast_{key}"
         built = os.path.join(cpp_extension._get_build_directory(name, verbose=False), name + ".so")
         if not os.path.exists(built):
-            print("oxccl.torch: compiling the torch backend's fast path (once per machine and torch "
-                  "version, about a minute)", file=sys.stderr, flush=True)
+            print("oxccl.torch: compiling the torch backend's fast path (once per machine, torch, "
+                  "virtualenv and oxccl version; about a minute)", file=sys.stderr, flush=True)
         try:
             return cpp_extension.load(name=name, sources=[src], extra_cflags=["-O2"], verbose=False)
         finally:

@@ -653,10 +653,10 @@ impl Communicator {
         self.p2p(py, false, buf, peer, async_op, dtype)
     }
 
-    /// Receives into `buf` the message rank `peer` sends with `send`. With `peer=None` (a
-    /// receive from any rank), takes the next message any rank sends to this one and returns
-    /// the sender's rank (with `async_op=True`, a Work whose `source` names it once
-    /// complete); such a receive takes host memory and cannot be part of a group.
+    /// Receives into `buf` the message rank `peer` sends with `send` (returns None). With
+    /// `peer=None` (a receive from any rank), takes the next message any rank sends to this
+    /// one and returns the sender's rank (with `async_op=True`, a Work whose `source` names
+    /// it once complete); such a receive takes host memory and cannot be part of a group.
     ///
     /// `async_op=True`: returns at once with a Work (`wait()`, `is_completed()`); the buffers
     /// belong to the call until it is complete. `dtype`: the element type, read from the

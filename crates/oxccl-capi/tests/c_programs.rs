@@ -464,10 +464,13 @@ fn lifecycle(mode: &str, cycles: usize, comms: u64, extra_env: &[(&str, &str)]) 
         // What may stay per ended communicator is its tomb: 16 bytes (a 32-byte malloc chunk)
         // and its registry entry (17 bytes a bucket, the table doubling at 7/8 full): 128
         // bytes each, plus 64 KiB for the table's last doubling and malloc's own records
-        // (valgrind finds nothing else left). Before the fix: ~13 KB each.
+        // (valgrind finds nothing else left), plus 64 KiB for what is in flight when the heap
+        // is read (a loaded machine: 380 ended communicators of a split grew 106–110 KB
+        // quiet, on this commit and the one before, and 128 KB once under load). Before the
+        // fix: ~13 KB each, megabytes here.
         let ended = (cycles as u64 - 10) * comms;
         let grew = l.heap.1.saturating_sub(l.heap.0);
-        let bound = 128 * ended + (64 << 10);
+        let bound = 128 * ended + (128 << 10);
         assert!(grew <= bound, "rank {r}: heap grew {grew} B for {ended} ended communicators: {l:?}");
         // Resident memory (after malloc_trim): the tombs (< 128 KiB for 1000) plus page
         // granularity; 1 MiB is 1 KiB per cycle, below what any leaked connection buffer,

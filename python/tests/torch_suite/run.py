@@ -281,8 +281,9 @@ def main():
                    "run_alone": sorted(n for n, r in results.items() if "shared" in r),
                    "lifted_ok": sorted(n for n, r in lifted.items() if r["status"] == "ok"),
                    "lifted_failed": sorted(n for n, r in lifted.items() if r["status"] != "ok")}
+        lifted_note = f" (+{len(summary['lifted_ok'])} ok with a backend list's skip lifted)" if lifted else ""
         print(f"SUITE backend={a.backend} torch={torch.__version__} ranks={a.world_size}: {len(results)} tests, "
-              f"{count['ok']} ok, {count['skip']} skipped, {count['error']} failed in {wall:.0f} s "
+              f"{count['ok']} ok{lifted_note}, {count['skip']} skipped, {count['error']} failed in {wall:.0f} s "
               f"({pair.starts} process pair(s); run alone after failing shared: {len(summary['run_alone'])})",
               flush=True)
         if lifted:
