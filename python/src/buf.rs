@@ -478,22 +478,52 @@ fn tensor(arg: &str, o: &Bound<'_, PyAny>, t: &Torch, dtype: Option<Ty>) -> PyRe
             }
         }
     };
-    let layout = o.getattr(pyo3::intern!(py, "layout"))?;
-    if !layout.is(t.strided.bind(py)) {
-        return Err(invalid(
-            arg,
-            format!(
-                "the tensor's layout is {}; oxccl takes dense (strided) tensors (pass tensor.to_dense())",
-                layout.str()?
-            ),
-        ));
+    // Dense (strided) memory only. A tensor of exactly torch.Tensor's type can only be of
+    // another layout if is_contiguous() or data_ptr() says so (sparse, mkldnn): its layout is
+    // read on those paths alone, which keeps the common call at the attributes it needs;
+    // subclasses (nested tensors among them) are read at once.
+    let sparse = |o: &Bound<'_, PyAny>| -> PyResult<Option<PyErr>> {
+        let layout = o.getattr(pyo3::intern!(py, "layout"))?;
+        Ok((!layout.is(t.strided.bind(py))).then(|| {
+            invalid(
+                arg,
+                format!(
+                    "the tensor's layout is {}; oxccl takes dense (strided) tensors (pass tensor.to_dense())",
+                    layout.str().map(|s| s.to_string()).unwrap_or_else(|_| "?".into())
+                ),
+            )
+        }))
+    };
+    if !o.get_type().is(t.tensor.bind(py)) {
+        if let Some(e) = sparse(o)? {
+            return Err(e);
+        }
     }
-    if !o.call_method0(pyo3::intern!(py, "is_contiguous"))?.extract::<bool>()? {
-        return Err(invalid(arg, "the tensor is not contiguous (pass tensor.contiguous())"));
+    match o.call_method0(pyo3::intern!(py, "is_contiguous")) {
+        Ok(c) if c.is_truthy()? => {}
+        other => {
+            if let Some(e) = sparse(o)? {
+                return Err(e);
+            }
+            other?;
+            return Err(invalid(arg, "the tensor is not contiguous (pass tensor.contiguous())"));
+        }
     }
-    // A lazily conjugated or negated view holds other numbers in memory than it shows.
-    for (bit, fix) in [("is_conj", "resolve_conj"), ("is_neg", "resolve_neg")] {
-        if o.call_method0(bit)?.extract::<bool>()? {
+    // A lazily conjugated or negated view holds other numbers in memory than it shows. Only a
+    // view can be one (`_base` set: a conjugate, its imaginary part, a negative view), and
+    // only a complex one has a conjugate bit; the methods that tell cost more than reading
+    // `_base`, so they are asked of views alone.
+    let is_conj = pyo3::intern!(py, "is_conj");
+    let is_neg = pyo3::intern!(py, "is_neg");
+    let bits = [(is_neg, "is_neg", "resolve_neg"), (is_conj, "is_conj", "resolve_conj")];
+    let view = !o.getattr(pyo3::intern!(py, "_base"))?.is_none();
+    let n = match (view, ty.elem == Elem::Complex) {
+        (false, _) => 0,
+        (true, false) => 1,
+        (true, true) => 2,
+    };
+    for (m, bit, fix) in &bits[..n] {
+        if o.call_method0(m)?.is_truthy()? {
             return Err(invalid(
                 arg,
                 format!("the tensor is a lazy view ({bit}() is True): its memory holds other values than it shows (pass tensor.{fix}())"),
@@ -502,7 +532,10 @@ fn tensor(arg: &str, o: &Bound<'_, PyAny>, t: &Torch, dtype: Option<Ty>) -> PyRe
     }
     let len: usize = o.getattr(pyo3::intern!(py, "nbytes"))?.extract()?;
     whole(arg, len, ty)?;
-    let ptr: usize = o.call_method0(pyo3::intern!(py, "data_ptr"))?.extract()?;
+    let ptr: usize = match o.call_method0(pyo3::intern!(py, "data_ptr")) {
+        Ok(p) => p.extract()?,
+        Err(e) => return Err(sparse(o)?.unwrap_or(e)),
+    };
     let place = if o.getattr(pyo3::intern!(py, "is_cpu"))?.extract::<bool>()? {
         Place::Host
     } else if o.getattr(pyo3::intern!(py, "is_cuda"))?.extract::<bool>()? {

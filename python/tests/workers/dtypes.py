@@ -200,7 +200,19 @@ def run():
     refused("torch quantized tensor", lambda: comm.broadcast(q), "send:", "qint8", "dequantize")
     z = torch.complex(torch.ones(4), torch.ones(4))
     refused("torch lazily conjugated view", lambda: comm.all_reduce(z.conj()), "send:", "is_conj", "resolve_conj")
+    refused("torch lazily negated real view (the imaginary part of a conjugate)",
+            lambda: comm.broadcast(torch.complex(torch.ones(1), torch.ones(1)).conj().imag), "send:", "is_neg",
+            "resolve_neg")
     refused("torch sparse tensor", lambda: comm.broadcast(torch.ones(4).to_sparse()), "send:", "sparse", "to_dense")
+    for label, make in (("sparse CSR", lambda: torch.eye(3).to_sparse_csr()),
+                        ("mkldnn", lambda: torch.ones(4).to_mkldnn()),
+                        ("nested jagged", lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)],
+                                                                             layout=torch.jagged))):
+        try:
+            x = make()
+        except Exception:  # noqa: BLE001 - a layout this torch cannot make cannot reach oxccl
+            continue
+        refused(f"torch {label} tensor", lambda: comm.broadcast(x), "send:", "layout", "to_dense")
     zr = z.conj().resolve_conj()
     comm.all_reduce(zr)
     c.tensor("torch resolved conjugate all_reduce", zr, torch.complex(torch.ones(4), -torch.ones(4)) * p)
