@@ -538,12 +538,10 @@ class OxcclBackend(_BASE):
         and waits for rank 0's word; rank 0 waits up to `timeout` seconds for them and names
         the first rank that did not come (every one, with `wait_all_ranks`) in a RuntimeError,
         as Gloo does; a rank that heard nothing raises naming rank 0."""
-        from datetime import timedelta as _td
-
         self._monitored += 1
         key = f"oxccl/monitored_barrier/{self._monitored}"
         me, p = self._rank, self._size
-        wait = _td(seconds=max(timeout, 0.001))
+        wait = timedelta(seconds=max(timeout, 0.001))
         if me != 0:
             self._store.set(f"{key}/{me}", b"1")
             try:
@@ -564,7 +562,7 @@ class OxcclBackend(_BASE):
                 raise RuntimeError(f"[Rank 0]: Rank 0 timed out in monitoredBarrier after "
                                    f"{int((time.monotonic() - start) * 1000)} ms")
             try:
-                self._store.wait([f"{key}/{r}"], _td(seconds=max(left, 0.001)))
+                self._store.wait([f"{key}/{r}"], timedelta(seconds=max(left, 0.001)))
             except Exception:  # noqa: BLE001 - not there in time
                 missing.append(r)
                 if not wait_all_ranks:

@@ -682,7 +682,7 @@ impl Communicator {
     /// Returns once every rank of the communicator has called it.
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
         let comm = self.get()?;
-        py.detach(move || ops::barrier(&comm)).map_err(to_py)
+        py.detach(move || comm.barrier()).map_err(to_py)
     }
 
     /// A group: `with comm.group():` records the calls made inside and runs them together at

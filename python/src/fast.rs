@@ -161,7 +161,7 @@ pub unsafe extern "C" fn oxccl_fast_call(
     let (comm, c): (&Handle, &FastCall) = unsafe { (&*(h as *const Handle), &*c) };
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         if c.kind == KIND_BARRIER {
-            return ops::barrier(comm).map(|()| true);
+            return comm.barrier().map(|()| true);
         }
         // SAFETY: the caller's promise on the count arrays.
         let Some(op) = (unsafe { op_of(c, comm.rank().idx(), comm.size()) }) else { return Ok(false) };

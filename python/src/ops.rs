@@ -228,11 +228,6 @@ pub fn output_is_block(me: usize) -> impl Fn(&Buf) -> Option<usize> {
     move |r| Some(r.ptr.wrapping_sub(me * r.len))
 }
 
-/// Returns once every rank of `comm` has called it.
-pub fn barrier(comm: &oxccl::Communicator) -> oxccl::Result<()> {
-    comm.barrier()
-}
-
 /// Adds every op to `g`.
 ///
 /// # Safety

@@ -94,7 +94,7 @@ struct SendBuf(RawBuf);
 
 impl SendBuf {
     fn get(&self) -> RawBuf {
-        RawBuf { ptr: self.0.ptr, len: self.0.len, writable: self.0.writable }
+        self.0
     }
 }
 
@@ -132,7 +132,6 @@ impl Inner {
         let mut nap = FIRST_NAP;
         loop {
             let answers = self.boot.probe_all(&peers, Instant::now() + ROUND_ANSWER);
-            let taken = lock_received(self);
             // Messages each peer has numbered for this rank: its answer, or for one that has
             // left in order, the count its goodbye carried (it may have sent eagerly, then
             // left). A peer gone without a goodbye fails the receive, named.
@@ -151,9 +150,16 @@ impl Inner {
                     }
                 });
             }
-            let pending = |i: usize| sent[i].is_some_and(|n| n > taken[peers[i].idx()]);
             let start = self.any_next.load(Ordering::Relaxed) as usize;
-            if let Some(i) = (0..peers.len()).map(|k| (start + k) % peers.len()).find(|&i| pending(i)) {
+            let pick = {
+                // The messages this rank has taken from each peer (the engine's pair numbers).
+                let engine = super::lock(&self.engine);
+                let taken = &engine.seqs.received;
+                (0..peers.len())
+                    .map(|k| (start + k) % peers.len())
+                    .find(|&i| sent[i].is_some_and(|n| n > taken[peers[i].idx()]))
+            };
+            if let Some(i) = pick {
                 let peer = peers[i];
                 self.any_next.store((i + 1) as u32, Ordering::Relaxed);
                 let op = OpSpec::Recv { count, dtype, peer, dst: Loc::start(BufId(0)) };
@@ -171,9 +177,4 @@ impl Inner {
             nap = (nap * 2).min(MAX_NAP);
         }
     }
-}
-
-/// The messages this rank has taken from each peer (the engine's pair numbers).
-fn lock_received(i: &Inner) -> Vec<u64> {
-    super::lock(&i.engine).seqs.received.clone()
 }
