@@ -111,6 +111,21 @@ struct ExplainArgs {
     /// Price this topology file's GPUs instead of this host's CPU ranks
     #[arg(long, value_name = "FILE")]
     topo: Option<PathBuf>,
+    /// CPU ranks spread over this many hosts, the same number on each (the hierarchical plans
+    /// need it); between hosts this host's measured TCP, or --link-gbit
+    #[arg(long, value_name = "H", default_value_t = 1, value_parser = rank_count, conflicts_with = "topo")]
+    hosts: usize,
+    /// Each host's link to the others, Gbit/s (e.g. 1, 10, 100): what one TCP stream and the
+    /// host's NIC carry [default: this host's measured loopback TCP]
+    #[arg(long, value_name = "GBITS", requires = "hosts", conflicts_with = "topo", value_parser = gbits)]
+    link_gbit: Option<f64>,
+}
+
+fn gbits(v: &str) -> Result<f64, String> {
+    v.parse()
+        .ok()
+        .filter(|g: &f64| g.is_finite() && *g > 0.0)
+        .ok_or_else(|| "not a positive rate in Gbit/s".into())
 }
 
 fn rank_count(v: &str) -> Result<usize, String> {
@@ -218,7 +233,28 @@ fn explain(a: &ExplainArgs) {
                 config.calibrate.as_deref(),
                 &|w| eprintln!("oxccl explain: {w}"),
             );
-            let m = Model::cpu(ranks, 1, &costs, config.direct && !config.shm_disable && ranks > 1, 1, 1);
+            let h = a.hosts;
+            if ranks % h != 0 || ranks < h {
+                fail("explain", format!("--ranks {ranks} over --hosts {h}: every host holds the same number of ranks, so the ranks must be a multiple of the hosts"));
+            }
+            let costs = match a.link_gbit {
+                // One stream carries the link's rate; a link's latency is what TCP's is here.
+                Some(g) => oxccl_core::tuner::CpuCosts { tcp_gbs: g / 8.0, ..costs },
+                None => costs,
+            };
+            let direct = h == 1 && config.direct && !config.shm_disable && ranks > 1;
+            let mut m = Model::cpu(ranks, h, &costs, direct, 1, 1);
+            if let Some(g) = a.link_gbit {
+                m.net.limit_gbs = g / 8.0;
+            }
+            if h > 1 {
+                println!(
+                    "{h} hosts × {} ranks; link {:.3} GB/s per host. Hier: inside each host over shared memory, each rank's share between hosts on rings of the ranks of its local index (all {} at once), inside again",
+                    ranks / h,
+                    m.net.limit_gbs,
+                    ranks / h
+                );
+            }
             if config.shm_disable {
                 m.over_sockets()
             } else {

@@ -29,7 +29,8 @@ pub fn model_of(c: &Cluster, nranks: usize) -> Model {
         intra_name: "NVL".into(),
         // Each rank's share of its node's NICs.
         net: path(&c.net, c.net.gbs * c.nics_per_node as f64),
-        base_us: [c.base_tree_us, c.base_ring_us, c.base_ring_us],
+        base_us: [c.base_tree_us, c.base_ring_us, c.base_ring_us, c.base_ring_us],
+        hosts_uniform: nranks % local.max(1) == 0,
         max_channels: 2 * c.nics_per_node,
         min_channels: 1,
         ll128: true,

@@ -46,6 +46,8 @@ pub struct GeometryCache {
     pub ring_pos: Vec<u32>,
     /// The tree all-reduce's two rank-level trees ([`places`]).
     pub tree: [Vec<Place>; 2],
+    /// The hosts' ranks, where every host has as many ([`HostGroups::of`]).
+    pub groups: Option<Arc<HostGroups>>,
 }
 
 impl Geometry {
@@ -77,7 +79,8 @@ impl Geometry {
             }
         }
         let tree = places(&self);
-        self.cache = Some(Arc::new(GeometryCache { ring_pos, tree }));
+        let groups = HostGroups::of(&self).map(Arc::new);
+        self.cache = Some(Arc::new(GeometryCache { ring_pos, tree, groups }));
         self
     }
 
@@ -95,8 +98,59 @@ impl Geometry {
         self.ring.iter().position(|x| *x == r).unwrap_or(0)
     }
 
+    /// Rings (channels) a collective of `count` elements of `es` bytes is striped over: small
+    /// calls use fewer, as each ring adds a round of wake-ups per step; every rank computes the
+    /// same from the call.
+    pub(super) fn channels_for(&self, count: usize, es: usize) -> usize {
+        let by_size = (count * es).checked_div(self.channel_min_bytes).unwrap_or(usize::MAX).max(1);
+        self.nchannels.max(1).min(count.max(1)).min(by_size)
+    }
+
     pub(super) fn chunk_elems(&self, dtype: DataType) -> usize {
         (self.chunk_bytes / dtype.size_bytes()).max(1)
+    }
+}
+
+/// The ranks of each host, where every host has the same number `k` of them: what the
+/// hierarchical plans (`plan/hier.rs`) are built on. Hosts are in ring order and each host's
+/// ranks in ring order, so every rank derives the same groups from the geometry alone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostGroups {
+    /// `members[h][l]`: the rank at local index `l` of host `h`.
+    pub members: Vec<Arc<[Rank]>>,
+    /// Each rank's (host, local index).
+    pub place: Vec<(u32, u32)>,
+}
+
+impl HostGroups {
+    /// The groups of `g`'s hosts; `None` when the hosts hold different numbers of ranks.
+    pub fn of(g: &Geometry) -> Option<HostGroups> {
+        let mut members: Vec<Vec<Rank>> = Vec::new();
+        let mut index: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
+        let mut place = vec![(0u32, 0u32); g.size];
+        for &r in g.ring.iter() {
+            let h = g.hosts.get(r.idx()).copied().unwrap_or(0);
+            let hi = *index.entry(h).or_insert_with(|| {
+                members.push(Vec::new());
+                members.len() - 1
+            });
+            *place.get_mut(r.idx())? = (hi as u32, members[hi].len() as u32);
+            members[hi].push(r);
+        }
+        let k = members.first()?.len();
+        if members.iter().any(|m| m.len() != k) {
+            return None;
+        }
+        Some(HostGroups { members: members.into_iter().map(Arc::from).collect(), place })
+    }
+
+    pub fn hosts(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Ranks per host.
+    pub fn local(&self) -> usize {
+        self.members.first().map_or(0, |m| m.len())
     }
 }
 

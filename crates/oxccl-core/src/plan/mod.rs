@@ -31,6 +31,7 @@ pub mod device;
 mod direct;
 pub mod exec;
 mod geometry;
+pub mod hier;
 pub mod hostdirect;
 mod lane;
 mod oneshot;
@@ -48,7 +49,7 @@ use crate::reduce::ReduceCtx;
 use crate::types::{ChannelId, Rank};
 
 pub use direct::{alltoallv_bytes, p2p_checked, DirectStream};
-pub use geometry::{Geometry, GeometryCache};
+pub use geometry::{Geometry, GeometryCache, HostGroups};
 pub use lane::{job_connections, ConnClass, ConnKey, Input, Job, Lane, Port, Step};
 pub use op::{BufId, Loc, OpSpec};
 pub use ring::RingCollective;
@@ -61,11 +62,7 @@ fn ring_lanes(g: &Geometry, kind: RingColl, args: RingArgs) -> Result<Vec<Lane>,
     let pos = g.ring_pos(g.rank);
     let prev = g.ring[(pos + g.size - 1) % g.size];
     let next = g.ring[(pos + 1) % g.size];
-    // Small calls use fewer rings: below `channel_min_bytes` a ring only adds a round of
-    // wake-ups per step. Every rank computes the same count from the call.
-    let bytes = args.count * args.dtype.size_bytes();
-    let by_size = bytes.checked_div(g.channel_min_bytes).unwrap_or(usize::MAX).max(1);
-    let channels = g.nchannels.max(1).min(args.count.max(1)).min(by_size);
+    let channels = g.channels_for(args.count, args.dtype.size_bytes());
     let mut lanes = Vec::with_capacity(channels);
     for c in 0..channels {
         let beg = args.count * c / channels;
@@ -117,6 +114,18 @@ pub fn direct_allowed(g: &Geometry, op: &OpSpec) -> bool {
         }
         (_, Some(c)) => s.direct[c as usize],
         (_, None) => true,
+    }
+}
+
+/// Whether the selector runs `op` hierarchically (where the hosts allow).
+fn hier_selected(s: &crate::tuner::Selector, op: &OpSpec) -> bool {
+    match *op {
+        OpSpec::AllReduce { count, dtype, .. } => {
+            s.all_reduce_algo(count * dtype.size_bytes()) == Some(crate::tuner::Algo::Hier)
+        }
+        OpSpec::AllGather { .. } => s.hier[RingColl::AllGather as usize],
+        OpSpec::ReduceScatter { .. } => s.hier[RingColl::ReduceScatter as usize],
+        _ => false,
     }
 }
 
@@ -220,6 +229,24 @@ pub fn plan_group_signed(
         // Deterministic mode: every reduction is planned as the rank-order fold, whatever the
         // selector chose for its size (`det::plan`); other collectives plan as usual.
         if let Some((phases, scratch)) = det::plan(g, op)? {
+            job.phases.extend(phases.into_iter().map(sign));
+            job.scratch_bytes = job.scratch_bytes.max(scratch);
+            continue;
+        }
+        // Hierarchical where selected and the hosts allow it (else the flat plans below).
+        if let Some(grp) = g.select.as_ref().filter(|s| hier_selected(s, op)).and_then(|_| hier::groups(g)) {
+            let (phases, scratch) = match *op {
+                OpSpec::AllReduce { count, dtype, op, src, dst } => {
+                    (hier::all_reduce(g, &grp, count, dtype, op, src, dst)?, 0)
+                }
+                OpSpec::AllGather { count, dtype, src, dst } => {
+                    (hier::all_gather(g, &grp, count, dtype, src, dst), 0)
+                }
+                OpSpec::ReduceScatter { count, dtype, op, src, dst } => {
+                    hier::reduce_scatter(g, &grp, count, dtype, op, src, dst)?
+                }
+                _ => return Err(CoreError::malformed("plan", "no hierarchical plan for this collective")),
+            };
             job.phases.extend(phases.into_iter().map(sign));
             job.scratch_bytes = job.scratch_bytes.max(scratch);
             continue;

@@ -241,4 +241,6 @@ pub fn rank(i: usize) -> Rank {
 }
 
 #[cfg(test)]
+mod hier_tests;
+#[cfg(test)]
 mod tests;

@@ -13,9 +13,12 @@ pub enum Algo {
     Ring,
     /// One exchange step (oxccl's direct / one-shot paths).
     Direct,
+    /// Hierarchical (oxccl's; `plan/hier.rs`): inside each host over shared memory, only the
+    /// hosts' shares between hosts, every rank of a host on its own rings at once.
+    Hier,
 }
 
-pub const ALGOS: [Algo; 3] = [Algo::Tree, Algo::Ring, Algo::Direct];
+pub const ALGOS: [Algo; 4] = [Algo::Tree, Algo::Ring, Algo::Direct, Algo::Hier];
 
 impl Algo {
     pub fn name(self) -> &'static str {
@@ -23,6 +26,7 @@ impl Algo {
             Algo::Tree => "Tree",
             Algo::Ring => "Ring",
             Algo::Direct => "Direct",
+            Algo::Hier => "Hier",
         }
     }
 
@@ -31,6 +35,7 @@ impl Algo {
         match self {
             Algo::Ring => true,
             Algo::Tree | Algo::Direct => c == RingColl::AllReduce,
+            Algo::Hier => matches!(c, RingColl::AllReduce | RingColl::AllGather | RingColl::ReduceScatter),
         }
     }
 }

@@ -13,7 +13,7 @@ const FOREIGN_ALGOS: [&str; 6] = ["collnetdirect", "collnetchain", "collnet", "n
 /// (`"ring;allreduce:tree,ring"`, `"^LL128"`, `"LL,Simple;allreduce:^LL"`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Enabled {
-    pub algo: [[bool; 3]; 5],
+    pub algo: [[bool; 4]; 5],
     pub proto: [[bool; 3]; 5],
     /// The settings as given, for messages.
     pub algo_env: Option<String>,
@@ -22,7 +22,7 @@ pub struct Enabled {
 
 impl Default for Enabled {
     fn default() -> Self {
-        Enabled { algo: [[true; 3]; 5], proto: [[true; 3]; 5], algo_env: None, proto_env: None }
+        Enabled { algo: [[true; 4]; 5], proto: [[true; 3]; 5], algo_env: None, proto_env: None }
     }
 }
 
@@ -73,7 +73,7 @@ impl Enabled {
     pub fn parse(algo: Option<&str>, proto: Option<&str>) -> Result<Enabled, String> {
         let mut e = Enabled::default();
         if let Some(a) = algo {
-            e.algo = parse_list("NCCL_ALGO", a, &["tree", "ring", "direct"], &FOREIGN_ALGOS)?;
+            e.algo = parse_list("NCCL_ALGO", a, &["tree", "ring", "direct", "hier"], &FOREIGN_ALGOS)?;
             e.algo_env = Some(a.to_string());
         }
         if let Some(p) = proto {

@@ -81,13 +81,13 @@ impl PathCost {
         PathCost { hop_us: [[5.0, 8.5, 50.0], [2.7, 4.0, 9.6]], channel_gbs: 12.5, limit_gbs }
     }
 
-    fn hop(&self, a: Algo, p: Proto) -> f64 {
+    pub fn hop(&self, a: Algo, p: Proto) -> f64 {
         self.hop_us[usize::from(a != Algo::Tree)][p as usize]
     }
 }
 
-/// Base latency of a call, µs: `[tree, ring, direct][LL, LL128, Simple]`.
-pub const BASE_US: [[f64; 3]; 3] = [[4.4, 4.4, 0.0], [3.6, 10.0, 8.4], [3.6, 10.0, 8.4]];
+/// Base latency of a call, µs: `[tree, ring, direct, hier][LL, LL128, Simple]`.
+pub const BASE_US: [[f64; 3]; 4] = [[4.4, 4.4, 0.0], [3.6, 10.0, 8.4], [3.6, 10.0, 8.4], [3.6, 10.0, 8.4]];
 
 /// Everything the model knows about a communicator.
 #[derive(Clone, Debug, PartialEq)]
@@ -100,7 +100,9 @@ pub struct Model {
     pub intra_name: String,
     /// Between hosts (per rank: the host's NIC bandwidth shared by its ranks).
     pub net: PathCost,
-    pub base_us: [[f64; 3]; 3],
+    pub base_us: [[f64; 3]; 4],
+    /// Every host holds the same number of ranks (what [`Algo::Hier`] needs).
+    pub hosts_uniform: bool,
     pub max_channels: usize,
     pub min_channels: usize,
     /// LL128 is safe on every path (ordered 128-byte stores).
@@ -154,7 +156,15 @@ impl Model {
     /// Why (algo, proto) cannot run `c` here, if it cannot.
     pub fn unavailable(&self, c: RingColl, a: Algo, p: Proto) -> Option<String> {
         if !a.runs(c) {
-            return Some(format!("{a} runs only all-reduce"));
+            return Some(match a {
+                Algo::Hier => format!("{a} runs only all-reduce, all-gather and reduce-scatter"),
+                _ => format!("{a} runs only all-reduce"),
+            });
+        }
+        if a == Algo::Hier && (self.nhosts < 2 || !self.hosts_uniform || self.local() < 2) {
+            return Some(
+                "Hier needs several hosts with the same number (at least 2) of ranks on each".into(),
+            );
         }
         if a == Algo::Direct && self.direct_gbs.is_none() && self.nranks > DIRECT_MAX_RANKS {
             return Some(format!("Direct serves at most {DIRECT_MAX_RANKS} ranks"));
@@ -207,6 +217,22 @@ impl Model {
                     RingColl::Broadcast | RingColl::Reduce => (pr - 1.0, nh as f64 - 1.0, 1.0),
                 };
                 (base + (steps - inter) * intra_hop + inter * net_hop, bus * ratio)
+            }
+            Algo::Hier => {
+                // Inside the host, then between hosts with the host's `l` ranks sending at
+                // once (their streams share the NIC), then inside again: the phases follow
+                // one another.
+                let h = nh as f64;
+                let (twice, bus_ratio_in, bus_ratio_net) = match c {
+                    RingColl::AllReduce => (2.0, (l - 1.0) / l, (h - 1.0) / h),
+                    _ => (1.0, (l - 1.0) / l, (h - 1.0) / h),
+                };
+                let nic = (l * ch * self.net.channel_gbs).min(self.net.limit_gbs) * proto_eff;
+                let lat = base + twice * ((l - 1.0) * intra_hop + (h - 1.0) * net_hop);
+                let t = lat
+                    + twice * n * bus_ratio_in / (1000.0 * intra_bw * proto_eff)
+                    + twice * n * bus_ratio_net / (1000.0 * nic);
+                return Some(t);
             }
             Algo::Tree => {
                 let lat = base + 2.0 * ((l - 1.0) * intra_hop + log2_ceil(nh) as f64 * net_hop);
@@ -372,13 +398,15 @@ impl Model {
             intra_name: if local > 1 { kind.name().to_string() } else { "none".into() },
             net: PathCost::net(h0.net_gbs() / local as f64),
             base_us: BASE_US,
+            hosts_uniform: nranks % local == 0,
             max_channels: 32,
             min_channels: 1,
             ll128: (nvl || local == 1) && (nhosts == 1 || nic_paths_ok),
             tree_efficiency: if nvl { 0.92 } else { 2.0 / 3.0 },
             // NCCL's: LL carries 4 of 8 bytes at about half the rate, LL128 120 of 128.
             proto_eff: [0.25, 0.92, 1.0],
-            runnable_algos: ALGOS.to_vec(),
+            // The device path runs no hierarchical plan yet.
+            runnable_algos: vec![Algo::Tree, Algo::Ring, Algo::Direct],
             runnable_protos: PROTOS.to_vec(),
             direct_gbs: None,
             direct_max_bytes: usize::MAX,
@@ -451,7 +479,7 @@ impl Model {
             channel_gbs: c.tcp_gbs.max(0.01),
             limit_gbs: (c.tcp_gbs * 1.5).max(0.01),
         };
-        let mut base = [[0.0; 3]; 3];
+        let mut base = [[0.0; 3]; 4];
         base[Algo::Direct as usize] = [CPU_DIRECT_US + 2.0 * c.hop_us; 3];
         Model {
             nranks,
@@ -460,6 +488,8 @@ impl Model {
             intra_name: "SHM".into(),
             net,
             base_us: base,
+            // A guess from the counts; the runtime sets what its hosts hold.
+            hosts_uniform: nranks % nhosts.max(1) == 0,
             max_channels: max_channels.max(1),
             min_channels: min_channels.max(1),
             // Shared-memory LL128 lines publish their flag word with a release store, so a line
@@ -500,6 +530,9 @@ pub struct Selector {
     pub all_reduce: Vec<(usize, Algo)>,
     /// Per collective ([`RingColl`] order): whether the direct path may serve it.
     pub direct: [bool; 5],
+    /// Per collective: whether it runs hierarchically where the hosts allow
+    /// ([`crate::plan::hier`]; all-reduce by `all_reduce`'s size rules instead).
+    pub hier: [bool; 5],
     /// Per collective: why it cannot run under the settings, if it cannot.
     pub refuse: [Option<String>; 5],
     /// Per collective: (upper size bound in bytes, protocol), ascending, for its connection
@@ -513,6 +546,7 @@ impl Selector {
         Selector {
             all_reduce: vec![(usize::MAX, a)],
             direct: [a == Algo::Direct; 5],
+            hier: [a == Algo::Hier; 5],
             refuse: Default::default(),
             protos: Default::default(),
         }
@@ -535,6 +569,7 @@ impl Selector {
         let mut sel = Selector::forced(en, m.nranks, small_bytes).unwrap_or(Selector {
             all_reduce: Vec::new(),
             direct: [true; 5],
+            hier: [false; 5],
             refuse: Default::default(),
             protos: Default::default(),
         });
@@ -574,6 +609,12 @@ impl Selector {
                 }
             }
             sel.protos[c as usize] = close(protos);
+            // All-gather and reduce-scatter: hierarchical where the model prices it below the
+            // ring at 1 MiB (both scale alike; where Hier can run, it wins at every size).
+            if c != RingColl::AllReduce {
+                let b = 1 << 20;
+                sel.hier[c as usize] = m.choose(c, b, en).is_ok_and(|e| e.algo == Algo::Hier);
+            }
             if c == RingColl::AllReduce && ok {
                 sel.all_reduce = close(algos);
             }
@@ -593,6 +634,7 @@ impl Selector {
         let mut sel = Selector {
             all_reduce: Vec::new(),
             direct: [true; 5],
+            hier: [false; 5],
             refuse: Default::default(),
             protos: Default::default(),
         };
@@ -600,6 +642,7 @@ impl Selector {
         for c in RingColl::ALL {
             let ci = c as usize;
             sel.direct[ci] = en.algo[ci][Algo::Direct as usize];
+            sel.hier[ci] = en.algo[ci][Algo::Hier as usize] && Algo::Hier.runs(c);
             let Some(p) =
                 [Proto::Simple, Proto::LL128, Proto::LL].into_iter().find(|p| en.proto[ci][*p as usize])
             else {
@@ -614,7 +657,10 @@ impl Selector {
                     continue;
                 }
                 let r = if !a.runs(c) && a != Algo::Direct {
-                    Some(format!("{a} runs only all-reduce"))
+                    Some(match a {
+                        Algo::Hier => format!("{a} runs only all-reduce, all-gather and reduce-scatter"),
+                        _ => format!("{a} runs only all-reduce"),
+                    })
                 } else if a == Algo::Tree && nranks < 3 {
                     Some("Tree needs at least 3 ranks".to_string())
                 } else if a == Algo::Direct && c == RingColl::AllReduce && nranks > DIRECT_MAX_RANKS {
@@ -627,8 +673,9 @@ impl Selector {
                     None => ok.push(a),
                 }
             }
-            // Other collectives run on the ring or the direct path.
-            if c != RingColl::AllReduce && ok.contains(&Algo::Ring) {
+            // Other collectives run on the ring or the direct path, all-gather and
+            // reduce-scatter also hierarchically (the ring where the hosts do not allow it).
+            if c != RingColl::AllReduce && (ok.contains(&Algo::Ring) || ok.contains(&Algo::Hier)) {
                 continue;
             }
             if c != RingColl::AllReduce && ok == [Algo::Direct] {
@@ -649,13 +696,15 @@ impl Selector {
             }
         }
         let has = |a| ar.contains(&a);
-        sel.all_reduce = match (has(Algo::Tree), has(Algo::Ring), has(Algo::Direct)) {
-            (_, true, true) => Vec::new(),
-            (true, false, true) => vec![(small_bytes, Algo::Direct), (usize::MAX, Algo::Tree)],
-            (true, false, false) => vec![(usize::MAX, Algo::Tree)],
-            (_, true, false) => vec![(usize::MAX, Algo::Ring)],
-            (false, false, true) => vec![(usize::MAX, Algo::Direct)],
-            (false, false, false) => Vec::new(),
+        // The algorithm for large calls: Hier where enabled (the ring where the hosts do not
+        // allow it), else Ring, else Tree; Direct (one-shot) below `small_bytes` if enabled.
+        let big = [Algo::Hier, Algo::Ring, Algo::Tree].into_iter().find(|&a| has(a));
+        sel.all_reduce = match (big, has(Algo::Direct)) {
+            (Some(Algo::Ring), true) => Vec::new(),
+            (Some(a), true) => vec![(small_bytes, Algo::Direct), (usize::MAX, a)],
+            (Some(a), false) => vec![(usize::MAX, a)],
+            (None, true) => vec![(usize::MAX, Algo::Direct)],
+            (None, false) => Vec::new(),
         };
         Some(sel)
     }

@@ -62,9 +62,13 @@ fn one_host_prefers_the_ring_for_bandwidth_and_protocols_follow_size() {
     let large = m.choose(RingColl::AllReduce, 1 << 30, &en).unwrap();
     assert_eq!(small.proto, Proto::LL, "{small:?}");
     assert_eq!((large.algo, large.proto), (Algo::Ring, Proto::Simple), "{large:?}");
-    // Only all-reduce has a tree.
+    // Only all-reduce has a tree; Hier needs several hosts (the device path runs none yet).
     for c in [RingColl::AllGather, RingColl::ReduceScatter, RingColl::Broadcast, RingColl::Reduce] {
-        assert!(m.candidates(c, 1 << 20).iter().all(|e| e.algo == Algo::Ring), "{c}");
+        let cands = m.candidates(c, 1 << 20);
+        assert!(
+            cands.iter().all(|e| e.algo == Algo::Ring || (e.algo == Algo::Hier && e.us.is_infinite())),
+            "{c}"
+        );
     }
     let text = m.explain_text(RingColl::AllReduce, &explain_sizes(), &en);
     assert_eq!(text.lines().count(), 3 + 30, "{text}");
@@ -162,7 +166,9 @@ fn cpu_models_pick_direct_on_one_host_and_price_the_network_across_hosts() {
     let tuned = Selector::tuned(&m, &ring, 4096);
     assert_eq!(tuned.all_reduce, vec![(usize::MAX, Algo::Ring)]);
     assert!(
-        m.candidates(RingColl::AllReduce, 8).iter().all(|e| e.us.is_finite() || e.algo == Algo::Direct),
+        m.candidates(RingColl::AllReduce, 8)
+            .iter()
+            .all(|e| e.us.is_finite() || e.algo == Algo::Direct || e.algo == Algo::Hier),
         "{:?}",
         m.candidates(RingColl::AllReduce, 8)
     );
@@ -180,4 +186,38 @@ fn cpu_models_pick_direct_on_one_host_and_price_the_network_across_hosts() {
         slow.estimate(RingColl::AllReduce, 8, Algo::Ring, Proto::Simple, 1).unwrap()
             > m.estimate(RingColl::AllReduce, 8, Algo::Ring, Proto::Simple, 1).unwrap() * 5.0
     );
+}
+
+/// Several hosts with two ranks each: large all-reduces, all-gathers and reduce-scatters go
+/// hierarchical (a host's NIC carries 2(H−1)/H of the buffer instead of 2(N−1)/N), small
+/// all-reduces stay one-shot; NCCL_ALGO=ring keeps the flat ring; hosts holding different
+/// numbers of ranks never get Hier.
+#[test]
+fn several_hosts_of_several_ranks_go_hierarchical() {
+    let c = CpuCosts { tcp_us: 40.0, tcp_gbs: 0.125, ..CpuCosts::default() };
+    let en = Enabled::default();
+    let m = Model::cpu(8, 4, &c, false, 1, 2);
+    let s = Selector::tuned(&m, &en, 4096);
+    assert_eq!(s.all_reduce_algo(8), Some(Algo::Direct), "{s:?}");
+    assert_eq!(s.all_reduce_algo(16 << 20), Some(Algo::Hier), "{s:?}");
+    assert!(s.hier[RingColl::AllGather as usize] && s.hier[RingColl::ReduceScatter as usize], "{s:?}");
+    assert!(!s.hier[RingColl::Broadcast as usize] && !s.hier[RingColl::Reduce as usize], "{s:?}");
+    let hier = m.estimate(RingColl::AllReduce, 16 << 20, Algo::Hier, Proto::Simple, 2).unwrap();
+    let ring = m.estimate(RingColl::AllReduce, 16 << 20, Algo::Ring, Proto::Simple, 2).unwrap();
+    // The NIC's share: 2(H−1)/H against 2(N−1)/N, 6/7 for 4 hosts × 2, plus the host's part.
+    assert!(hier < ring * 0.92, "hier {hier} µs, ring {ring} µs");
+    let flat = Selector::tuned(&m, &Enabled::parse(Some("ring"), None).unwrap(), 4096);
+    assert_eq!(flat.all_reduce, vec![(usize::MAX, Algo::Ring)]);
+    assert!(flat.hier.iter().all(|h| !h), "{flat:?}");
+    let forced = Selector::tuned(&m, &Enabled::parse(Some("hier"), None).unwrap(), 4096);
+    assert_eq!(forced.all_reduce, vec![(usize::MAX, Algo::Hier)]);
+    assert!(forced.refuse[RingColl::Broadcast as usize]
+        .as_deref()
+        .is_some_and(|r| r.contains("Hier runs only")));
+    let uneven = Model { hosts_uniform: false, ..m.clone() };
+    let why = uneven.unavailable(RingColl::AllReduce, Algo::Hier, Proto::Simple).unwrap();
+    assert!(why.contains("same number"), "{why}");
+    assert_ne!(Selector::tuned(&uneven, &en, 4096).all_reduce_algo(16 << 20), Some(Algo::Hier));
+    let explained = m.explain_text(RingColl::AllReduce, &explain_sizes(), &en);
+    assert!(explained.contains("Hier/Simple"), "{explained}");
 }

@@ -253,6 +253,11 @@ impl Communicator {
             p.config.min_channels,
             geometry.nchannels,
         );
+        // What the hosts hold, from the peer table (host hashes), the same on every rank.
+        let model = oxccl_core::tuner::Model {
+            hosts_uniform: geometry.cache.as_ref().is_some_and(|c| c.groups.is_some()),
+            ..model
+        };
         // Shared memory off: every pair talks over sockets, and the model prices it so.
         let model = Arc::new(if p.config.shm_disable { model.over_sockets() } else { model });
         geometry.select = if p.config.tuner {
