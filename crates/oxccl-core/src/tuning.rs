@@ -19,6 +19,12 @@ pub const NET_BUFFSIZE_BYTES: usize = 4 << 20;
 pub const NET_CHANNELS: usize = 2;
 /// The least data (bytes of the call's count) a collective puts on each ring it stripes over.
 pub const RING_MIN_BYTES_PER_CHANNEL: usize = 256 << 10;
+/// A hierarchical all-reduce cuts its buffer into pieces of at least this many bytes, at most
+/// [`HIER_MAX_PIECES`] of them, and pipelines them: piece `j`'s exchange between hosts runs
+/// beside piece `j + 1`'s reduce-scatter and piece `j − 1`'s all-gather inside the host, so
+/// only the first and the last piece's host phases add to the network's time.
+pub const HIER_PIECE_BYTES: usize = 1 << 20;
+pub const HIER_MAX_PIECES: usize = 16;
 
 /// How long a waiting engine polls before it yields the core, then before it sleeps.
 pub const SPIN_NS: u64 = 20_000;

@@ -26,6 +26,9 @@ pub struct Geometry {
     pub channel_min_bytes: usize,
     /// The largest all-reduce the one-shot plan takes ([`crate::tuning::one_shot_max_bytes`]).
     pub one_shot_max_bytes: usize,
+    /// The least bytes of a hierarchical all-reduce's pipelined pieces
+    /// ([`crate::tuning::HIER_PIECE_BYTES`]).
+    pub hier_piece_bytes: usize,
     /// Each rank's host, as a small index (ranks with equal values share a host).
     pub hosts: Arc<[u32]>,
     /// The algorithm each all-reduce takes, by size (`None`: the built-in rules — one-shot for
@@ -61,6 +64,7 @@ impl Geometry {
             chunk_bytes,
             channel_min_bytes: 0,
             one_shot_max_bytes: crate::tuning::ONE_SHOT_MAX_BYTES,
+            hier_piece_bytes: crate::tuning::HIER_PIECE_BYTES,
             hosts: vec![0; size].into(),
             select: None,
             deterministic: false,

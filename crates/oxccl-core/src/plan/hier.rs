@@ -221,7 +221,12 @@ fn part(n: usize, parts: usize, i: usize) -> (usize, usize) {
     (n * i / parts, n * (i + 1) / parts)
 }
 
-/// The phases of a hierarchical all-reduce for rank `g.rank`.
+/// The phases of a hierarchical all-reduce for rank `g.rank`: the buffer in pieces
+/// ([`crate::tuning::HIER_PIECE_BYTES`]), phase `j` running piece `j`'s reduce-scatter inside
+/// the host, piece `j − 1`'s all-reduce between hosts and piece `j − 2`'s all-gather inside the
+/// host, each after the phase that feeds it. Inside the host the reduce-scatters use the
+/// connections of class `Ring(c)` and an all-gather that runs beside one uses `Ring(C + c)`
+/// (`C` channels), so no two lanes of a phase share a connection.
 pub fn all_reduce(
     g: &Geometry,
     grp: &HostGroups,
@@ -234,40 +239,48 @@ pub fn all_reduce(
     let ctx = ReduceCtx::new(dtype, op, g.size as u32)?;
     let (es, chunk, k) = (dtype.size_bytes(), g.chunk_elems(dtype), grp.local());
     let me = place(g, grp);
-    let channels = g.channels_for(count, es);
-    let (mut rs, mut ar, mut ag) = (Vec::new(), Vec::new(), Vec::new());
-    for c in 0..channels {
-        let (beg, end) = part(count, channels, c);
-        if beg == end {
-            continue;
-        }
-        let shard = move |_: usize, x: usize| {
-            let (lo, hi) = part(end - beg, k, x);
-            Seg { src: beg + lo, dst: beg + lo, len: hi - lo }
-        };
-        let seg: SegFn = Arc::new(shard);
-        let half = |h, s, d| Box::new(HostHalf::new(h, k, me.l, es, chunk, 1, seg.clone(), s, d));
-        rs.push(lane(&me.host, me.l, c, Some(ctx), half(Half::Reduce, src, dst)));
-        ag.push(lane(&me.host, me.l, c, None, half(Half::Gather, dst, dst)));
-        let mine = shard(0, me.l);
-        if mine.len > 0 {
-            let gen = RingCollective::new(
-                RingColl::AllReduce,
-                me.cross.clone(),
-                me.h,
-                0,
-                es,
-                count,
-                dst,
-                dst,
-                mine.dst,
-                mine.dst + mine.len,
-                chunk,
-            );
-            ar.push(lane(&me.cross, me.h, c, Some(ctx), Box::new(gen)));
+    let pieces =
+        (count * es).checked_div(g.hier_piece_bytes).unwrap_or(1).clamp(1, crate::tuning::HIER_MAX_PIECES);
+    let mut phases: Vec<Vec<Lane>> = (0..pieces + 2).map(|_| Vec::new()).collect();
+    for piece in 0..pieces {
+        let (p0, p1) = part(count, pieces, piece);
+        let channels = g.channels_for(p1 - p0, es);
+        for c in 0..channels {
+            let (b, e) = part(p1 - p0, channels, c);
+            let (beg, end) = (p0 + b, p0 + e);
+            if beg == end {
+                continue;
+            }
+            let shard = move |_: usize, x: usize| {
+                let (lo, hi) = part(end - beg, k, x);
+                Seg { src: beg + lo, dst: beg + lo, len: hi - lo }
+            };
+            let seg: SegFn = Arc::new(shard);
+            let half = |h, s, d| Box::new(HostHalf::new(h, k, me.l, es, chunk, 1, seg.clone(), s, d));
+            phases[piece].push(lane(&me.host, me.l, c, Some(ctx), half(Half::Reduce, src, dst)));
+            // Beside a later piece's reduce-scatter, the all-gather takes the second set.
+            let ag_class = if piece + 2 < pieces { g.nchannels.max(1) + c } else { c };
+            phases[piece + 2].push(lane(&me.host, me.l, ag_class, None, half(Half::Gather, dst, dst)));
+            let mine = shard(0, me.l);
+            if mine.len > 0 {
+                let gen = RingCollective::new(
+                    RingColl::AllReduce,
+                    me.cross.clone(),
+                    me.h,
+                    0,
+                    es,
+                    count,
+                    dst,
+                    dst,
+                    mine.dst,
+                    mine.dst + mine.len,
+                    chunk,
+                );
+                phases[piece + 1].push(lane(&me.cross, me.h, c, Some(ctx), Box::new(gen)));
+            }
         }
     }
-    Ok([rs, ar, ag].into_iter().filter(|p| !p.is_empty()).collect())
+    Ok(phases.into_iter().filter(|p| !p.is_empty()).collect())
 }
 
 /// The phases of a hierarchical all-gather (`count` elements per rank) for rank `g.rank`.

@@ -236,6 +236,7 @@ impl Communicator {
             // NCCL_MIN_NCHANNELS > 1 asks for that many rings on every call.
             channel_min_bytes: if p.config.min_channels > 1 { 0 } else { tuning::RING_MIN_BYTES_PER_CHANNEL },
             one_shot_max_bytes: one_shot,
+            hier_piece_bytes: tuning::HIER_PIECE_BYTES,
             hosts: host_indices(&peers).into(),
             deterministic: p.config.deterministic,
             select: None,
