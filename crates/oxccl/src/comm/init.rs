@@ -318,6 +318,25 @@ impl Communicator {
                     ),
                 );
             }
+            if let Some(grp) =
+                geometry.cache.as_ref().and_then(|c| c.groups.as_ref()).filter(|g| g.hosts() > 1)
+            {
+                let (h, l) = grp.place[p.rank.idx()];
+                let list = |rs: &mut dyn Iterator<Item = Rank>| {
+                    rs.map(|r| r.to_string()).collect::<Vec<_>>().join(" ")
+                };
+                p.log.info_in(
+                    subsys::INIT | subsys::GRAPH,
+                    format_args!(
+                        "Hier: {} hosts × {} ranks; host {h} ring {} (shared memory), local index {l} ring across hosts {} (channels 0..{} each a connection per neighbour)",
+                        grp.hosts(),
+                        grp.local(),
+                        list(&mut grp.members[h as usize].iter().copied()),
+                        list(&mut grp.members.iter().map(|m| m[l as usize])),
+                        geometry.nchannels,
+                    ),
+                );
+            }
         }
         let iface = ifaces::list()
             .ok()
