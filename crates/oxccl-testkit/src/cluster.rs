@@ -62,21 +62,22 @@ pub fn rate_bits(rate: &str) -> Result<u64, String> {
     let split = r.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(r.len());
     let (num, unit) = r.split_at(split);
     let v: f64 = num.parse().map_err(|_| format!("rate {rate:?}: expected a number and a unit, as 1gbit"))?;
-    let mult =
-        match unit {
-            "bit" | "" => 1.0,
-            "kbit" => 1e3,
-            "mbit" => 1e6,
-            "gbit" => 1e9,
-            "tbit" => 1e12,
-            "bps" => 8.0,
-            "kbps" => 8e3,
-            "mbps" => 8e6,
-            "gbps" => 8e9,
-            _ => return Err(format!(
+    let mult = match unit {
+        "bit" | "" => 1.0,
+        "kbit" => 1e3,
+        "mbit" => 1e6,
+        "gbit" => 1e9,
+        "tbit" => 1e12,
+        "bps" => 8.0,
+        "kbps" => 8e3,
+        "mbps" => 8e6,
+        "gbps" => 8e9,
+        _ => {
+            return Err(format!(
                 "rate {rate:?}: unknown unit {unit:?} (bit, kbit, mbit, gbit, tbit, or bps..gbps for bytes)"
-            )),
-        };
+            ))
+        }
+    };
     let bits = v * mult;
     if !(bits >= 8000.0 && bits.is_finite()) {
         return Err(format!("rate {rate:?}: at least 8kbit"));

@@ -4,7 +4,7 @@
 //! hostname and TMPDIR, and nothing is left in `ip netns list` after the drop. Sockets are made
 //! in threads that entered a host's namespace (setns), so no helper program is needed.
 
-use oxccl_testkit::cluster::{rate_bits, Cluster, Spec};
+use oxccl_testkit::cluster::{burst_bytes, rate_bits, Cluster, Spec};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::Command;
@@ -110,11 +110,13 @@ fn three_hosts_two_rails_shaped() {
         }
     }
 
-    // One stream: 4 MB at 200 Mbit/s takes at least 160 ms (the link's rate bounds its payload),
-    // and not so much more that the shaping starves a single stream.
-    let bits = rate_bits(rate).unwrap() as f64;
+    // One stream: 4 MB at 200 Mbit/s takes at least 160 ms less the token bucket's burst (the
+    // link's rate bounds its payload), and not so much more that the shaping starves a single
+    // stream.
+    let bits = rate_bits(rate).unwrap();
     let bytes = 4_000_000usize;
-    let floor = bytes as f64 * 8.0 / bits;
+    let burst = burst_bytes(bits) as f64;
+    let floor = (bytes as f64 - burst) * 8.0 / bits as f64;
     for rail in 0..2 {
         let s = sink(&names[1], c.addr(1, rail), port, 1);
         let t0 = Instant::now();
@@ -126,10 +128,7 @@ fn three_hosts_two_rails_shaped() {
             dt * 1e3,
             bytes as f64 * 8.0 / dt / 1e6
         );
-        assert!(
-            dt >= floor * 0.97,
-            "rail {rail}: {bytes} B took {dt:.3} s, under the {floor:.3} s the rate allows"
-        );
+        assert!(dt >= floor, "rail {rail}: {bytes} B took {dt:.3} s, under the {floor:.3} s the rate allows");
         assert!(
             dt <= floor * 3.0,
             "rail {rail}: {bytes} B took {dt:.3} s, over 3x the {floor:.3} s of the rate"
@@ -148,11 +147,9 @@ fn three_hosts_two_rails_shaped() {
     assert_eq!((s1.join().unwrap(), s2.join().unwrap()), (vec![bytes as u64], vec![bytes as u64]));
     let dt = t0.elapsed().as_secs_f64();
     oxccl_testkit::report!("two streams out of host 0: 2 x {bytes} B in {:.0} ms", dt * 1e3);
-    assert!(
-        dt >= 2.0 * floor * 0.97,
-        "two streams out of one host took {dt:.3} s, under the {:.3} s of its link",
-        2.0 * floor
-    );
+    let floor2 = (2.0 * bytes as f64 - burst) * 8.0 / bits as f64;
+    assert!(dt >= floor2, "two streams out of one host took {dt:.3} s, under the {floor2:.3} s of its link");
+    assert!(dt <= floor2 * 3.0, "two streams out of one host took {dt:.3} s, over 3x the {floor2:.3} s");
 
     drop(c);
     let left = netns_list();
