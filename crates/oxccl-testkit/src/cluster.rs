@@ -278,14 +278,22 @@ impl Cluster {
     }
 }
 
-/// Kills what still runs in `ns` (by pid) and deletes it.
+/// Kills what still runs in `ns` (by pid; waiting up to 2 s for them to go) and deletes it.
 fn remove_ns(ns: &str) {
-    if let Ok(o) = Command::new("ip").args(["netns", "pids", ns]).output() {
-        for pid in String::from_utf8_lossy(&o.stdout).split_whitespace().filter_map(|p| p.parse::<i32>().ok())
-        {
+    let pids = || -> Vec<i32> {
+        Command::new("ip").args(["netns", "pids", ns]).output().map_or(Vec::new(), |o| {
+            String::from_utf8_lossy(&o.stdout).split_whitespace().filter_map(|p| p.parse().ok()).collect()
+        })
+    };
+    let mut left = pids();
+    let t = std::time::Instant::now();
+    while !left.is_empty() && t.elapsed() < std::time::Duration::from_secs(2) {
+        for &pid in &left {
             // SAFETY: kill(2) of a pid that `ip netns pids` listed in our namespace.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        left = pids();
     }
     let _ = run(&["ip", "netns", "del", ns]);
 }

@@ -20,10 +20,11 @@
 //!    process that failed.
 //! 2. The exit status is the worst of the job's processes (128 + signal for a signal); the
 //!    jobs of a file run one after another in the same cluster, and the status is the worst
-//!    over them.
+//!    over them. A run stopped by a signal exits 128 + that signal, one past its time limit 124.
 //! 3. When a process fails, the others get `--grace` seconds to end, then they are killed.
 //!    SIGINT, SIGTERM and SIGHUP kill every process of the job (their process groups), and the
-//!    cluster is removed before this program exits; so is it after any failure.
+//!    cluster is removed before this program exits; so is it after any failure. This program
+//!    reaps its descendants' orphans (a child subreaper), so none is left behind as a zombie.
 //! 4. Namespaces left by a dead `oxccl-cluster` (or test) are swept before the cluster is made.
 
 use clap::Parser;
@@ -88,6 +89,20 @@ static STOP: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn on_signal(sig: libc::c_int) {
     STOP.store(sig, Ordering::SeqCst);
+}
+
+/// Makes this program the reaper of its descendants' orphans (mpirun's daemons and ranks, a
+/// torchrun's workers), so that none is left a zombie for init to collect after the run.
+fn become_subreaper() {
+    // SAFETY: prctl(2) with an integer argument; no memory is passed.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+}
+
+/// Collects every descendant that has ended (the orphans of rule 3).
+fn reap_orphans() {
+    let mut st = 0;
+    // SAFETY: waitpid(2) on any child, without blocking, into a local status word.
+    while unsafe { libc::waitpid(-1, &mut st, libc::WNOHANG) } > 0 {}
 }
 
 fn catch_signals() {
@@ -319,8 +334,8 @@ fn run_job(ps: Vec<Proc>, logs: &Path, grace: Duration, timeout: Option<Duration
             );
         }
     }
-    let worst = kids.iter().map(|k| k.2.unwrap_or(0)).max().unwrap_or(0);
-    Ok(forced.map_or(worst, |f| f.max(worst)))
+    // A job stopped by a signal or its time limit says so, whatever its processes died of.
+    Ok(forced.unwrap_or_else(|| kids.iter().map(|k| k.2.unwrap_or(0)).max().unwrap_or(0)))
 }
 
 /// The jobs to run: `(peer, argv)`.
@@ -356,6 +371,7 @@ fn main() {
 fn real_main() -> i32 {
     let a = Args::parse();
     catch_signals();
+    become_subreaper();
     let jobs = match jobs(&a) {
         Ok(j) => j,
         Err(e) => {
@@ -426,14 +442,14 @@ fn real_main() -> i32 {
         worst = worst.max(code);
     }
     drop(cluster);
+    reap_orphans();
     if worst == 0 && a.log_dir.is_none() {
         let _ = std::fs::remove_dir_all(&logs);
     } else if worst != 0 {
         eprintln!("oxccl-cluster: the other processes' output is in {}", logs.display());
     }
-    let sig = STOP.load(Ordering::SeqCst);
-    if sig != 0 {
-        return worst.max(128 + sig);
+    match STOP.load(Ordering::SeqCst) {
+        0 => worst,
+        sig => 128 + sig,
     }
-    worst
 }
