@@ -4,6 +4,7 @@
 
 pub mod alloc;
 pub mod cases;
+pub mod cluster;
 pub mod matrixrun;
 pub mod netns;
 pub mod rng;
