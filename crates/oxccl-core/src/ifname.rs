@@ -161,6 +161,30 @@ pub fn select<'a>(
     })
 }
 
+/// Most rails (interfaces spread over) a rank uses; the wire carries at most this many.
+pub const MAX_RAILS: usize = 8;
+
+/// The rails: where `NCCL_SOCKET_IFNAME` names interfaces (not `^` exclusions), every usable
+/// interface it matches with the chosen address's family, one address each, ordered by
+/// interface name (so rail `r` is the same network on every host that names its interfaces
+/// alike, as NCCL assumes of its NICs), at most [`MAX_RAILS`]. Fewer than two: none (the
+/// chosen address carries everything).
+pub fn rails<'a>(ifaces: &'a [Iface], spec: Option<&IfSpec>, chosen: IpAddr) -> Vec<&'a Iface> {
+    let Some(spec) = spec.filter(|s| !s.exclude) else { return Vec::new() };
+    let v6 = matches!(chosen, IpAddr::V6(_));
+    let mut out: Vec<&Iface> = ifaces
+        .iter()
+        .filter(|i| usable(i) && matches!(i.addr, IpAddr::V6(_)) == v6 && spec.matches(&i.name))
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out.dedup_by(|a, b| a.name == b.name);
+    out.truncate(MAX_RAILS);
+    if out.len() < 2 || !out.iter().any(|i| i.addr == chosen) {
+        return Vec::new();
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,5 +238,27 @@ mod tests {
         let m = e.to_string();
         assert!(m.contains("NCCL_SOCKET_IFNAME==nope0"), "{m}");
         assert!(m.contains("eth0=192.0.2.2") && m.contains("lo=127.0.0.1"), "{m}");
+    }
+
+    #[test]
+    fn rails_are_the_named_interfaces_in_name_order() {
+        let mk =
+            |n: &str, a: &str| Iface { name: n.into(), addr: a.parse().unwrap(), prefix_len: 24, up: true };
+        let l = vec![
+            mk("rail1", "10.2.0.1"),
+            mk("lo", "127.0.0.1"),
+            mk("rail0", "10.1.0.1"),
+            mk("rail0", "10.1.9.9"),
+            mk("rail1", "fd00::1"),
+        ];
+        let spec = IfSpec::parse("rail");
+        let names = |v: Vec<&Iface>| v.iter().map(|i| format!("{}={}", i.name, i.addr)).collect::<Vec<_>>();
+        let chosen: IpAddr = "10.1.0.1".parse().unwrap();
+        assert_eq!(names(rails(&l, Some(&spec), chosen)), ["rail0=10.1.0.1", "rail1=10.2.0.1"]);
+        // No explicit list, an exclusion, one match, or a chosen address outside them: none.
+        assert!(rails(&l, None, chosen).is_empty());
+        assert!(rails(&l, Some(&IfSpec::parse("^lo")), chosen).is_empty());
+        assert!(rails(&l, Some(&IfSpec::parse("rail1")), "10.2.0.1".parse().unwrap()).is_empty());
+        assert!(rails(&l, Some(&spec), "127.0.0.1".parse().unwrap()).is_empty());
     }
 }

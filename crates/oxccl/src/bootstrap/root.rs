@@ -564,6 +564,7 @@ mod tests {
                                         unix_name: [1; 16],
                                         costs: Default::default(),
                                         cuda_device: -1,
+                                        rails: Vec::new(),
                                     },
                                 };
                                 s.write_all(&super::super::frame(kind::JOIN, &join.encode())).unwrap();

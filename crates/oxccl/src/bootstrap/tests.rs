@@ -13,6 +13,7 @@ fn info(r: u32, addr: SocketAddr) -> PeerInfo {
         unix_name: [0; 16],
         costs: Default::default(),
         cuda_device: -1,
+        rails: Vec::new(),
     }
 }
 
@@ -27,6 +28,10 @@ fn the_peer_table_carries_each_ranks_cuda_device() {
         .map(|(r, &d)| PeerInfo { cuda_device: d, ..info(r as u32, addr) })
         .collect();
     assert_eq!(decode_table(&encode_table(&table)).unwrap(), table);
+    // Rails travel too, v4 and v6, in order.
+    let rails = vec!["10.1.0.1".parse().unwrap(), "fd00::2".parse().unwrap()];
+    let with = vec![PeerInfo { rails: rails.clone(), ..info(0, addr) }, info(1, addr)];
+    assert_eq!(decode_table(&encode_table(&with)).unwrap()[0].rails, rails);
     let bad = encode_table(&[PeerInfo { cuda_device: -2, ..info(0, addr) }]);
     let e = decode_table(&bad).unwrap_err().to_string();
     assert!(e.contains("CUDA device") && e.contains("-2"), "{e}");
@@ -60,7 +65,8 @@ fn relay_with_rank1_gone(early: bool) -> Vec<JoinOutcome> {
             let ctl = Arc::new(NoDesk);
             let log = crate::log::Logger::new(&oxccl_core::config::Config::default(), Some(r));
             let svc =
-                Service::start("127.0.0.1".parse().unwrap(), Rank(r), n, secret, doorbell, ctl, log).unwrap();
+                Service::start("127.0.0.1".parse().unwrap(), &[], Rank(r), n, secret, doorbell, ctl, log)
+                    .unwrap();
             let me = info(r, svc.addr);
             let w = Waiter::new(Rank(r), Some(Duration::from_secs(30)), Arc::new(AtomicBool::new(false)))
                 .watching(&svc.mailbox);
@@ -233,7 +239,8 @@ fn relay_throughput() {
                             let log =
                                 crate::log::Logger::new(&oxccl_core::config::Config::default(), Some(r));
                             let ip = "127.0.0.1".parse().unwrap();
-                            let svc = Service::start(ip, Rank(r), n, secret, doorbell, ctl, log).unwrap();
+                            let svc =
+                                Service::start(ip, &[], Rank(r), n, secret, doorbell, ctl, log).unwrap();
                             let me = info(r, svc.addr);
                             let w = Waiter::new(
                                 Rank(r),

@@ -20,6 +20,9 @@ pub struct PeerInfo {
     /// The rank's CUDA device ordinal ([`Config::cuda_device`](oxccl_core::config::Config)),
     /// -1 when not known.
     pub cuda_device: i32,
+    /// The rank's rails ([`oxccl_core::ifname::rails`]): one address per interface, in rail
+    /// order, its service listening on each at `addr`'s port; empty: `addr` alone.
+    pub rails: Vec<IpAddr>,
 }
 
 fn put_addr(w: &mut Writer, a: &SocketAddr) {
@@ -62,6 +65,10 @@ impl PeerInfo {
             .u64(c.ll128_gbs.to_bits())
             .u8(c.measured as u8);
         w.u32(self.cuda_device as u32);
+        w.u8(self.rails.len().min(oxccl_core::ifname::MAX_RAILS) as u8);
+        for ip in self.rails.iter().take(oxccl_core::ifname::MAX_RAILS) {
+            put_addr(w, &SocketAddr::new(*ip, 0));
+        }
     }
 
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<PeerInfo, CoreError> {
@@ -96,6 +103,17 @@ impl PeerInfo {
             cuda_device: match r.u32()? as i32 {
                 d if d >= -1 => d,
                 d => return Err(CoreError::Malformed { what: "peer CUDA device", reason: format!("{d}") }),
+            },
+            rails: match r.u8()? as usize {
+                n if n <= oxccl_core::ifname::MAX_RAILS => {
+                    (0..n).map(|_| get_addr(r).map(|a| a.ip())).collect::<Result<_, _>>()?
+                }
+                n => {
+                    return Err(CoreError::Malformed {
+                        what: "peer rails",
+                        reason: format!("{n} (at most {})", oxccl_core::ifname::MAX_RAILS),
+                    })
+                }
             },
         })
     }
@@ -225,6 +243,7 @@ pub fn table_codec_probe(n: usize) -> (f64, f64) {
             unix_name: [1; 16],
             costs: Default::default(),
             cuda_device: -1,
+            rails: Vec::new(),
         })
         .collect();
     let bytes = encode_table(&table);

@@ -83,6 +83,8 @@ struct Ready {
     abort: Arc<AtomicBool>,
     ctl: Arc<Ctl>,
     service: Service,
+    /// The addresses of this rank's rails (empty: the service's address alone).
+    rails: Vec<std::net::IpAddr>,
 }
 
 pub(super) struct Parts {
@@ -141,17 +143,26 @@ impl Communicator {
         config.validate()?;
         let log = Logger::new(&config, Some(rank.0));
         let ip = crate::rendezvous::choose_ip(&config, Some(id.root.ip()), rank)?;
+        let rails = crate::rendezvous::rails(&config, ip, rank)?;
         let doorbell = Arc::new(EventFd::new().map_err(|e| Error::io(rank, "eventfd", None, e))?);
         let abort = Arc::new(AtomicBool::new(false));
         let ctl =
             Arc::new(Ctl::create(rank.0).map_err(|e| Error::io(rank, "create the control block", None, e))?);
-        let service =
-            Service::start(ip, rank, size, id.secret, doorbell.clone(), host_share(&ctl, rank)?, log)?;
-        Ok(Ready { rank, config, log, doorbell, abort, ctl, service })
+        let service = Service::start(
+            ip,
+            &rails,
+            rank,
+            size,
+            id.secret,
+            doorbell.clone(),
+            host_share(&ctl, rank)?,
+            log,
+        )?;
+        Ok(Ready { rank, config, log, doorbell, abort, ctl, service, rails })
     }
 
     fn start(id: &UniqueId, size: usize, ready: Ready) -> Result<Communicator> {
-        let Ready { rank, config, log, doorbell, abort, ctl, service } = ready;
+        let Ready { rank, config, log, doorbell, abort, ctl, service, rails } = ready;
         let info = PeerInfo {
             rank,
             pid: std::process::id(),
@@ -165,6 +176,7 @@ impl Communicator {
                 &|w| log.warn(format_args!("{w}")),
             ),
             cuda_device: config.cuda_device.unwrap_or(-1),
+            rails,
         };
         let w = Waiter::new(rank, config.timeout, abort.clone())
             .watching(&service.mailbox)

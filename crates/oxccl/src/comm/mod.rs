@@ -456,6 +456,7 @@ impl Inner {
         let service = match child_rank {
             Some(cr) => Some(Service::start(
                 self.peers[self.rank.idx()].addr.ip(),
+                &self.peers[self.rank.idx()].rails,
                 cr,
                 parents.len(),
                 secret,

@@ -107,7 +107,14 @@ impl Engine {
                 Some(s) => s,
                 None => {
                     let s = if me < key.peer {
-                        TcpSend::connect_stream(c.me, &c.secret, peer, key.class, w)?
+                        TcpSend::connect_stream(
+                            c.me,
+                            &c.secret,
+                            peer,
+                            key.class,
+                            c.peers[c.me.idx()].rails.len(),
+                            w,
+                        )?
                     } else {
                         match c.mailbox.wait_conn(key.peer, key.class, w)? {
                             Incoming::Tcp(s) => s,
@@ -123,6 +130,13 @@ impl Engine {
                         "NCCL_SHM_DISABLE=1".to_string()
                     } else {
                         format!("rank {} is on host {}", key.peer, peer.hostname)
+                    };
+                    let rails = c.peers[c.me.idx()].rails.len().min(peer.rails.len());
+                    let why = if rails > 1 {
+                        let r = crate::transport::tcp::rail_of(key.class, rails);
+                        format!("{why}; rail {r} of {rails}: {}", peer.rails[r])
+                    } else {
+                        why
                     };
                     c.log.info_in(
                         subsys::INIT | subsys::NET,

@@ -54,6 +54,13 @@ pub(crate) fn choose_ip(config: &Config, root: Option<IpAddr>, rank: Rank) -> Re
     Ok(i.addr)
 }
 
+/// The rails this rank spreads its TCP channels over (`oxccl_core::ifname::rails`), `ip`
+/// among them; empty when `ip` carries everything.
+pub(crate) fn rails(config: &Config, ip: IpAddr, rank: Rank) -> Result<Vec<IpAddr>> {
+    let list = ifaces::list().map_err(|e| Error::io(rank, "list network interfaces", None, e))?;
+    Ok(ifname::rails(&list, config.socket_ifname.as_ref(), ip).iter().map(|i| i.addr).collect())
+}
+
 /// How many ids this process has taken from a launcher's store (rule 4).
 static NEXT_KEY: AtomicU64 = AtomicU64::new(0);
 

@@ -60,6 +60,28 @@ pub struct TcpSend {
     written: usize,
 }
 
+/// The rail a connection of `class` travels on, of `rails` (rings and trees spread channel by
+/// channel, as NCCL spreads channels over NICs; everything else on rail 0).
+pub fn rail_of(class: ConnClass, rails: usize) -> usize {
+    let n = match class {
+        ConnClass::Ring(c) => c.0 as usize,
+        ConnClass::Tree(t) => t as usize,
+        _ => 0,
+    };
+    n % rails.max(1)
+}
+
+/// Where a rank with `mine` rails reaches `peer` for a connection of `class`: the peer's
+/// service port on the address of the connection's rail (of the rails both have), or its
+/// service's address when either has fewer than two.
+pub fn rail_addr(mine: usize, peer: &PeerInfo, class: ConnClass) -> std::net::SocketAddr {
+    let n = mine.min(peer.rails.len());
+    match peer.rails.get(rail_of(class, n)) {
+        Some(ip) if n > 1 => std::net::SocketAddr::new(*ip, peer.addr.port()),
+        _ => peer.addr,
+    }
+}
+
 impl TcpSend {
     /// Connects to `peer`'s service and announces a data connection of `class`; the stream
     /// carries frames both ways (each end wraps it in a [`TcpSend`] and a [`TcpRecv`]), so
@@ -69,9 +91,15 @@ impl TcpSend {
         secret: &[u8; 32],
         peer: &PeerInfo,
         class: ConnClass,
+        my_rails: usize,
         w: &Waiter,
     ) -> Result<TcpStream> {
-        let mut s = connect_retry(peer.addr, w, "connection setup: TCP connect", &[peer.rank])?;
+        let mut s = connect_retry(
+            rail_addr(my_rails, peer, class),
+            w,
+            "connection setup: TCP connect",
+            &[peer.rank],
+        )?;
         let hello = Hello { secret: *secret, from: me, to: peer.rank, data: Some(class) };
         write_frame(&mut s, kind::HELLO, &hello.encode())
             .map_err(|e| Error::io(me, "TCP connection hello", Some(peer.rank), e))?;
@@ -567,6 +595,7 @@ mod tests {
             unix_name: [0; 16],
             costs: Default::default(),
             cuda_device: -1,
+            rails: Vec::new(),
         };
         (tx, TcpRecv::accept(Rank(0), &peer, rx, 2, slot_bytes).unwrap())
     }
@@ -668,6 +697,7 @@ mod tests {
             unix_name: [0; 16],
             costs: Default::default(),
             cuda_device: -1,
+            rails: Vec::new(),
         };
         let tx = TcpStream::connect(peer.addr).unwrap();
         let (rx, _) = l.accept().unwrap();

@@ -87,9 +87,13 @@ pub struct Service {
 }
 
 impl Service {
-    /// Binds the rank's listeners on `ip` and starts its thread.
+    /// Binds the rank's listeners on `ip` (on every address, at `ip`'s port as the rank
+    /// advertises it, when it has several `rails`: peers reach it on each) and starts its
+    /// thread.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         ip: IpAddr,
+        rails: &[IpAddr],
         me: Rank,
         size: usize,
         secret: [u8; 32],
@@ -97,13 +101,19 @@ impl Service {
         host: Arc<dyn HostDesk>,
         log: Logger,
     ) -> Result<Service> {
-        let tcp = TcpListener::bind(SocketAddr::new(ip, 0))
+        let bind = match (rails.len() > 1, ip) {
+            (true, IpAddr::V4(_)) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            (true, IpAddr::V6(_)) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+            (false, ip) => ip,
+        };
+        let tcp = TcpListener::bind(SocketAddr::new(bind, 0))
             .map_err(|e| Error::io(me, "bind the service listener", None, e))?;
         // Every peer may connect at once (a dense bootstrap, a flood of departure news).
         crate::sys::fd::widen_backlog(tcp.as_raw_fd())
             .map_err(|e| Error::io(me, "service listener backlog", None, e))?;
         tcp.set_nonblocking(true).map_err(|e| Error::io(me, "service listener", None, e))?;
-        let addr = tcp.local_addr().map_err(|e| Error::io(me, "service listener", None, e))?;
+        let port = tcp.local_addr().map_err(|e| Error::io(me, "service listener", None, e))?.port();
+        let addr = SocketAddr::new(ip, port);
         let mut unix_name = [0u8; 16];
         let unix = loop {
             let mut token = [0u8; 8];
