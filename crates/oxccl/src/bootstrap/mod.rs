@@ -44,7 +44,7 @@ pub use service::{Incoming, Mailbox, Service, Word};
 pub use wire::*;
 
 /// Protocol version of every bootstrap message.
-pub const PROTOCOL_VERSION: u32 = 9;
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// Frame kinds.
 pub(crate) mod kind {
