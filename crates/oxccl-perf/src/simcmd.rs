@@ -157,7 +157,7 @@ pub struct SimArgs {
     /// The sizes themselves, instead of -b/-e/-f
     #[arg(long, value_name = "SIZE,...", value_delimiter = ',', value_parser = size, help_heading = SWEEP)]
     pub sizes: Vec<usize>,
-    /// Algorithms: ring, tree
+    /// Algorithms: ring, tree, hier
     #[arg(long = "algo", value_name = "ALGO,...", value_delimiter = ',', value_parser = algo,
           default_value = "ring,tree", help_heading = SWEEP)]
     pub algos: Vec<Algo>,
@@ -213,7 +213,11 @@ fn algo(v: &str) -> Result<Algo, String> {
     match v.trim().to_ascii_lowercase().as_str() {
         "ring" => Ok(Algo::Ring),
         "tree" => Ok(Algo::Tree),
-        w => Err(format!("the algorithms are ring and tree{}", did_you_mean(w, ["ring", "tree"]))),
+        "hier" => Ok(Algo::Hier),
+        w => Err(format!(
+            "the algorithms are ring, tree and hier{}",
+            did_you_mean(w, ["ring", "tree", "hier"])
+        )),
     }
 }
 
@@ -549,7 +553,7 @@ mod tests {
         let err = |line: &str| args(line).unwrap_err();
         assert_eq!(err("--ranks 4").kind(), ErrorKind::MissingRequiredArgument);
         let e = err("--cluster x --algo bogus").to_string();
-        assert!(e.contains("--algo") && e.contains("ring and tree"), "{e}");
+        assert!(e.contains("--algo") && e.contains("ring, tree and hier"), "{e}");
         let e = err("--cluster x --ranks 96,1").to_string();
         assert!(e.contains("--ranks") && e.contains("at least 2"), "{e}");
         let e = err("--cluster x --chunk big").to_string();

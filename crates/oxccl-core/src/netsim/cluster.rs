@@ -76,7 +76,11 @@ struct ClusterFile {
     name: String,
     #[serde(default)]
     sources: Vec<String>,
+    /// Ranks per node (GPUs; for CPU clusters `ranks_per_node`).
+    #[serde(alias = "ranks_per_node")]
     gpus_per_node: u64,
+    /// Links per node to the network (NICs; for CPU clusters `rails`).
+    #[serde(alias = "rails")]
     nics_per_node: u64,
     #[serde(default)]
     rail_optimized: bool,

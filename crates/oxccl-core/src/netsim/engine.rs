@@ -15,7 +15,9 @@
 //! - switches are aggregated per group and tier (a group's uplink is one resource of the
 //!   group's capacity over its oversubscription); no routing collisions inside a tier;
 //! - inside a node every GPU pair has its own link of the intra class's bandwidth;
-//! - the call's base latency (the cluster's `base_us`) is added once.
+//! - the call's base latency (the cluster's `base_us`) is added once;
+//! - a rank's phases (the hierarchical plans') run in order: a phase's lanes start when the
+//!   rank's last lane of the phase before has finished.
 
 use super::cluster::Cluster;
 use crate::contract::Seqs;
@@ -68,6 +70,18 @@ struct Lane {
     free_at: f64,
     ins: Vec<u32>,
     outs: Vec<u32>,
+    /// Its rank (of the simulated `0..q`) and phase.
+    rank: u32,
+    phase: u32,
+    done: bool,
+}
+
+/// Where each simulated rank is in its phases: the phase running, its lanes not yet done,
+/// and the lanes of later phases that asked to run (woken when theirs starts).
+struct Phases {
+    now: Vec<u32>,
+    left: Vec<Vec<u32>>,
+    parked: Vec<Vec<u32>>,
 }
 
 /// One unidirectional connection.
@@ -75,8 +89,10 @@ struct Conn {
     from: u32,
     to: u32,
     rail: u32,
-    sender: u32,
-    receiver: u32,
+    /// The lanes that send and receive on it, in phase order (a connection may serve a
+    /// rank's lanes of several phases, one at a time).
+    senders: Vec<u32>,
+    receivers: Vec<u32>,
     queue: VecDeque<(f64, u32)>,
     inflight: u32,
     recv_waiting: bool,
@@ -245,8 +261,8 @@ pub fn simulate(cluster: &Cluster, s: &Spec) -> Result<Outcome, String> {
     if s.nranks < 2 {
         return Err("simulate at least 2 ranks".into());
     }
-    if !matches!(s.algo, Algo::Ring | Algo::Tree) {
-        return Err(format!("the simulator runs Ring and Tree all-reduce, not {:?}", s.algo));
+    if !matches!(s.algo, Algo::Ring | Algo::Tree | Algo::Hier) {
+        return Err(format!("the simulator runs Ring, Tree and Hier all-reduce, not {:?}", s.algo));
     }
     let q = match s.period {
         None => s.nranks,
@@ -272,8 +288,8 @@ pub fn simulate(cluster: &Cluster, s: &Spec) -> Result<Outcome, String> {
                 from,
                 to,
                 rail: rail_of(class),
-                sender: u32::MAX,
-                receiver: u32::MAX,
+                senders: Vec::new(),
+                receivers: Vec::new(),
                 queue: VecDeque::new(),
                 inflight: 0,
                 recv_waiting: false,
@@ -283,20 +299,24 @@ pub fn simulate(cluster: &Cluster, s: &Spec) -> Result<Outcome, String> {
             conns.len() as u32 - 1
         })
     };
+    let mut phases = Phases { now: vec![0; q], left: vec![Vec::new(); q], parked: vec![Vec::new(); q] };
     for r in 0..q {
         let g = Geometry { rank: Rank::new(r), ..geo.clone() };
         // (No per-peer message numbers: a collective needs none, and a table of P of them
         // per rank would make the set-up quadratic.)
         let job = plan_group_signed(&g, std::slice::from_ref(&op), &mut Seqs::new(0), false)
             .map_err(|e| e.to_string())?;
-        for lane in job.phases.into_iter().flatten().chain(job.p2p) {
+        phases.left[r] = job.phases.iter().map(|p| p.len() as u32).collect();
+        let numbered =
+            job.phases.into_iter().enumerate().flat_map(|(i, p)| p.into_iter().map(move |l| (i, l)));
+        for (phase, lane) in numbered {
             let id = lanes.len() as u32;
             let ins: Vec<u32> = lane
                 .inbound
                 .iter()
                 .map(|k| {
                     let c = conn_of(&mut conns, k.peer.0 % q as u32, r as u32, k.class);
-                    conns[c as usize].receiver = id;
+                    conns[c as usize].receivers.push(id);
                     c
                 })
                 .collect();
@@ -307,11 +327,21 @@ pub fn simulate(cluster: &Cluster, s: &Spec) -> Result<Outcome, String> {
                     let c = conn_of(&mut conns, r as u32, k.peer.0 % q as u32, k.class);
                     // The path is the real one (to rank q, not its stand-in rank 0).
                     let cn = &mut conns[c as usize];
-                    (cn.sender, cn.from, cn.to) = (id, r as u32, k.peer.0);
+                    (cn.from, cn.to) = (r as u32, k.peer.0);
+                    cn.senders.push(id);
                     c
                 })
                 .collect();
-            lanes.push(Lane { steps: lane.steps, pending: None, free_at: 0.0, ins, outs });
+            lanes.push(Lane {
+                steps: lane.steps,
+                pending: None,
+                free_at: 0.0,
+                ins,
+                outs,
+                rank: r as u32,
+                phase: phase as u32,
+                done: false,
+            });
         }
     }
     let mut links = Links::new(cluster, nodes);
@@ -323,11 +353,33 @@ pub fn simulate(cluster: &Cluster, s: &Spec) -> Result<Outcome, String> {
     while let Some(Reverse((tb, l))) = heap.pop() {
         let t = f64::from_bits(tb);
         let lane = &mut lanes[l as usize];
+        let rank = lane.rank as usize;
+        if lane.phase > phases.now[rank] {
+            phases.parked[rank].push(l);
+            continue;
+        }
         loop {
             if lane.pending.is_none() {
                 lane.pending = lane.steps.next();
             }
-            let Some(step) = lane.pending else { break };
+            let Some(step) = lane.pending else {
+                if !std::mem::replace(&mut lane.done, true) {
+                    // The rank's phase ends with its last lane: the next that has lanes
+                    // starts now.
+                    let now = t.max(lane.free_at);
+                    let p = lane.phase as usize;
+                    phases.left[rank][p] -= 1;
+                    while phases.left[rank].get(phases.now[rank] as usize) == Some(&0) {
+                        phases.now[rank] += 1;
+                    }
+                    if phases.now[rank] as usize > p {
+                        for w in std::mem::take(&mut phases.parked[rank]) {
+                            heap.push(Reverse((now.to_bits(), w)));
+                        }
+                    }
+                }
+                break;
+            };
             let now = t.max(lane.free_at);
             // Room on the output connection first, then the input chunk.
             if let Some(port) = step.send {
@@ -358,7 +410,9 @@ pub fn simulate(cluster: &Cluster, s: &Spec) -> Result<Outcome, String> {
                         c.inflight -= 1;
                         if c.send_waiting {
                             c.send_waiting = false;
-                            heap.push(Reverse((now.to_bits(), c.sender)));
+                            for &w in &c.senders {
+                                heap.push(Reverse((now.to_bits(), w)));
+                            }
                         }
                     }
                 }
@@ -383,7 +437,9 @@ pub fn simulate(cluster: &Cluster, s: &Spec) -> Result<Outcome, String> {
                 end = end.max(arrive);
                 if c.recv_waiting {
                     c.recv_waiting = false;
-                    heap.push(Reverse((arrive.to_bits(), c.receiver)));
+                    for &w in &c.receivers {
+                        heap.push(Reverse((arrive.to_bits(), w)));
+                    }
                 }
             }
             lane.free_at = now;

@@ -36,7 +36,7 @@ pub fn model_of(c: &Cluster, nranks: usize) -> Model {
         ll128: true,
         tree_efficiency: 0.92,
         proto_eff: [0.5, 120.0 / 128.0, 1.0],
-        runnable_algos: vec![Algo::Ring, Algo::Tree],
+        runnable_algos: vec![Algo::Ring, Algo::Tree, Algo::Hier],
         runnable_protos: PROTOS.to_vec(),
         direct_gbs: None,
         direct_max_bytes: 0,

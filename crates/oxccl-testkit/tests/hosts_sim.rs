@@ -1,0 +1,100 @@
+//! The simulator held to the emulation: all-reduces of 1, 4 and 16 MiB timed on an emulated
+//! cluster of 2 hosts × 2 ranks (links shaped to 1 Gbit/s, [`oxccl_testkit::cluster`]), with
+//! the hierarchical plan and with the flat ring, each within 15 % of what `oxccl sim` predicts
+//! for the same plan on `fixtures/clusters/emulated-1gbit.json` (the cluster file that
+//! describes the emulation). A test binary of its own, so no other test shares the cores
+//! while it times.
+
+use oxccl_core::netsim::{simulate, Cluster as SimCluster, Spec as SimSpec};
+use oxccl_core::tuner::{Algo, Proto};
+use oxccl_testkit::cluster::{Cluster, Spec};
+use oxccl_testkit::Launch;
+use std::time::{Duration, Instant};
+
+oxccl_testkit::test_scope!();
+
+const SIZES: [usize; 3] = [1 << 20, 4 << 20, 16 << 20];
+
+/// Each size's least time of `iters` calls after one warm-up, printed as `TIME bytes µs`
+/// (the simulator prices the plan over the links, not other programs' use of the cores).
+fn time_rank() {
+    let comm = oxccl::Communicator::from_env().unwrap_or_else(|e| panic!("init failed: {e}"));
+    for bytes in SIZES {
+        let n = bytes / 4;
+        let send = vec![1.0f32; n];
+        let mut recv = vec![0.0f32; n];
+        let iters = if bytes >= 16 << 20 { 3 } else { 7 };
+        let mut t = Vec::new();
+        for i in 0..=iters {
+            comm.barrier().unwrap();
+            let t0 = Instant::now();
+            comm.all_reduce(&send, &mut recv, oxccl::ReduceOp::Sum).unwrap();
+            if i > 0 {
+                t.push(t0.elapsed().as_secs_f64() * 1e6);
+            }
+            assert!(recv.iter().all(|&x| x == 4.0), "all-reduce of {bytes} B not exact");
+        }
+        println!("TIME {bytes} {:.1}", t.iter().copied().fold(f64::INFINITY, f64::min));
+    }
+}
+
+#[test]
+fn simulated_times_are_within_15_percent_of_the_emulated_cluster() {
+    if oxccl_testkit::child("hosts_sim").is_some() {
+        return time_rank();
+    }
+    let spec = Spec { hosts: 2, per_host: 2, rails: 1, rate: Some("1gbit".into()) };
+    let c = match Cluster::create(&spec) {
+        Ok(c) => c,
+        Err(why) => {
+            return oxccl_testkit::skip(
+                "simulated_times_are_within_15_percent_of_the_emulated_cluster",
+                "network namespaces",
+                &why,
+            )
+        }
+    };
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/clusters/emulated-1gbit.json");
+    let sim =
+        SimCluster::parse(&std::fs::read_to_string(file).unwrap()).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let mut report = Vec::new();
+    for (algo_env, algo) in [("hier,ring", Algo::Hier), ("ring", Algo::Ring)] {
+        let mut l =
+            Launch::new("simulated_times_are_within_15_percent_of_the_emulated_cluster", "hosts_sim", 4)
+                .env("OXCCL_UNIQUE_ID_FILE", Launch::scratch().join("unique-id").to_str().unwrap())
+                .env("NCCL_SOCKET_IFNAME", &c.ifnames())
+                .env("NCCL_ALGO", algo_env)
+                .env("OXCCL_TIMEOUT", "120")
+                .timeout(Duration::from_secs(300));
+        for r in 0..4 {
+            l.wrap.push(c.exec_in(r / 2));
+            l.rank_env.push(c.rank_env(r).into_iter().filter(|(k, _)| k == "OXCCL_HOST_ID").collect());
+        }
+        let done = l.run().unwrap_or_else(|e| panic!("NCCL_ALGO={algo_env}: {e}"));
+        for line in done[0].stdout.lines().filter_map(|l| l.find("TIME ").map(|i| &l[i + 5..])) {
+            let mut it = line.split_whitespace().map(|x| x.parse::<f64>().unwrap());
+            let (bytes, measured) = (it.next().unwrap() as usize, it.next().unwrap());
+            // The runtime's settings across hosts: 2 channels, 8 slots of 512 KiB.
+            let s = SimSpec {
+                algo,
+                proto: Proto::Simple,
+                bytes,
+                nranks: 4,
+                nchannels: 2,
+                chunk_bytes: 512 << 10,
+                slots: 8,
+                period: None,
+            };
+            let predicted = simulate(&sim, &s).unwrap().time_us;
+            let ratio = predicted / measured;
+            report.push(format!(
+                "{algo:?} {bytes} B: emulated {measured:.0} µs, simulated {predicted:.0} µs, ratio {ratio:.3}"
+            ));
+            assert!((0.85..=1.15).contains(&ratio), "{}", report.join("\n"));
+        }
+    }
+    assert_eq!(report.len(), 2 * SIZES.len(), "{}", report.join("\n"));
+    for r in &report {
+        oxccl_testkit::report!("{r}");
+    }
+}
