@@ -5,8 +5,10 @@ layout), for the emulated cluster (one torchrun per host: `oxccl-cluster --peer 
 
 Per size: WARMUP calls, a barrier, ITERS timed calls on CPU float32 tensors; the per-call time
 is averaged over ranks (as bench/peers/mpi_perf.c). Sizes are nccl-tests': the largest buffer
-of the call (all-gather's output, reduce-scatter's input). After the timed calls one more call
-on fresh data is checked exactly; #wrong counts the elements that differ.
+of the call (all-gather's output, reduce-scatter's input); sizes the call cannot have exactly
+(not a multiple of 4 bytes, or of 4 bytes × ranks where the buffer is split into equal shares)
+are skipped. After the timed calls one more call on fresh data is checked exactly; #wrong
+counts the elements that differ.
 """
 
 import argparse
@@ -32,7 +34,7 @@ def busbw_factor(coll, p):
 def make(coll, size, p, rank):
     """(call, check): the call on tensors of `size` bytes, and a function that runs it once on
     fresh data and returns the number of wrong elements."""
-    n = max(size // 4 // p, 1) * p
+    n = size // 4
     if coll == "all_reduce":
         x = torch.ones(n)
 
@@ -97,6 +99,12 @@ def main():
     results, wrong_total = [], 0
     size = parse_size(a.b)
     while size <= parse_size(a.e):
+        # Sizes the call cannot have exactly are skipped: under 4 bytes, or for the collectives
+        # that split the buffer into equal shares, not a multiple of 4 bytes × ranks.
+        per_rank = a.coll in ("all_gather", "reduce_scatter", "alltoall")
+        if size < 4 or size % 4 or (per_rank and size % (4 * p)):
+            size = size * a.f if a.f > 1 else size + (1 << 20)
+            continue
         call, check = make(a.coll, size, p, rank)
         for _ in range(a.w):
             call()

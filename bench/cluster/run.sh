@@ -32,7 +32,9 @@ SHAPE="${HOSTS}x${PER_HOST}-r${RAILS}"
 OUT=$ROOT/bench/results/cluster
 RAW=$OUT/raw/$SHAPE
 BUILD=$ROOT/bench/.peers/build
-mkdir -p "$RAW" "$BUILD"
+LOGS=$ROOT/bench/.peers/cluster-logs/$SHAPE   # the ranks other than the first: their output
+rm -rf "$LOGS"
+mkdir -p "$RAW" "$BUILD" "$LOGS"
 if [ -z "${OXCCL_PYTHON:-}" ]; then
   if [ -x /opt/oxccl-ci-venv/bin/python ]; then OXCCL_PYTHON=/opt/oxccl-ci-venv/bin/python; else OXCCL_PYTHON=python3; fi
 fi
@@ -93,8 +95,8 @@ echo "== $SHAPE at $RATE, $ROUNDS round(s): $(grep -c . "$jobs") jobs ($jobs)"
 # machine's cores run every host's ranks.
 set +e
 OMPI_MCA_mpi_yield_when_idle=1 "$CLUSTER" --hosts "$HOSTS" --per-host "$PER_HOST" --rails "$RAILS" --rate "$RATE" \
-  --mpi-btl "$MPI_BTL" --torchrun "$TORCHRUN" --timeout 900 --log-dir "$RAW/logs" --jobs "$jobs" 2>&1 \
-  | grep -v '^W[0-9]* \|^\*\*\*\*\|OMP_NUM_THREADS\|hostname of the client socket'
+  --mpi-btl "$MPI_BTL" --torchrun "$TORCHRUN" --timeout 900 --log-dir "$LOGS" --jobs "$jobs" 2>&1 \
+  | grep --line-buffered -v '^W[0-9]* \|^\*\*\*\*\|OMP_NUM_THREADS\|hostname of the client socket'
 st=("${PIPESTATUS[@]}")
 set -e
 rc=${st[0]}

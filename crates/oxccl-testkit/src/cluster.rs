@@ -126,6 +126,12 @@ impl Cluster {
         if unsafe { libc::geteuid() } != 0 {
             return Err("network namespaces need root (this process is not)".into());
         }
+        // `exec_in` needs these on every host (the namespaces share this machine's files).
+        for (prog, arg) in [("unshare", "--version"), ("hostname", "--version"), ("ip", "-V")] {
+            if Command::new(prog).arg(arg).output().is_err() {
+                return Err(format!("`{prog}` is not installed (the emulated hosts need it)"));
+            }
+        }
         static N: AtomicU32 = AtomicU32::new(0);
         let tag = format!("{PREFIX}{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
         let scratch = std::env::temp_dir().join(&tag);

@@ -1,7 +1,8 @@
 //! The emulated cluster ([`oxccl_testkit::cluster`]): 3 hosts with 2 shaped rails each; every
 //! host reaches every other on every rail, a TCP transfer takes at least the time the rate
 //! implies (and two transfers out of one host share its link), every host has its own
-//! hostname and TMPDIR, and nothing is left in `ip netns list` after the drop. Sockets are made
+//! hostname and TMPDIR, and nothing is left in `ip netns list` after the drop; a dead
+//! process's namespaces are swept, a live one's kept. Sockets are made
 //! in threads that entered a host's namespace (setns), so no helper program is needed.
 
 use oxccl_testkit::cluster::{burst_bytes, rate_bits, Cluster, Spec};
@@ -159,4 +160,29 @@ fn three_hosts_two_rails_shaped() {
     let tag = names[0].trim_end_matches("-h0");
     assert!(!left.contains(tag), "a namespace of {tag} is left:\n{left}");
     assert!(!std::path::Path::new(&std::env::temp_dir().join(tag)).exists(), "the scratch directory is left");
+}
+
+/// Namespaces named for a process that is gone are swept; a live process's are not.
+#[test]
+fn stale_namespaces_are_swept() {
+    let mut child = Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let stale = format!("oxc{dead}-0-h0");
+    let live = format!("oxc{}-999-h0", std::process::id());
+    for ns in [&stale, &live] {
+        let out = Command::new("ip").args(["netns", "add", ns]).output().unwrap();
+        if !out.status.success() {
+            let why = String::from_utf8_lossy(&out.stderr).into_owned();
+            let _ = Command::new("ip").args(["netns", "del", &stale]).output();
+            return oxccl_testkit::skip("stale_namespaces_are_swept", "network namespaces", &why);
+        }
+    }
+    let removed = oxccl_testkit::cluster::sweep_stale();
+    let left = netns_list();
+    let _ = Command::new("ip").args(["netns", "del", &live]).output();
+    assert!(removed.contains(&stale), "{stale} not swept: {removed:?}");
+    assert!(!removed.contains(&live), "{live} (this live process's) was swept");
+    assert!(!left.contains(stale.as_str()), "{stale} still listed:\n{left}");
+    assert!(left.contains(live.as_str()), "{live} gone:\n{left}");
 }

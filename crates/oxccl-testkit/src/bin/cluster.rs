@@ -35,6 +35,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
+#[cfg(test)]
+oxccl_testkit::test_scope!();
+
 #[derive(Parser, Debug)]
 #[command(
     name = "oxccl-cluster",
@@ -451,5 +454,48 @@ fn real_main() -> i32 {
     match STOP.load(Ordering::SeqCst) {
         0 => worst,
         sig => 128 + sig,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Args {
+        Args::parse_from(["oxccl-cluster", "--hosts", "2", "--per-host", "2"].iter().chain(extra))
+    }
+
+    #[test]
+    fn a_command_after_the_dashes_is_one_job() {
+        let a = args(&["--peer", "mpi", "--", "prog", "-x", "1"]);
+        assert_eq!(jobs(&a), Ok(vec![("mpi".to_string(), vec!["prog".into(), "-x".into(), "1".into()])]));
+        assert_eq!(jobs(&args(&[])).unwrap_err(), "no command: give one after --, or --jobs FILE");
+    }
+
+    #[test]
+    fn a_jobs_file_is_read_line_by_line() {
+        let dir = std::env::temp_dir().join(format!("oxccl-cluster-jobs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("jobs.txt");
+        std::fs::write(&f, "# comment\nranks a b  # trailing\n\n  gloo   c\nmpi\n").unwrap();
+        let a = args(&["--jobs", f.to_str().unwrap()]);
+        assert_eq!(jobs(&a).unwrap_err(), format!("{}:5: a peer and no command", f.display()));
+        std::fs::write(&f, "# comment\nranks a b  # trailing\n\n  gloo   c\n").unwrap();
+        assert_eq!(
+            jobs(&a),
+            Ok(vec![("ranks".into(), vec!["a".into(), "b".into()]), ("gloo".into(), vec!["c".into()])])
+        );
+        let both = args(&["--jobs", f.to_str().unwrap(), "--", "x"]);
+        assert_eq!(jobs(&both).unwrap_err(), "give either --jobs or a command after --, not both");
+        let missing = args(&["--jobs", "/nonexistent/jobs"]);
+        assert!(jobs(&missing).unwrap_err().starts_with("cannot read /nonexistent/jobs"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn quoting_for_the_agent_script() {
+        assert_eq!(quote("plain"), "'plain'");
+        assert_eq!(quote("it's"), r"'it'\''s'");
+        assert_eq!(quote("hostname \"$0\""), "'hostname \"$0\"'");
     }
 }
