@@ -22,7 +22,8 @@ pub(crate) struct Joined {
     pub links: HashMap<u32, TcpStream>,
 }
 
-/// Where and how a rank joins: its root's address and secret, the communicator's size, this
+/// Where and how a rank joins: its root's address and secret (the communicator's is root 0's,
+/// `place.root0_secret`), the communicator's size, this
 /// rank's sparse-bootstrap threshold (rank 0's decides), and where its root stands among the
 /// communicator's roots (`roots`: every root's address, for messages).
 #[derive(Clone, Copy)]
@@ -218,7 +219,8 @@ pub(crate) fn join(
                     Err(_) => connect_retry(addr, w, op, &[c])?,
                 };
                 let _ = cs.set_nodelay(true);
-                let hello = Hello { secret: *secret, from: info.rank, to: c, data: None };
+                // The communicator's secret (root 0's id), not this rank's root's.
+                let hello = Hello { secret: place.root0_secret, from: info.rank, to: c, data: None };
                 let wrote =
                     write_frame_within(&mut cs, kind::HELLO, &hello.encode(), w, "bootstrap hello", c)
                         .and_then(|_| write_frame_within(&mut cs, kind::MSG, &msg, w, op, c));

@@ -294,13 +294,23 @@ fn check_report(role: &Role, size: u32, k: u32, r: &Reported) -> Option<RejectRe
     }
     let want = share(k as usize, size as usize, role.place.nroots as usize);
     if r.nranks != size {
-        return Some(RejectReason::WorldSizeMismatch { rank: want.start as u32, size: r.nranks, root_size: size });
+        return Some(RejectReason::WorldSizeMismatch {
+            rank: want.start as u32,
+            size: r.nranks,
+            root_size: size,
+        });
     }
-    let exact = r.entries.len() == want.len() && r.entries.iter().zip(want.clone()).all(|(e, q)| e.rank.idx() == q);
+    let exact =
+        r.entries.len() == want.len() && r.entries.iter().zip(want.clone()).all(|(e, q)| e.rank.idx() == q);
     (!exact).then(|| RejectReason::RootFailed {
         root: k,
         addr: r.addr.to_string(),
-        why: format!("it reported {} entries, not its share's ranks {}..{}", r.entries.len(), want.start, want.end),
+        why: format!(
+            "it reported {} entries, not its share's ranks {}..{}",
+            r.entries.len(),
+            want.start,
+            want.end
+        ),
     })
 }
 
@@ -314,7 +324,13 @@ fn status_interval(joined: usize) -> Duration {
 /// Everyone joined: each rank of this root's share gets its route, and the table (all ranks,
 /// or rank 0 alone in a sparse communicator). `table` is the whole communicator's, `msg` its
 /// bytes, `sparse_from` rank 0's threshold.
-fn answer(joined: &mut BTreeMap<u32, Joined>, table: &[PeerInfo], msg: &[u8], sparse_from: u32, log: &Logger) {
+fn answer(
+    joined: &mut BTreeMap<u32, Joined>,
+    table: &[PeerInfo],
+    msg: &[u8],
+    sparse_from: u32,
+    log: &Logger,
+) {
     let sparse = Route::is_sparse(table.len(), sparse_from as usize);
     // Rank 0 first: in a sparse communicator every other rank waits for it.
     for j in joined.values_mut() {
@@ -488,7 +504,11 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                 let entries = match rep.outcome {
                     Ok(e) => e,
                     Err(why) => {
-                        let why = RejectReason::RootFailed { root: idx, addr: rep.root.to_string(), why: why.to_string() };
+                        let why = RejectReason::RootFailed {
+                            root: idx,
+                            addr: rep.root.to_string(),
+                            why: why.to_string(),
+                        };
                         log.warn(format_args!("root: rendezvous failed: {why}"));
                         failed = Some((why, Instant::now()));
                         continue;
@@ -612,7 +632,10 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                         for (k, r) in reports.iter_mut() {
                             let _ = r.s.set_write_timeout(Some(Duration::from_secs(10)));
                             if let Err(e) = write_frame(&mut r.s, kind::ROOT_TABLE, &to_roots) {
-                                log.warn(format_args!("root: cannot send the table to root {k} at {}: {e}", r.addr));
+                                log.warn(format_args!(
+                                    "root: cannot send the table to root {k} at {}: {e}",
+                                    r.addr
+                                ));
                             }
                         }
                         answer(&mut joined, &table, &msg, sparse_from, &log);
@@ -661,7 +684,10 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                                 root: 0,
                                 addr: root0,
                                 why: match t {
-                                    Ok(t) => format!("it sent a table of {} entries for world size {size}", t.len()),
+                                    Ok(t) => format!(
+                                        "it sent a table of {} entries for world size {size}",
+                                        t.len()
+                                    ),
                                     Err(e) => e.to_string(),
                                 },
                             };
@@ -670,11 +696,17 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                     }
                 }
                 Ok(Answer::Rejected(why)) => failed = Some((why, Instant::now())),
-                Ok(Answer::Lost(why)) => failed = Some((RejectReason::RootFailed { root: 0, addr: root0, why }, Instant::now())),
+                Ok(Answer::Lost(why)) => {
+                    failed = Some((RejectReason::RootFailed { root: 0, addr: root0, why }, Instant::now()))
+                }
                 Err(std::sync::mpsc::TryRecvError::Empty) => {}
                 Err(std::sync::mpsc::TryRecvError::Disconnected) => {
                     failed = Some((
-                        RejectReason::RootFailed { root: 0, addr: root0, why: "the report's thread ended".into() },
+                        RejectReason::RootFailed {
+                            root: 0,
+                            addr: root0,
+                            why: "the report's thread ended".into(),
+                        },
                         Instant::now(),
                     ))
                 }
@@ -706,7 +738,9 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
         }
         if failed.is_none() && changed && last_status.elapsed() >= status_interval(joined.len()) {
             let roots: Vec<u32> = match &role {
-                Some(r) if r.place.index == 0 => (1..r.place.nroots).filter(|k| !reports.contains_key(k)).collect(),
+                Some(r) if r.place.index == 0 => {
+                    (1..r.place.nroots).filter(|k| !reports.contains_key(k)).collect()
+                }
                 Some(_) if linking.is_some() => vec![0],
                 _ => Vec::new(),
             };

@@ -18,8 +18,8 @@
 //! 4. Nothing here blocks a root's thread: [`report`] runs on a helper thread and gives up
 //!    when told to stop.
 
-use super::{kind, put_addr, write_frame, PeerInfo, PROTOCOL_VERSION};
 use super::{decode_reject, encode_reject};
+use super::{kind, put_addr, write_frame, PeerInfo, PROTOCOL_VERSION};
 use crate::error::RejectReason;
 use oxccl_core::tuning::CONNECT_RETRY_MS;
 use oxccl_core::wire::{Reader, Writer};
@@ -328,7 +328,10 @@ mod tests {
         assert_eq!(a.first_difference(&a), None);
         match a.mixed(&b, "rank 4".into()) {
             Some(RejectReason::MixedIds { index: 1, by, theirs, ours }) => {
-                assert_eq!((by.as_str(), theirs.as_str(), ours.as_str()), ("rank 4", "0000000000000005", "0000000000000002"))
+                assert_eq!(
+                    (by.as_str(), theirs.as_str(), ours.as_str()),
+                    ("rank 4", "0000000000000005", "0000000000000002")
+                )
             }
             m => panic!("{m:?}"),
         }

@@ -186,7 +186,9 @@ pub(crate) fn encode_reject(reason: &RejectReason) -> Vec<u8> {
         RejectReason::WrongRoot { rank, root, its_root, nroots } => {
             w.u8(7).u32(*rank).u32(*root).u32(*its_root).u32(*nroots)
         }
-        RejectReason::MixedIds { index, by, theirs, ours } => w.u8(8).u32(*index).str(by).str(theirs).str(ours),
+        RejectReason::MixedIds { index, by, theirs, ours } => {
+            w.u8(8).u32(*index).str(by).str(theirs).str(ours)
+        }
         RejectReason::RootFailed { root, addr, why } => w.u8(9).u32(*root).str(addr).str(why),
     };
     w.finish()
@@ -213,7 +215,9 @@ pub(crate) fn decode_reject(b: &[u8]) -> Result<RejectReason, CoreError> {
             theirs: r.str()?.to_string(),
             ours: r.str()?.to_string(),
         },
-        9 => RejectReason::RootFailed { root: r.u32()?, addr: r.str()?.to_string(), why: r.str()?.to_string() },
+        9 => {
+            RejectReason::RootFailed { root: r.u32()?, addr: r.str()?.to_string(), why: r.str()?.to_string() }
+        }
         k => return Err(CoreError::Malformed { what: "rejection", reason: format!("code {k}") }),
     })
 }

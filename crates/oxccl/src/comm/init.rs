@@ -152,7 +152,13 @@ impl Communicator {
 
     /// What a rank sets up before it joins: its settings checked, its service started (on the
     /// interface nearest `root_ip`, admitting the communicator's `secret`).
-    fn prepare(root_ip: std::net::IpAddr, secret: &[u8; 32], size: usize, rank: Rank, config: Config) -> Result<Ready> {
+    fn prepare(
+        root_ip: std::net::IpAddr,
+        secret: &[u8; 32],
+        size: usize,
+        rank: Rank,
+        config: Config,
+    ) -> Result<Ready> {
         config.validate()?;
         let log = Logger::new(&config, Some(rank.0));
         let ip = crate::rendezvous::choose_ip(&config, Some(root_ip), rank)?;
@@ -565,7 +571,9 @@ fn check_ids(ids: &[UniqueId], size: usize) -> Result<()> {
     let mut seen: HashMap<[u8; 32], usize> = HashMap::new();
     for (i, id) in ids.iter().enumerate() {
         if let Some(j) = seen.insert(id.secret, i) {
-            return Err(bad(format!("ids[{j}] and ids[{i}] are the same unique id (each root needs its own)")));
+            return Err(bad(format!(
+                "ids[{j}] and ids[{i}] are the same unique id (each root needs its own)"
+            )));
         }
     }
     Ok(())
