@@ -584,13 +584,13 @@ mod tests {
         let a = args("--bootstrap --cluster x").unwrap();
         assert!(a.bootstrap && a.ranks.is_empty());
         assert_eq!((a.join_us, a.connect_us, a.boot_gbs), (40.0, 50.0, None));
+        let err = |line: &str| args(line).unwrap_err();
         let a = args("--bootstrap --cluster x --roots 8").unwrap();
         assert_eq!(a.roots, Some(8));
         assert!(err("--bootstrap --cluster x --roots 0").to_string().contains("--roots"));
         assert_eq!(err("--cluster x --roots 4").kind(), ErrorKind::MissingRequiredArgument);
         let a = args("--bootstrap --cluster x --join-us 10 --connect-us 5 --boot-gbs 1.5").unwrap();
         assert_eq!((a.join_us, a.connect_us, a.boot_gbs), (10.0, 5.0, Some(1.5)));
-        let err = |line: &str| args(line).unwrap_err();
         assert_eq!(err("--cluster x --join-us 10").kind(), ErrorKind::MissingRequiredArgument);
         assert_eq!(err("--bootstrap --cluster x --exact").kind(), ErrorKind::ArgumentConflict);
         assert_eq!(err("--bootstrap --cluster x -b 8").kind(), ErrorKind::ArgumentConflict);

@@ -131,3 +131,62 @@ fn ids_from_different_jobs_are_refused_naming_the_index() {
     let e = Communicator::init_scalable(&ids(3, &config(5, 0)), 2, Rank(0), config(5, 0)).err().unwrap();
     assert!(e.to_string().contains("3 unique ids for 2 ranks"), "{e}");
 }
+
+/// The start of many ranks as threads of this process, one root against several, alternating
+/// in one run: the wall time from the first rank's start to the last rank's communicator (the
+/// ids made before). A benchmark, run by hand:
+/// `OXCCL_ROOTS_BENCH=512 OXCCL_ROOTS_COUNTS=1,4,8 OXCCL_ROOTS_ROUNDS=3 cargo test --release -p oxccl-testkit --test bootstrap_roots many_ranks_start -- --include-ignored --nocapture`
+#[test]
+#[ignore]
+fn many_ranks_start_with_one_root_and_with_several() {
+    let var = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.into());
+    let n: usize = var("OXCCL_ROOTS_BENCH", "512").parse().unwrap();
+    let counts: Vec<usize> =
+        var("OXCCL_ROOTS_COUNTS", "1,4,8").split(',').map(|c| c.parse().unwrap()).collect();
+    let rounds: usize = var("OXCCL_ROOTS_ROUNDS", "3").parse().unwrap();
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); counts.len()];
+    for round in 0..rounds {
+        for (i, &roots) in counts.iter().enumerate() {
+            let cfg = config(300, 128);
+            let all = ids(roots, &cfg);
+            let t = Instant::now();
+            let out = start(
+                n,
+                cfg,
+                |_| all.clone(),
+                move |c| {
+                    let c = c.map_err(|e| e.to_string())?;
+                    let done = Instant::now();
+                    let sparse = c.lifelines().len() < n - 1;
+                    std::thread::sleep(Duration::from_millis(200));
+                    c.destroy().map_err(|e| e.to_string())?;
+                    Ok::<_, String>((done, sparse))
+                },
+            );
+            let errors: Vec<&String> = out.iter().filter_map(|o| o.0.as_ref().err()).collect();
+            assert!(errors.is_empty(), "{n} ranks over {roots} roots: {:?}", &errors[..errors.len().min(5)]);
+            let last = out.iter().map(|o| o.0.as_ref().unwrap().0).max().unwrap();
+            let wall = (last - t).as_secs_f64();
+            assert!(out.iter().all(|o| o.0.as_ref().unwrap().1), "not sparse");
+            times[i].push(wall);
+            if std::env::var("OXCCL_ROOTS_SLOWEST").is_ok() {
+                let mut per: Vec<(Duration, usize)> = out.iter().enumerate().map(|(r, o)| (o.1, r)).collect();
+                per.sort();
+                println!("  fastest {:?}, slowest {:?}", &per[..3], &per[per.len() - 8..]);
+            }
+            println!("round {round}: {n} ranks over {roots} root(s): init wall {wall:.3} s");
+            // The last communicators' teardown (their closing drains) off the next start.
+            std::thread::sleep(Duration::from_secs(3));
+        }
+    }
+    for (i, &roots) in counts.iter().enumerate() {
+        let mut t = times[i].clone();
+        t.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        println!(
+            "{n} ranks over {roots} root(s): init wall min {:.3} s, median {:.3} s, all {:?}",
+            t[0],
+            t[t.len() / 2],
+            times[i]
+        );
+    }
+}

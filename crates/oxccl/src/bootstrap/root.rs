@@ -33,7 +33,7 @@
 //!    and tells every rank (rule 7) instead of leaving them to wait for a rank that will never
 //!    join.
 
-use super::roots::{report, root_of, share, Answer, Place, Report};
+use super::roots::{link, root_of, share, Answer, Linking, Place, Report};
 use super::{
     decode_table, encode_reject, encode_table, kind, relay_links, write_frame, Join, JoinStatus, PeerInfo,
     Route, PROTOCOL_VERSION,
@@ -362,31 +362,6 @@ fn answer(
             if sparse { "to rank 0, to relay down the tree" } else { "to every rank" }
         ),
     );
-}
-
-/// Root `k > 0`'s report to root 0 under way (rule 3 of [`super::roots`]).
-struct Linking {
-    rx: std::sync::mpsc::Receiver<Answer>,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-/// Sends `rep` to root 0 on a helper thread; its answer comes on the channel.
-fn link(rep: Report, until: Option<Instant>) -> Linking {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = stop.clone();
-    let _ = std::thread::Builder::new().name("oxccl-root-link".into()).spawn(move || {
-        if let Some(t) = until {
-            // A failure's report: bounded.
-            let f = flag.clone();
-            std::thread::spawn(move || {
-                std::thread::sleep(t.saturating_duration_since(Instant::now()));
-                f.store(true, std::sync::atomic::Ordering::Release);
-            });
-        }
-        let _ = tx.send(report(&rep, &flag));
-    });
-    Linking { rx, stop }
 }
 
 fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {

@@ -238,6 +238,31 @@ pub(crate) fn report(rep: &Report, stop: &AtomicBool) -> Answer {
     }
 }
 
+/// Root `k > 0`'s report to root 0 under way (rule 3).
+pub(crate) struct Linking {
+    pub rx: std::sync::mpsc::Receiver<Answer>,
+    pub stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Sends `rep` to root 0 on a helper thread; its answer comes on the channel.
+pub(crate) fn link(rep: Report, until: Option<Instant>) -> Linking {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    let _ = std::thread::Builder::new().name("oxccl-root-link".into()).spawn(move || {
+        if let Some(t) = until {
+            // A failure's report: bounded.
+            let f = flag.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(t.saturating_duration_since(Instant::now()));
+                f.store(true, std::sync::atomic::Ordering::Release);
+            });
+        }
+        let _ = tx.send(report(&rep, &flag));
+    });
+    Linking { rx, stop }
+}
+
 /// Frames read from a root link, giving up when `stop` is set.
 struct Frames<'a> {
     s: TcpStream,
