@@ -98,7 +98,7 @@ crate::entry! {
             let id = unsafe { ptr::deref(unique_id, "uniqueId") }?;
             // SAFETY: nccl.h: `newcomm` points to the ncclComm_t the call fills (checked
             // non-NULL); `config` is NULL or an ncclConfig_t from NCCL_CONFIG_INITIALIZER.
-            return unsafe { init_rank(newcomm, n_ranks, id, rank, config) };
+            return unsafe { init_rank(newcomm, n_ranks, std::slice::from_ref(id), rank, config) };
         }
         if rank != -1 {
             return Err(invalid("rank", format!("{rank}: existing ranks pass -1 (they keep their rank)")));

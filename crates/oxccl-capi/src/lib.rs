@@ -85,7 +85,7 @@ entry! {
     fn ncclCommInitRank / pncclCommInitRank(comm: *mut ncclComm_t, nranks: c_int, comm_id: ncclUniqueId, rank: c_int) {
         // SAFETY: nccl.h: `comm` points to the ncclComm_t the call fills (init_rank refuses
         // NULL); no config.
-        unsafe { init_rank(comm, nranks, &comm_id, rank, std::ptr::null()) }
+        unsafe { init_rank(comm, nranks, std::slice::from_ref(&comm_id), rank, std::ptr::null()) }
     }
 
     fn ncclCommInitRankConfig / pncclCommInitRankConfig(
@@ -93,7 +93,7 @@ entry! {
     ) {
         // SAFETY: nccl.h: `comm` points to the ncclComm_t the call fills (init_rank refuses
         // NULL); `config` is NULL or an ncclConfig_t from NCCL_CONFIG_INITIALIZER.
-        unsafe { init_rank(comm, nranks, &comm_id, rank, config) }
+        unsafe { init_rank(comm, nranks, std::slice::from_ref(&comm_id), rank, config) }
     }
 
     fn ncclCommInitRankScalable / pncclCommInitRankScalable(
@@ -112,10 +112,10 @@ entry! {
         for (i, id) in ids.iter().enumerate() {
             decode_id(id, &format!("commIds[{i}]"))?;
         }
-        // One rendezvous root serves every rank; the other ids are checked and unused.
+        // Every id is a rendezvous root; this rank joins its share's (Communicator::init_scalable).
         // SAFETY: nccl.h: `newcomm` points to the ncclComm_t the call fills (init_rank refuses
         // NULL); `config` is NULL or an ncclConfig_t from NCCL_CONFIG_INITIALIZER.
-        unsafe { init_rank(newcomm, nranks, &ids[0], myrank, config) }
+        unsafe { init_rank(newcomm, nranks, ids, myrank, config) }
     }
 
     fn ncclCommInitAll / pncclCommInitAll(comms: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) {

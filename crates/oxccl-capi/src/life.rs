@@ -20,14 +20,15 @@ use oxccl::{Communicator, Rank};
 use std::ffi::c_int;
 use std::time::Duration;
 
-/// Starts rank `rank` of `nranks` on `id` and writes its handle to `out`.
+/// Starts rank `rank` of `nranks` on `ids` (one, or a scalable init's: one rendezvous root
+/// each) and writes its handle to `out`.
 ///
 /// # Safety
 /// `out` is NULL or valid for a write of an `ncclComm_t`; `config` is as [`settings`] needs.
 pub(crate) unsafe fn init_rank(
     out: *mut ncclComm_t,
     nranks: c_int,
-    id: &ncclUniqueId,
+    ids: &[ncclUniqueId],
     rank: c_int,
     config: *const ncclConfig,
 ) -> R<ncclResult_t> {
@@ -42,7 +43,20 @@ pub(crate) unsafe fn init_rank(
     }
     // SAFETY: `config` is as `settings` needs: this function's contract.
     let s = unsafe { settings(config, None) }?;
-    let id = decode_id(id, "commId")?;
+    if ids.len() > nranks as usize {
+        return Err(invalid(
+            "nId",
+            format!("{} unique ids for {nranks} ranks (at most one per rank)", ids.len()),
+        ));
+    }
+    let ids = match ids {
+        [one] => vec![decode_id(one, "commId")?],
+        many => many
+            .iter()
+            .enumerate()
+            .map(|(i, id)| decode_id(id, &format!("commIds[{i}]")))
+            .collect::<R<Vec<_>>>()?,
+    };
     let mut cfg = env_config()?;
     // NCCL's rank lives on the device current at init: every rank learns every rank's.
     cfg.cuda_device = current_device();
@@ -51,7 +65,7 @@ pub(crate) unsafe fn init_rank(
     // SAFETY: `out` is NULL or writable (this function's contract; checked non-NULL above).
     unsafe { put(out, "comm", st.handle as ncclComm_t) }?;
     let (n, r) = (nranks as usize, Rank::new(rank as usize));
-    launch_init(st, s.blocking, move || Communicator::init(&id, n, r, cfg).map_err(Fail::from))
+    launch_init(st, s.blocking, move || Communicator::init_scalable(&ids, n, r, cfg).map_err(Fail::from))
 }
 
 /// Starts `job` for the new communicator `st`: now (blocking), queued (in a group) or on a

@@ -176,6 +176,26 @@ fn every_invalid_argument_is_refused_by_name() {
     let _ = std::fs::remove_dir_all(&work);
 }
 
+/// ncclCommInitRankScalable with 2 and 4 unique ids, each made by the first rank of its share:
+/// every id is a rendezvous root its share joins; collectives come out exact.
+#[test]
+fn a_scalable_init_over_several_roots_forms_and_runs() {
+    let work = scratch("scalable");
+    let lib = lib_dir(&work);
+    let exe = compile("scalable.c", &work, &lib);
+    let ld = lib.to_str().unwrap();
+    for (n, nids) in [(4, 2), (8, 4), (7, 3)] {
+        let nids_s = nids.to_string();
+        let env = [("LD_LIBRARY_PATH", ld), ("OXCCL_TIMEOUT", "60"), ("SCALABLE_NIDS", nids_s.as_str())];
+        let outs = run_ranks(&exe, n, &work.join(format!("{n}-{nids}")), &env, Duration::from_secs(120));
+        for (r, o) in outs.iter().enumerate() {
+            let want = format!("SCALABLE OK rank {r} of {n} over {nids} roots");
+            assert!(stdout(o).contains(&want), "rank {r}: {}", stdout(o));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&work);
+}
+
 #[test]
 fn one_thread_drives_several_ranks_with_init_all_and_grouped_init() {
     let work = scratch("initall");

@@ -7,11 +7,12 @@
 //!           [--algo ring,tree] [--protos LL,Simple] [--channels 2] [--chunk 512K]
 //!           [--exact] [--json FILE] [--plot FILE.svg]
 //! oxccl sim --bootstrap --cluster FILE [--ranks 64,10000,100000] [--join-us 40]
-//!           [--connect-us 50] [--boot-gbs G]
+//!           [--connect-us 50] [--boot-gbs G] [--roots R]
 //! ```
 //! The command line is [`SimArgs`] (clap: `oxccl sim --help`); the sweep's options and the
 //! bootstrap model's exclude each other. `--bootstrap` prints the bootstrap's cost model
-//! (`oxccl_core::netsim::bootstrap`), dense against sparse, with the table's size and decode
+//! (`oxccl_core::netsim::bootstrap`), dense against sparse, one root against R (`--roots`, else
+//! the count the model finds fastest per rank count), with the table's size and decode
 //! cost measured here from the real codec and the bootstrap interface's bandwidth from the
 //! cluster file's network (or `--boot-gbs`).
 //! Per rank count and algorithm, each size runs in the protocol the tuner's model of the
@@ -196,6 +197,11 @@ pub struct SimArgs {
     #[arg(long, value_name = "G", value_parser = positive, allow_negative_numbers = true,
           requires = "bootstrap", help_heading = BOOTSTRAP)]
     pub boot_gbs: Option<f64>,
+    /// Rendezvous roots (a scalable init's unique ids), shown beside one root [default: the
+    /// count the model finds fastest, a power of two]
+    #[arg(long, value_name = "R", value_parser = rank_count_or_one, requires = "bootstrap",
+          help_heading = BOOTSTRAP)]
+    pub roots: Option<usize>,
 }
 
 const SWEEP: &str = "Sweep";
@@ -203,6 +209,10 @@ const BOOTSTRAP: &str = "Bootstrap model";
 
 fn rank_count(v: &str) -> Result<usize, String> {
     v.trim().parse().ok().filter(|&n: &usize| n >= 2).ok_or_else(|| "not a rank count of at least 2".into())
+}
+
+fn rank_count_or_one(v: &str) -> Result<usize, String> {
+    v.trim().parse().ok().filter(|&n: &usize| n >= 1).ok_or_else(|| "not a count of at least 1".into())
 }
 
 fn size(v: &str) -> Result<usize, String> {
@@ -437,7 +447,7 @@ fn results_json(c: &Cluster, points: &[Point]) -> String {
 
 /// `oxccl sim --bootstrap`: the bootstrap's cost model, dense against sparse, per rank count.
 pub fn run_bootstrap(a: &SimArgs) -> Result<(), String> {
-    use oxccl_core::netsim::bootstrap::{cost, BootParams};
+    use oxccl_core::netsim::bootstrap::{best_roots, cost, BootParams};
     let ranks = if a.ranks.is_empty() { vec![64, 1024, 10000, 100000] } else { a.ranks.clone() };
     let cluster = a.cluster.as_str();
     let c = if cluster == "local" {
@@ -467,14 +477,16 @@ pub fn run_bootstrap(a: &SimArgs) -> Result<(), String> {
         p.entry_bytes, p.decode_us_per_entry, p.join_us, p.connect_us, p.gbs
     );
     println!(
-        "# {:>7} {:>6} {:>7} {:>12} {:>12} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "# {:>7} {:>6} {:>5} {:>7} {:>12} {:>12} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "ranks",
         "mode",
+        "roots",
         "rounds",
         "messages",
-        "root out",
+        "root0 out",
         "conns/rank",
         "joins s",
+        "roots s",
         "table s",
         "decode s",
         "conn s",
@@ -482,21 +494,27 @@ pub fn run_bootstrap(a: &SimArgs) -> Result<(), String> {
     );
     for &n in &ranks {
         for sparse in [false, true] {
-            let b = cost(n, sparse, &p);
-            println!(
-                "  {:>7} {:>6} {:>7} {:>12} {:>12} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
-                n,
-                if sparse { "sparse" } else { "dense" },
-                b.rounds,
-                b.messages,
-                human_bytes(b.root_bytes),
-                b.conns_per_rank,
-                b.join_s,
-                b.table_s,
-                b.decode_s,
-                b.connect_s,
-                b.total_s
-            );
+            let many = a.roots.unwrap_or_else(|| best_roots(n, sparse, &p)).min(n);
+            let counts = if many == 1 { vec![1] } else { vec![1, many] };
+            for r in counts {
+                let b = cost(n, sparse, r, &p);
+                println!(
+                    "  {:>7} {:>6} {:>5} {:>7} {:>12} {:>12} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
+                    n,
+                    if sparse { "sparse" } else { "dense" },
+                    b.roots,
+                    b.rounds,
+                    b.messages,
+                    human_bytes(b.root_bytes),
+                    b.conns_per_rank,
+                    b.join_s,
+                    b.roots_s,
+                    b.table_s,
+                    b.decode_s,
+                    b.connect_s,
+                    b.total_s
+                );
+            }
         }
     }
     Ok(())
@@ -570,9 +588,13 @@ mod tests {
         let a = args("--bootstrap --cluster x").unwrap();
         assert!(a.bootstrap && a.ranks.is_empty());
         assert_eq!((a.join_us, a.connect_us, a.boot_gbs), (40.0, 50.0, None));
+        let err = |line: &str| args(line).unwrap_err();
+        let a = args("--bootstrap --cluster x --roots 8").unwrap();
+        assert_eq!(a.roots, Some(8));
+        assert!(err("--bootstrap --cluster x --roots 0").to_string().contains("--roots"));
+        assert_eq!(err("--cluster x --roots 4").kind(), ErrorKind::MissingRequiredArgument);
         let a = args("--bootstrap --cluster x --join-us 10 --connect-us 5 --boot-gbs 1.5").unwrap();
         assert_eq!((a.join_us, a.connect_us, a.boot_gbs), (10.0, 5.0, Some(1.5)));
-        let err = |line: &str| args(line).unwrap_err();
         assert_eq!(err("--cluster x --join-us 10").kind(), ErrorKind::MissingRequiredArgument);
         assert_eq!(err("--bootstrap --cluster x --exact").kind(), ErrorKind::ArgumentConflict);
         assert_eq!(err("--bootstrap --cluster x -b 8").kind(), ErrorKind::ArgumentConflict);

@@ -25,6 +25,15 @@ pub enum RejectReason {
     RootOutOfDescriptors { joined: u32, limit: u64 },
     /// The rank whose process runs the root could not start, so the communicator cannot form.
     RootRankFailed { rank: u32, reason: String },
+    /// A rank joined rendezvous root `root` of `nroots`, but its share is root `its_root`'s
+    /// (a scalable init whose ranks disagree on the world size or the number of ids).
+    WrongRoot { rank: u32, root: u32, its_root: u32, nroots: u32 },
+    /// Two members of one scalable init passed different unique ids at `index` (ids from
+    /// different jobs mixed): `by` (a rank, or a root for its ranks) passed the communicator
+    /// `theirs`, the others `ours` (comm hashes).
+    MixedIds { index: u32, by: String, theirs: String, ours: String },
+    /// Rendezvous root `root` (of a scalable init) at `addr` failed or could not be reached.
+    RootFailed { root: u32, addr: String, why: String },
 }
 
 impl core::fmt::Display for RejectReason {
@@ -54,6 +63,17 @@ impl core::fmt::Display for RejectReason {
                 f,
                 "rank {rank}, whose process runs the rendezvous root, could not start, so the communicator cannot form: {reason}"
             ),
+            RejectReason::WrongRoot { rank, root, its_root, nroots } => write!(
+                f,
+                "rank {rank} joined rendezvous root {root} of {nroots}, but its share of the ranks is root {its_root}'s (do all ranks pass the same world size and the same unique ids?)"
+            ),
+            RejectReason::MixedIds { index, by, theirs, ours } => write!(
+                f,
+                "commIds[{index}] differs: {by} passed communicator {theirs} there, the others {ours} (unique ids from different jobs mixed?)"
+            ),
+            RejectReason::RootFailed { root, addr, why } => {
+                write!(f, "rendezvous root {root} (commIds[{root}], at {addr}) failed: {why}")
+            }
         }
     }
 }

@@ -22,14 +22,43 @@ pub(crate) struct Joined {
     pub links: HashMap<u32, TcpStream>,
 }
 
-/// Where and how a rank joins: the root's address, the communicator's secret, its size, and this
-/// rank's sparse-bootstrap threshold (rank 0's decides).
+/// Where and how a rank joins: its root's address and secret (the communicator's is root 0's,
+/// `place.root0_secret`), the communicator's size, this
+/// rank's sparse-bootstrap threshold (rank 0's decides), and where its root stands among the
+/// communicator's roots (`roots`: every root's address, for messages).
 #[derive(Clone, Copy)]
 pub(crate) struct Rendezvous<'a> {
     pub root: SocketAddr,
     pub secret: &'a [u8; 32],
     pub size: usize,
     pub sparse_from: usize,
+    pub place: &'a super::roots::Place,
+    pub roots: &'a [SocketAddr],
+}
+
+impl Rendezvous<'_> {
+    /// This rank's root, for messages: "the rendezvous root at ADDR", or with several roots
+    /// "rendezvous root K of R (commIds[K]) at ADDR".
+    fn name(&self) -> String {
+        self.name_of(self.place.index as usize)
+    }
+
+    fn name_of(&self, k: usize) -> String {
+        let addr = self.roots.get(k).map_or("?".to_string(), |a| a.to_string());
+        if self.place.nroots <= 1 {
+            format!("the rendezvous root at {addr}")
+        } else {
+            format!("rendezvous root {k} of {} (commIds[{k}]) at {addr}", self.place.nroots)
+        }
+    }
+
+    /// Whose process runs this rank's root, for messages.
+    fn runs_root(&self) -> String {
+        match self.place.index {
+            _ if self.place.nroots <= 1 => "rank 0's process".into(),
+            k => format!("the process that made commIds[{k}]"),
+        }
+    }
 }
 
 /// Joins the root at `rv.root`: the peer table, from the root or (a sparse bootstrap) from this
@@ -43,26 +72,38 @@ pub(crate) fn join(
     w: &Waiter,
     log: &crate::log::Logger,
 ) -> Result<Joined> {
-    let Rendezvous { root, secret, size, sparse_from } = rv;
-    let what = format!("bootstrap: reaching the rendezvous root at {root} (nothing listens there yet)");
+    let Rendezvous { root, secret, size, sparse_from, place, .. } = rv;
+    let name = rv.name();
+    let what = format!("bootstrap: reaching {name} (nothing listens there yet)");
+    let first = Rank::new(super::roots::share(place.index as usize, size, place.nroots as usize).start);
     let req = Join {
         version: PROTOCOL_VERSION,
         secret: *secret,
         rank: info.rank.0,
         nranks: size as u32,
         sparse_from: sparse_from.min(u32::MAX as usize) as u32,
+        place: place.clone(),
         info: info.clone(),
     };
     let mut s = join_root(root, &req.encode(), w, &what)?;
     // Until the route comes, the root's status frames say who has not joined yet: a timeout
     // names them.
     let mut missing: Vec<Rank> = Vec::new();
-    let next = |s: &mut TcpStream, missing: &mut Vec<Rank>| -> Result<(u8, Vec<u8>)> {
+    let mut roots: Vec<u32> = Vec::new();
+    let next = |s: &mut TcpStream, missing: &mut Vec<Rank>, roots: &mut Vec<u32>| -> Result<(u8, Vec<u8>)> {
         loop {
-            let what = if missing.is_empty() {
-                format!("bootstrap: waiting for every rank to join at the root {root} (it has not yet said which ranks it misses)")
+            let what = if !roots.is_empty() {
+                let list: Vec<String> = roots.iter().map(|k| rv.name_of(*k as usize)).collect();
+                format!(
+                    "bootstrap: waiting at {name}{} for {} to report {} ranks",
+                    if missing.is_empty() { "" } else { " (and for missing ranks)" },
+                    list.join(", "),
+                    if roots.len() == 1 { "its" } else { "their" }
+                )
+            } else if missing.is_empty() {
+                format!("bootstrap: waiting for every rank to join at {name} (it has not yet said which ranks it misses)")
             } else {
-                format!("bootstrap: waiting for the missing ranks to join at the root {root}")
+                format!("bootstrap: waiting for the missing ranks to join at {name}")
             };
             let (k, payload) = read_frame(s, w, &what, missing).map_err(|e| match e {
                     // The root lives in rank 0's process: a reset or an end of stream before
@@ -79,15 +120,21 @@ pub(crate) fn join(
                     {
                         Error::PeerClosed {
                             rank: w.rank,
-                            op: "bootstrap: waiting for the rendezvous root's answer (the root runs in rank 0's process, which ended before answering: see rank 0's error)".into(),
-                            peer: Rank(0),
+                            op: format!(
+                                "bootstrap: waiting for the answer of {name} (it runs in {}, which ended before answering: see its error)",
+                                rv.runs_root()
+                            ),
+                            peer: first,
                             host: root.to_string(),
                         }
                     }
                     e => e,
                 })?;
             match k {
-                kind::STATUS => *missing = JoinStatus::decode(&payload)?.missing,
+                kind::STATUS => {
+                    let st = JoinStatus::decode(&payload)?;
+                    (*missing, *roots) = (st.missing, st.roots);
+                }
                 kind::REJECT => {
                     return Err(Error::Rejected { rank: w.rank, reason: decode_reject(&payload)? })
                 }
@@ -98,14 +145,14 @@ pub(crate) fn join(
     let unexpected = |k: u8| -> Error {
         CoreError::Malformed { what: "root reply", reason: format!("frame kind {k}") }.into()
     };
-    let (k, payload) = next(&mut s, &mut missing)?;
+    let (k, payload) = next(&mut s, &mut missing, &mut roots)?;
     if k != kind::ROUTE {
         return Err(unexpected(k));
     }
     let route = Route::decode(&payload)?;
     let (parent, children) = relay_links(info.rank, size);
     let table = match (route.sparse, parent) {
-        (false, _) | (true, None) => match next(&mut s, &mut missing)? {
+        (false, _) | (true, None) => match next(&mut s, &mut missing, &mut roots)? {
             (kind::TABLE, t) => t,
             (k, _) => return Err(unexpected(k)),
         },
@@ -172,7 +219,8 @@ pub(crate) fn join(
                     Err(_) => connect_retry(addr, w, op, &[c])?,
                 };
                 let _ = cs.set_nodelay(true);
-                let hello = Hello { secret: *secret, from: info.rank, to: c, data: None };
+                // The communicator's secret (root 0's id), not this rank's root's.
+                let hello = Hello { secret: place.root0_secret, from: info.rank, to: c, data: None };
                 let wrote =
                     write_frame_within(&mut cs, kind::HELLO, &hello.encode(), w, "bootstrap hello", c)
                         .and_then(|_| write_frame_within(&mut cs, kind::MSG, &msg, w, op, c));

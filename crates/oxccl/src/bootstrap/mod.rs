@@ -19,6 +19,7 @@ mod frame;
 mod greet;
 mod join;
 pub mod root;
+pub mod roots;
 pub mod service;
 mod wire;
 
@@ -44,7 +45,7 @@ pub use service::{Incoming, Mailbox, Service, Word};
 pub use wire::*;
 
 /// Protocol version of every bootstrap message.
-pub const PROTOCOL_VERSION: u32 = 10;
+pub const PROTOCOL_VERSION: u32 = 11;
 
 /// Frame kinds.
 pub(crate) mod kind {
@@ -59,6 +60,10 @@ pub(crate) mod kind {
     /// Root → every connection, as it is accepted: "an oxccl root, of this protocol version"
     /// ([`super::greeting`]).
     pub const GREET: u8 = 6;
+    /// Root `k > 0` → root 0: its share joined, or it failed ([`super::roots::Report`]).
+    pub const ROOT_REPORT: u8 = 7;
+    /// Root 0 → root `k > 0`: rank 0's sparse threshold and the whole table.
+    pub const ROOT_TABLE: u8 = 8;
     pub const HELLO: u8 = 10;
     pub const MSG: u8 = 11;
     /// The last frame of a control connection closed in order.

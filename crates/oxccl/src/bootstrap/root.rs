@@ -1,4 +1,8 @@
 //! The rendezvous root: collects every rank's join request and answers with the peer table.
+//! With several roots (a scalable init, [`super::roots`]) each collects its share of the
+//! ranks, the roots `k > 0` report theirs to root 0, and root 0's table reaches every share
+//! through its root; the rules below hold for each root and its share, whose first rank
+//! stands where rank 0 stands for a single root.
 //!
 //! Rules:
 //! 1. A request with the wrong secret (or protocol version) is answered with a rejection and
@@ -29,23 +33,26 @@
 //!    and tells every rank (rule 7) instead of leaving them to wait for a rank that will never
 //!    join.
 
+use super::roots::{link, root_of, share, Answer, Linking, Place, Report};
 use super::{
-    encode_reject, encode_table, kind, relay_links, write_frame, Join, JoinStatus, PeerInfo, Route,
-    PROTOCOL_VERSION,
+    decode_table, encode_reject, encode_table, kind, relay_links, write_frame, Join, JoinStatus, PeerInfo,
+    Route, PROTOCOL_VERSION,
 };
 use crate::bootstrap::service::same_secret;
 use crate::error::RejectReason;
 use crate::log::Logger;
 use crate::sys::fd;
-use oxccl_core::tuning::{HELLO_DEADLINE_MS, MAX_PENDING_CONNECTIONS};
+use oxccl_core::tuning::{HELLO_DEADLINE_MS, MAX_BOOTSTRAP_FRAME_BYTES, MAX_PENDING_CONNECTIONS};
 use oxccl_core::Rank;
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-const MAX_JOIN_BYTES: usize = 4096;
+/// A join: a peer entry, and 8 bytes per id of a scalable init.
+const MAX_JOIN_BYTES: usize = 4096 + 8 * super::roots::MAX_ROOTS;
 const FAIL_LINGER: Duration = Duration::from_secs(60);
 /// After a failure, how long rank 0 (whose process runs the root, and ends once told) waits
 /// for the other ranks to arrive and be told, unless all of them have been told before. Ranks
@@ -58,10 +65,32 @@ const STATUS_EVERY: Duration = Duration::from_millis(200);
 const STATUS_WRITE_TIMEOUT: Duration = Duration::from_millis(100);
 const STATUS_WRITES_PER_SEC: f64 = 20_000.0;
 
-/// The ranks not in `joined`, of the world size rank 0 (else any joined rank) claims.
-fn missing(joined: &BTreeMap<u32, Joined>) -> Vec<Rank> {
-    let size = joined.get(&0).or_else(|| joined.values().next()).map_or(0, |j| j.nranks);
-    (0..size).filter(|r| !joined.contains_key(r)).take(JoinStatus::MAX_LISTED).map(Rank).collect()
+/// The ranks of this root's share not in `joined`.
+fn missing(joined: &BTreeMap<u32, Joined>, share: &Range<u32>) -> Vec<Rank> {
+    share.clone().filter(|r| !joined.contains_key(r)).take(JoinStatus::MAX_LISTED).map(Rank).collect()
+}
+
+/// What this root is, once its first join said: its place among the roots and its share of
+/// the ranks (by the world size its first rank claims, else the first joiner's).
+struct Role {
+    place: Place,
+    share: Range<u32>,
+}
+
+impl Role {
+    fn new(place: Place, nranks: u32) -> Role {
+        let r = share(place.index as usize, nranks as usize, place.nroots as usize);
+        Role { place, share: r.start as u32..r.end as u32 }
+    }
+}
+
+/// A root `k > 0` that reported its share (root 0 holds the connection to answer it).
+struct Reported {
+    s: TcpStream,
+    addr: SocketAddr,
+    place: Place,
+    nranks: u32,
+    entries: Vec<PeerInfo>,
 }
 
 struct Pending {
@@ -187,25 +216,28 @@ fn reject(s: &mut TcpStream, reason: &RejectReason) {
     let _ = write_frame(s, kind::REJECT, &encode_reject(reason));
 }
 
-/// Reads what is available; `Some(payload)` when a whole JOIN frame is in.
-fn read_join(p: &mut Pending) -> Result<Option<Vec<u8>>, String> {
+/// Reads what is available; `Some((kind, payload))` when a whole JOIN (or, from another
+/// root, ROOT_REPORT) frame is in.
+fn read_join(p: &mut Pending) -> Result<Option<(u8, Vec<u8>)>, String> {
     loop {
         let need = if p.buf.len() < 8 {
             8
         } else {
             let len = u32::from_le_bytes([p.buf[0], p.buf[1], p.buf[2], p.buf[3]]) as usize;
-            if len > MAX_JOIN_BYTES {
+            let limit = match p.buf[4] {
+                kind::JOIN => MAX_JOIN_BYTES,
+                kind::ROOT_REPORT => MAX_BOOTSTRAP_FRAME_BYTES,
+                k => return Err(format!("frame kind {k}")),
+            };
+            if len > limit {
                 return Err(format!("{len}-byte request"));
-            }
-            if p.buf[4] != kind::JOIN {
-                return Err(format!("frame kind {}", p.buf[4]));
             }
             8 + len
         };
         if p.buf.len() == need && need > 8 {
-            return Ok(Some(p.buf[8..].to_vec()));
+            return Ok(Some((p.buf[4], p.buf[8..].to_vec())));
         }
-        let mut chunk = vec![0u8; need - p.buf.len()];
+        let mut chunk = vec![0u8; (need - p.buf.len()).min(1 << 20)];
         match fd::recv_some(p.s.as_raw_fd(), &mut chunk) {
             Ok(None) => return Ok(None),
             Ok(Some(0)) => return Err("closed".into()),
@@ -216,14 +248,26 @@ fn read_join(p: &mut Pending) -> Result<Option<Vec<u8>>, String> {
 }
 
 /// What the joined set says now that `new` joined: complete, broken (and why), or still
-/// waiting. O(1) per join, except once, when rank 0 joins and sets the world size that every
-/// rank already in must match.
-fn judge(joined: &BTreeMap<u32, Joined>, new: u32) -> Option<Result<(), RejectReason>> {
+/// waiting. The share's first rank (rank 0 for a single root) sets the world size that every
+/// rank must match. O(1) per join, except once, when that rank joins and checks the ranks
+/// already in.
+fn judge(joined: &BTreeMap<u32, Joined>, new: u32, role: &Role) -> Option<Result<(), RejectReason>> {
     let j = joined.get(&new)?;
     if new >= j.nranks {
         return Some(Err(RejectReason::RankOutOfRange { rank: new, size: j.nranks }));
     }
-    let root = joined.get(&0)?;
+    let (index, nroots) = (role.place.index, role.place.nroots);
+    let wrong_root = |r: u32, n: u32| {
+        let its = root_of(r as usize, n as usize, nroots as usize) as u32;
+        (its != index).then_some(RejectReason::WrongRoot { rank: r, root: index, its_root: its, nroots })
+    };
+    let first = joined.get(&role.share.start);
+    if first.is_none_or(|f| f.nranks == j.nranks) {
+        if let Some(why) = wrong_root(new, j.nranks) {
+            return Some(Err(why));
+        }
+    }
+    let root = first?;
     let mismatch = |(r, j): (&u32, &Joined)| {
         (j.nranks != root.nranks).then_some(RejectReason::WorldSizeMismatch {
             rank: *r,
@@ -231,11 +275,43 @@ fn judge(joined: &BTreeMap<u32, Joined>, new: u32) -> Option<Result<(), RejectRe
             root_size: root.nranks,
         })
     };
-    let bad = if new == 0 { joined.iter().find_map(mismatch) } else { mismatch((&new, j)) };
+    let bad = if new == role.share.start {
+        joined.iter().find_map(mismatch).or_else(|| joined.keys().find_map(|r| wrong_root(*r, root.nranks)))
+    } else {
+        mismatch((&new, j))
+    };
     if let Some(why) = bad {
         return Some(Err(why));
     }
-    (joined.len() as u32 == root.nranks).then_some(Ok(()))
+    (joined.len() == share(index as usize, root.nranks as usize, nroots as usize).len()).then_some(Ok(()))
+}
+
+/// Whether root `k`'s report agrees with this root 0 (`size`: rank 0's world size): the same
+/// ids, the same world size, and exactly its share's ranks.
+fn check_report(role: &Role, size: u32, k: u32, r: &Reported) -> Option<RejectReason> {
+    if let Some(why) = role.place.mixed(&r.place, format!("root {k} (at {}) for its ranks", r.addr)) {
+        return Some(why);
+    }
+    let want = share(k as usize, size as usize, role.place.nroots as usize);
+    if r.nranks != size {
+        return Some(RejectReason::WorldSizeMismatch {
+            rank: want.start as u32,
+            size: r.nranks,
+            root_size: size,
+        });
+    }
+    let exact =
+        r.entries.len() == want.len() && r.entries.iter().zip(want.clone()).all(|(e, q)| e.rank.idx() == q);
+    (!exact).then(|| RejectReason::RootFailed {
+        root: k,
+        addr: r.addr.to_string(),
+        why: format!(
+            "it reported {} entries, not its share's ranks {}..{}",
+            r.entries.len(),
+            want.start,
+            want.end
+        ),
+    })
 }
 
 /// How often joined ranks hear who is missing: every `STATUS_EVERY`, stretched so the root
@@ -245,12 +321,16 @@ fn status_interval(joined: usize) -> Duration {
     STATUS_EVERY.max(Duration::from_secs_f64(joined as f64 / STATUS_WRITES_PER_SEC))
 }
 
-/// Everyone joined: each rank gets its route, and the table (all ranks, or rank 0 alone in a
-/// sparse communicator).
-fn answer(joined: &mut BTreeMap<u32, Joined>, log: &Logger) {
-    let table: Vec<PeerInfo> = joined.values().map(|j| j.info.clone()).collect();
-    let msg = encode_table(&table);
-    let sparse_from = joined.get(&0).map_or(0, |j| j.sparse_from);
+/// Everyone joined: each rank of this root's share gets its route, and the table (all ranks,
+/// or rank 0 alone in a sparse communicator). `table` is the whole communicator's, `msg` its
+/// bytes, `sparse_from` rank 0's threshold.
+fn answer(
+    joined: &mut BTreeMap<u32, Joined>,
+    table: &[PeerInfo],
+    msg: &[u8],
+    sparse_from: u32,
+    log: &Logger,
+) {
     let sparse = Route::is_sparse(table.len(), sparse_from as usize);
     // Rank 0 first: in a sparse communicator every other rank waits for it.
     for j in joined.values_mut() {
@@ -266,7 +346,7 @@ fn answer(joined: &mut BTreeMap<u32, Joined>, log: &Logger) {
             if sparse && j.info.rank.0 != 0 {
                 Ok(())
             } else {
-                write_frame(&mut j.s, kind::TABLE, &msg)
+                write_frame(&mut j.s, kind::TABLE, msg)
             }
         });
         if let Err(e) = r {
@@ -276,7 +356,8 @@ fn answer(joined: &mut BTreeMap<u32, Joined>, log: &Logger) {
     log.info_in(
         oxccl_core::config::subsys::BOOTSTRAP,
         format_args!(
-            "root: {} ranks joined; the table went {}",
+            "root: {} of {} ranks joined here; the table went {}",
+            joined.len(),
             table.len(),
             if sparse { "to rank 0, to relay down the tree" } else { "to every rank" }
         ),
@@ -285,14 +366,21 @@ fn answer(joined: &mut BTreeMap<u32, Joined>, log: &Logger) {
 
 fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
     let greeting = super::greeting();
+    let here = listener.local_addr().ok();
     let mut pending: Vec<Pending> = Vec::new();
     let mut joined: BTreeMap<u32, Joined> = BTreeMap::new();
     let mut failed: Option<(RejectReason, Instant)> = None;
-    // The ranks told of the failure (rank 0 is told last, once every other rank was, or after
-    // RANK0_LAST_FOR).
+    // The ranks told of the failure (the share's first rank, rank 0 for root 0, is told last,
+    // once every other rank was, or after RANK0_LAST_FOR).
     let mut told: std::collections::BTreeSet<u32> = std::collections::BTreeSet::new();
-    // The world size, rank 0's claim else the first (for whom to tell after a failure).
+    // The world size, rank 0's claim else the first (for whom to tell after a failure, until
+    // a join said which share this root serves).
     let mut size: Option<(bool, u32)> = None;
+    let mut role: Option<Role> = None;
+    // Root 0 of several: the other roots' reports. Root k > 0: its report under way.
+    let mut reports: BTreeMap<u32, Reported> = BTreeMap::new();
+    let mut linking: Option<Linking> = None;
+    let (mut share_in, mut failure_reported) = (false, false);
     // The rank of this process that gave up before joining or forming (rule 8): not told.
     let mut gave_up: Option<u32> = None;
     let (mut changed, mut last_status) = (false, Instant::now());
@@ -305,7 +393,8 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
         }
         let mut pfds = vec![fd::pollfd(listener.as_raw_fd(), fd::POLLIN)];
         pfds.extend(pending.iter().map(|p| fd::pollfd(p.s.as_raw_fd(), fd::POLLIN)));
-        let _ = fd::poll(&mut pfds, Duration::from_millis(500));
+        // While root 0's answer is awaited, look at its channel often.
+        let _ = fd::poll(&mut pfds, Duration::from_millis(if linking.is_some() { 2 } else { 500 }));
         let mut raised = false;
         loop {
             let (s, peer) = match listener.accept() {
@@ -346,11 +435,10 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
             }
             pending.push(Pending { s, peer, buf: Vec::new(), since: Instant::now() });
         }
-        let mut complete = false;
         let mut still = Vec::new();
         for mut p in pending.drain(..) {
-            let payload = match read_join(&mut p) {
-                Ok(Some(b)) => b,
+            let (k, payload) = match read_join(&mut p) {
+                Ok(Some(f)) => f,
                 Ok(None) => {
                     if p.since.elapsed() < Duration::from_millis(HELLO_DEADLINE_MS) {
                         still.push(p);
@@ -368,6 +456,62 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
             let theirs = payload.get(4..8).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
             if let Some(v) = theirs.filter(|v| *v != PROTOCOL_VERSION) {
                 reject(&mut p.s, &RejectReason::Version { ours: PROTOCOL_VERSION, theirs: v });
+                continue;
+            }
+            if k == kind::ROOT_REPORT {
+                let rep = match Report::decode(&payload) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        log.warn(format_args!("root: dropping a root's report from {}: {e}", p.peer));
+                        continue;
+                    }
+                };
+                if !same_secret(&rep.secret, &secret) {
+                    log.warn(format_args!("root: rejecting a root's report from {}: wrong secret", p.peer));
+                    reject(&mut p.s, &RejectReason::WrongSecret);
+                    continue;
+                }
+                if let Some((why, _)) = &failed {
+                    reject(&mut p.s, why);
+                    continue;
+                }
+                let idx = rep.place.index;
+                let entries = match rep.outcome {
+                    Ok(e) => e,
+                    Err(why) => {
+                        let why = RejectReason::RootFailed {
+                            root: idx,
+                            addr: rep.root.to_string(),
+                            why: why.to_string(),
+                        };
+                        log.warn(format_args!("root: rendezvous failed: {why}"));
+                        failed = Some((why, Instant::now()));
+                        continue;
+                    }
+                };
+                let _ = p.s.set_nonblocking(false);
+                let r = Reported { s: p.s, addr: rep.root, place: rep.place, nranks: rep.nranks, entries };
+                let twice = reports.contains_key(&idx) || idx == 0;
+                let bad = if twice {
+                    Some(RejectReason::RootFailed {
+                        root: idx,
+                        addr: r.addr.to_string(),
+                        why: "a second root reported as this index".into(),
+                    })
+                } else {
+                    role.as_ref().and_then(|role| {
+                        let size = joined.get(&0).map_or(r.nranks, |z| z.nranks);
+                        check_report(role, size, idx, &r)
+                    })
+                };
+                if !twice {
+                    reports.insert(idx, r);
+                }
+                if let Some(why) = bad {
+                    log.warn(format_args!("root: rendezvous failed: {why}"));
+                    failed = Some((why, Instant::now()));
+                }
+                changed = true;
                 continue;
             }
             let j = match Join::decode(&payload) {
@@ -389,12 +533,17 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
             if size.is_none_or(|(zero, _)| !zero) {
                 size = Some((j.rank == 0, j.nranks));
             }
+            let role = role.get_or_insert_with(|| Role::new(j.place.clone(), j.nranks));
+            if j.rank == role.share.start {
+                *role = Role::new(role.place.clone(), j.nranks);
+            }
+            let first = role.share.start;
             if let Some((why, _)) = &failed {
-                if j.rank == 0 && !joined.contains_key(&0) {
+                if j.rank == first && !joined.contains_key(&first) {
                     // Told last, below (rule 7).
                     let _ = p.s.set_nonblocking(false);
                     joined.insert(
-                        0,
+                        first,
                         Joined { s: p.s, nranks: j.nranks, sparse_from: j.sparse_from, info: j.info },
                     );
                     continue;
@@ -403,13 +552,22 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
                 told.insert(j.rank);
                 continue;
             }
-            if let Some(prev) = joined.get(&j.rank) {
-                let why = RejectReason::DuplicateRank {
-                    rank: j.rank,
-                    first: prev.info.place(),
-                    second: j.info.place(),
-                };
+            let elsewhere = (j.place.index != role.place.index).then_some(RejectReason::WrongRoot {
+                rank: j.rank,
+                root: role.place.index,
+                its_root: j.place.index,
+                nroots: role.place.nroots,
+            });
+            let mixed = role.place.mixed(&j.place, format!("rank {}", j.rank)).or(elsewhere);
+            let dup = joined.get(&j.rank).map(|prev| RejectReason::DuplicateRank {
+                rank: j.rank,
+                first: prev.info.place(),
+                second: j.info.place(),
+            });
+            if let Some(why) = mixed.or(dup) {
+                log.warn(format_args!("root: rendezvous failed: {why}"));
                 reject(&mut p.s, &why);
+                told.insert(j.rank);
                 failed = Some((why, Instant::now()));
                 continue;
             }
@@ -418,22 +576,122 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
             joined
                 .insert(rank, Joined { s: p.s, nranks: j.nranks, sparse_from: j.sparse_from, info: j.info });
             changed = true;
-            if failed.is_none() {
-                match judge(&joined, rank) {
-                    Some(Err(why)) => {
-                        log.warn(format_args!("root: rendezvous failed: {why}"));
-                        failed = Some((why, Instant::now()));
-                    }
-                    Some(Ok(())) => complete = true,
-                    None => {}
+            match judge(&joined, rank, role) {
+                Some(Err(why)) => {
+                    log.warn(format_args!("root: rendezvous failed: {why}"));
+                    failed = Some((why, Instant::now()));
                 }
+                Some(Ok(())) => share_in = true,
+                None => {}
             }
         }
         pending = still;
-        if failed.is_none() && complete {
-            answer(&mut joined, &log);
-            forget(&secret);
-            return;
+        if let (None, true, Some(role)) = (&failed, share_in, &role) {
+            let (index, nroots) = (role.place.index, role.place.nroots);
+            if index == 0 && reports.len() + 1 == nroots as usize {
+                // Every share is in (root 0's, and each other root's report): the whole table.
+                let size = joined.get(&0).map_or(0, |z| z.nranks);
+                match reports.iter().find_map(|(k, r)| check_report(role, size, *k, r)) {
+                    Some(why) => {
+                        log.warn(format_args!("root: rendezvous failed: {why}"));
+                        failed = Some((why, Instant::now()));
+                    }
+                    None => {
+                        let mut table: Vec<PeerInfo> = joined.values().map(|j| j.info.clone()).collect();
+                        for r in reports.values_mut() {
+                            table.append(&mut r.entries);
+                        }
+                        let msg = encode_table(&table);
+                        let sparse_from = joined.get(&0).map_or(0, |z| z.sparse_from);
+                        let to_roots = super::roots::encode_answer(sparse_from, &msg);
+                        for (k, r) in reports.iter_mut() {
+                            let _ = r.s.set_write_timeout(Some(Duration::from_secs(10)));
+                            if let Err(e) = write_frame(&mut r.s, kind::ROOT_TABLE, &to_roots) {
+                                log.warn(format_args!(
+                                    "root: cannot send the table to root {k} at {}: {e}",
+                                    r.addr
+                                ));
+                            }
+                        }
+                        answer(&mut joined, &table, &msg, sparse_from, &log);
+                        forget(&secret);
+                        return;
+                    }
+                }
+            } else if index > 0 && linking.is_none() {
+                let rep = Report {
+                    version: PROTOCOL_VERSION,
+                    secret: role.place.root0_secret,
+                    root: here.unwrap_or(role.place.root0),
+                    place: role.place.clone(),
+                    nranks: joined.get(&role.share.start).map_or(0, |f| f.nranks),
+                    outcome: Ok(joined.values().map(|j| j.info.clone()).collect()),
+                };
+                linking = Some(link(rep, None));
+                changed = true;
+            } else if index == 0 && nroots == 1 {
+                let table: Vec<PeerInfo> = joined.values().map(|j| j.info.clone()).collect();
+                let msg = encode_table(&table);
+                let sparse_from = joined.get(&0).map_or(0, |z| z.sparse_from);
+                answer(&mut joined, &table, &msg, sparse_from, &log);
+                forget(&secret);
+                return;
+            }
+        }
+        if let Some(l) = &linking {
+            let (root0, nranks) = role.as_ref().map_or((here, 0), |r| (Some(r.place.root0), r.share.len()));
+            let root0 = root0.map_or("?".to_string(), |a| a.to_string());
+            match l.rx.try_recv() {
+                Ok(Answer::Table(sparse_from, msg)) => {
+                    let size = joined.values().next().map_or(0, |j| j.nranks as usize);
+                    match decode_table(&msg) {
+                        Ok(table)
+                            if table.len() == size
+                                && table.len() >= nranks
+                                && table.iter().enumerate().all(|(i, p)| p.rank.idx() == i) =>
+                        {
+                            answer(&mut joined, &table, &msg, sparse_from, &log);
+                            forget(&secret);
+                            return;
+                        }
+                        t => {
+                            let why = RejectReason::RootFailed {
+                                root: 0,
+                                addr: root0,
+                                why: match t {
+                                    Ok(t) => format!(
+                                        "it sent a table of {} entries for world size {size}",
+                                        t.len()
+                                    ),
+                                    Err(e) => e.to_string(),
+                                },
+                            };
+                            failed = Some((why, Instant::now()));
+                        }
+                    }
+                }
+                Ok(Answer::Rejected(why)) => failed = Some((why, Instant::now())),
+                Ok(Answer::Lost(why)) => {
+                    failed = Some((RejectReason::RootFailed { root: 0, addr: root0, why }, Instant::now()))
+                }
+                Err(std::sync::mpsc::TryRecvError::Empty) => {}
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    failed = Some((
+                        RejectReason::RootFailed {
+                            root: 0,
+                            addr: root0,
+                            why: "the report's thread ended".into(),
+                        },
+                        Instant::now(),
+                    ))
+                }
+            }
+            if failed.is_some() {
+                l.stop.store(true, std::sync::atomic::Ordering::Release);
+                linking = None;
+                // The failure came from root 0 (or its link): root 0 needs no report of it.
+                failure_reported = true;
+            }
         }
         if let Some(a) = abandoned(&secret).filter(|_| failed.is_none()) {
             let (r, n) = (a.rank, a.size);
@@ -454,7 +712,15 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
             failed = Some((why, Instant::now()));
         }
         if failed.is_none() && changed && last_status.elapsed() >= status_interval(joined.len()) {
-            let msg = JoinStatus { missing: missing(&joined) }.encode();
+            let roots: Vec<u32> = match &role {
+                Some(r) if r.place.index == 0 => {
+                    (1..r.place.nroots).filter(|k| !reports.contains_key(k)).collect()
+                }
+                Some(_) if linking.is_some() => vec![0],
+                _ => Vec::new(),
+            };
+            let share = role.as_ref().map_or(0..0, |r| r.share.clone());
+            let msg = JoinStatus { missing: missing(&joined, &share), roots }.encode();
             for j in joined.values_mut() {
                 let _ = j.s.set_write_timeout(Some(STATUS_WRITE_TIMEOUT));
                 let _ = write_frame(&mut j.s, kind::STATUS, &msg);
@@ -462,24 +728,47 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
             (changed, last_status) = (false, Instant::now());
         }
         if let Some((why, at)) = &failed {
-            // Rank 0 hears it last: its process runs this thread, and ends once it knows. So
-            // every other rank is told first, as it arrives (accepted and unread, queued on the
-            // listener, or still starting: a root out of descriptors accepts them as the
-            // rejected ones' descriptors free up), until all were or RANK0_LAST_FOR passed.
-            let zero = joined.remove(&0);
+            // Root k > 0 tells root 0 (once), so every other share hears it too.
+            if let Some(r) = role.as_ref().filter(|r| r.place.index > 0 && !failure_reported) {
+                failure_reported = true;
+                if let Some(l) = linking.take() {
+                    l.stop.store(true, std::sync::atomic::Ordering::Release);
+                }
+                let rep = Report {
+                    version: PROTOCOL_VERSION,
+                    secret: r.place.root0_secret,
+                    root: here.unwrap_or(r.place.root0),
+                    place: r.place.clone(),
+                    nranks: size.map_or(0, |(_, n)| n),
+                    outcome: Err(why.clone()),
+                };
+                drop(link(rep, Some(Instant::now() + Duration::from_secs(10))));
+            }
+            // Root 0 tells the roots that reported.
+            for (_, mut r) in std::mem::take(&mut reports) {
+                reject(&mut r.s, why);
+            }
+            // The share's first rank hears it last: for root 0 that is rank 0, whose process
+            // runs this thread, and ends once it knows. So every other rank is told first, as
+            // it arrives (accepted and unread, queued on the listener, or still starting: a
+            // root out of descriptors accepts them as the rejected ones' descriptors free up),
+            // until all were or RANK0_LAST_FOR passed.
+            let first = role.as_ref().map_or(0, |r| r.share.start);
+            let zero = joined.remove(&first);
             for (r, mut j) in std::mem::take(&mut joined) {
                 reject(&mut j.s, why);
                 told.insert(r);
             }
-            // Every rank but rank 0 and the one of this process that gave up.
-            let others = size.map_or(0, |(_, n)| n as usize).saturating_sub(1)
-                - usize::from(gave_up.is_some_and(|r| r != 0));
+            // Every rank of the share but its first and the one of this process that gave up.
+            let expected = role.as_ref().map_or(size.map_or(0, |(_, n)| n as usize), |r| r.share.len());
+            let others =
+                expected.saturating_sub(1) - usize::from(gave_up.is_some_and(|r| r != first) && expected > 1);
             let done = told.len() >= others || at.elapsed() > RANK0_LAST_FOR;
             if let Some(mut z) = zero {
                 if done {
                     reject(&mut z.s, why);
                 } else {
-                    joined.insert(0, z);
+                    joined.insert(first, z);
                 }
             }
             // After rank 0's rejection is out: once told, this process may end.
@@ -489,116 +778,5 @@ fn run(listener: TcpListener, secret: [u8; 32], log: Logger) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::{decode_reject, Join};
-    use super::*;
-    use std::io::{Read, Write};
-
-    #[test]
-    fn every_rejection_survives_the_wire() {
-        let all = [
-            RejectReason::WrongSecret,
-            RejectReason::WorldSizeMismatch { rank: 3, size: 4, root_size: 5 },
-            RejectReason::DuplicateRank { rank: 1, first: "a:1".into(), second: "b:2".into() },
-            RejectReason::RankOutOfRange { rank: 9, size: 4 },
-            RejectReason::Version { ours: 4, theirs: 3 },
-            RejectReason::RootOutOfDescriptors { joined: 1021, limit: 1024 },
-            RejectReason::RootRankFailed { rank: 0, reason: "create the control block: oops".into() },
-        ];
-        for r in all {
-            assert_eq!(decode_reject(&encode_reject(&r)).unwrap(), r);
-        }
-    }
-
-    fn read_frame_raw(s: &mut TcpStream) -> (u8, Vec<u8>) {
-        let mut h = [0u8; 8];
-        s.read_exact(&mut h).unwrap();
-        let mut b = vec![0u8; u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize];
-        s.read_exact(&mut b).unwrap();
-        (h[4], b)
-    }
-
-    /// The root alone at sizes a process can hold here (each join is a connection, two
-    /// descriptors in this one process): how long from the first join to the last rank's
-    /// answer, dense against sparse. A benchmark, run by hand:
-    /// `OXCCL_ROOT_BENCH=1000,2000,4000,8000 cargo test --release -p oxccl --lib root_throughput -- --include-ignored --nocapture`
-    #[test]
-    #[ignore]
-    fn root_throughput() {
-        let sizes = super::super::tests::bench_sizes("OXCCL_ROOT_BENCH", "1000,2000,4000");
-        // The table's codec at 100,000 entries: what each relay hop pays besides the wire.
-        let (entry, decode_us) = super::super::table_codec_probe(100_000);
-        println!("# table of 100000 entries: {entry:.1} B/entry, decode {decode_us:.3} us/entry");
-        println!("# ranks  mode    joins sent (ms)  all answered (ms)  root bytes out  us/join");
-        for n in sizes {
-            for sparse in [false, true] {
-                if !sparse && n > 4000 {
-                    continue;
-                }
-                let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-                let addr = listener.local_addr().unwrap();
-                let secret = [7u8; 32];
-                let log = Logger::new(&oxccl_core::config::Config::default(), None);
-                spawn(listener, secret, log).unwrap();
-                let t0 = Instant::now();
-                let clients = 2;
-                let hs: Vec<_> = (0..clients)
-                    .map(|c| {
-                        std::thread::spawn(move || {
-                            let mine: Vec<usize> = (c..n).step_by(clients).collect();
-                            let mut socks = Vec::with_capacity(mine.len());
-                            for &r in &mine {
-                                let mut s = TcpStream::connect(addr).unwrap();
-                                let join = Join {
-                                    version: PROTOCOL_VERSION,
-                                    secret,
-                                    rank: r as u32,
-                                    nranks: n as u32,
-                                    sparse_from: if sparse { 2 } else { 0 },
-                                    info: PeerInfo {
-                                        rank: Rank(r as u32),
-                                        pid: 1000 + r as u32,
-                                        host_id: (r / 8) as u64,
-                                        hostname: format!("node{:05}", r / 8),
-                                        addr: SocketAddr::from(([10, 0, (r >> 8) as u8, r as u8], 40000)),
-                                        unix_name: [1; 16],
-                                        costs: Default::default(),
-                                        cuda_device: -1,
-                                        rails: Vec::new(),
-                                    },
-                                };
-                                s.write_all(&super::super::frame(kind::JOIN, &join.encode())).unwrap();
-                                socks.push(s);
-                            }
-                            let sent = t0.elapsed();
-                            let mut bytes = 0usize;
-                            for (s, &r) in socks.iter_mut().zip(&mine) {
-                                s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-                                loop {
-                                    let (k, b) = read_frame_raw(s);
-                                    bytes += 8 + b.len();
-                                    if k == kind::TABLE || (k == kind::ROUTE && sparse && r != 0) {
-                                        break;
-                                    }
-                                }
-                            }
-                            (sent, t0.elapsed(), bytes)
-                        })
-                    })
-                    .collect();
-                let res: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
-                let sent = res.iter().map(|r| r.0).max().unwrap();
-                let done = res.iter().map(|r| r.1).max().unwrap();
-                let bytes: usize = res.iter().map(|r| r.2).sum();
-                println!(
-                    "  {n:>6}  {:<6}  {:>15.1}  {:>17.1}  {:>14}  {:>7.1}",
-                    if sparse { "sparse" } else { "dense" },
-                    sent.as_secs_f64() * 1e3,
-                    done.as_secs_f64() * 1e3,
-                    bytes,
-                    done.as_secs_f64() * 1e6 / n as f64
-                );
-            }
-        }
-    }
-}
+#[path = "root_tests.rs"]
+mod tests;

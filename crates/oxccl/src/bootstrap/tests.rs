@@ -71,7 +71,15 @@ fn relay_with_rank1_gone(early: bool) -> Vec<JoinOutcome> {
             let w = Waiter::new(Rank(r), Some(Duration::from_secs(30)), Arc::new(AtomicBool::new(false)))
                 .watching(&svc.mailbox);
             let t = Instant::now();
-            let rv = Rendezvous { root: root_addr, secret: &secret, size: n, sparse_from: 2 };
+            let place = super::roots::Place::single(root_addr, &secret);
+            let rv = Rendezvous {
+                root: root_addr,
+                secret: &secret,
+                size: n,
+                sparse_from: 2,
+                place: &place,
+                roots: &[root_addr],
+            };
             let got = join(rv, &me, &svc.mailbox, &w, &log);
             // The service lives on (as in a rank whose init went on) until all are done.
             (r, got.map(|j| (j.peers.len(), j.route.sparse)), t.elapsed(), svc)
@@ -96,6 +104,7 @@ fn relay_with_rank1_gone(early: bool) -> Vec<JoinOutcome> {
         rank: 1,
         nranks: n as u32,
         sparse_from: 2,
+        place: super::roots::Place::single(root_addr, &secret),
         info: info(1, fake_addr),
     };
     write_frame(&mut s, kind::JOIN, &req.encode()).unwrap();
@@ -190,12 +199,13 @@ fn a_send_stuck_on_a_peer_that_never_reads_ends_at_its_deadline() {
 
 #[test]
 fn join_status_round_trips_and_bounds_its_list() {
-    let s = JoinStatus { missing: vec![Rank(1), Rank(7)] };
+    let s = JoinStatus { missing: vec![Rank(1), Rank(7)], roots: vec![0, 3] };
     assert_eq!(JoinStatus::decode(&s.encode()).unwrap(), s);
     // More than MAX_LISTED missing ranks: the first MAX_LISTED are sent.
-    let many = JoinStatus { missing: (0..100).map(Rank).collect() };
+    let many = JoinStatus { missing: (0..100).map(Rank).collect(), roots: (0..100).collect() };
     let back = JoinStatus::decode(&many.encode()).unwrap();
     assert_eq!(back.missing, (0..JoinStatus::MAX_LISTED as u32).map(Rank).collect::<Vec<_>>());
+    assert_eq!(back.roots, (0..JoinStatus::MAX_LISTED as u32).collect::<Vec<_>>());
     // A frame claiming more, or with trailing bytes, is refused.
     let mut w = Writer::new();
     w.u32(65);
@@ -250,7 +260,15 @@ fn relay_throughput() {
                             .watching(&svc.mailbox);
                             ready.wait();
                             let t = Instant::now();
-                            let rv = Rendezvous { root: root_addr, secret: &secret, size: n, sparse_from };
+                            let place = super::roots::Place::single(root_addr, &secret);
+                            let rv = Rendezvous {
+                                root: root_addr,
+                                secret: &secret,
+                                size: n,
+                                sparse_from,
+                                place: &place,
+                                roots: &[root_addr],
+                            };
                             let j = join(rv, &me, &svc.mailbox, &w, &log).unwrap();
                             let took = t.elapsed();
                             assert_eq!(j.peers.len(), n);

@@ -25,7 +25,7 @@ pub struct PeerInfo {
     pub rails: Vec<IpAddr>,
 }
 
-fn put_addr(w: &mut Writer, a: &SocketAddr) {
+pub(crate) fn put_addr(w: &mut Writer, a: &SocketAddr) {
     match a.ip() {
         IpAddr::V4(ip) => {
             w.u8(4).raw(&ip.octets()).raw(&[0u8; 12]);
@@ -37,7 +37,7 @@ fn put_addr(w: &mut Writer, a: &SocketAddr) {
     w.u16(a.port());
 }
 
-fn get_addr(r: &mut Reader<'_>) -> Result<SocketAddr, CoreError> {
+pub(crate) fn get_addr(r: &mut Reader<'_>) -> Result<SocketAddr, CoreError> {
     let fam = r.u8()?;
     let b: [u8; 16] = r.fixed()?;
     let port = r.u16()?;
@@ -155,6 +155,8 @@ pub(crate) struct Join {
     pub nranks: u32,
     /// The joining rank's `OXCCL_BOOTSTRAP_SPARSE_FROM` (rank 0's decides).
     pub sparse_from: u32,
+    /// Which of the communicator's roots this is, and the others' ([`super::roots`]).
+    pub place: super::roots::Place,
     pub info: PeerInfo,
 }
 
@@ -163,6 +165,7 @@ impl Join {
         let mut w = Writer::new();
         w.u32(JOIN_MAGIC).u32(self.version).raw(&self.secret).u32(self.rank).u32(self.nranks);
         w.u32(self.sparse_from);
+        self.place.encode(&mut w);
         self.info.encode(&mut w);
         w.finish()
     }
@@ -178,6 +181,7 @@ impl Join {
             rank: r.u32()?,
             nranks: r.u32()?,
             sparse_from: r.u32()?,
+            place: super::roots::Place::decode(&mut r)?,
             info: PeerInfo::decode(&mut r)?,
         };
         r.finish()?;
@@ -197,6 +201,13 @@ pub(crate) fn encode_reject(reason: &RejectReason) -> Vec<u8> {
         RejectReason::Version { ours, theirs } => w.u8(4).u32(*ours).u32(*theirs),
         RejectReason::RootOutOfDescriptors { joined, limit } => w.u8(5).u32(*joined).u64(*limit),
         RejectReason::RootRankFailed { rank, reason } => w.u8(6).u32(*rank).str(reason),
+        RejectReason::WrongRoot { rank, root, its_root, nroots } => {
+            w.u8(7).u32(*rank).u32(*root).u32(*its_root).u32(*nroots)
+        }
+        RejectReason::MixedIds { index, by, theirs, ours } => {
+            w.u8(8).u32(*index).str(by).str(theirs).str(ours)
+        }
+        RejectReason::RootFailed { root, addr, why } => w.u8(9).u32(*root).str(addr).str(why),
     };
     w.finish()
 }
@@ -215,6 +226,16 @@ pub(crate) fn decode_reject(b: &[u8]) -> Result<RejectReason, CoreError> {
         4 => RejectReason::Version { ours: r.u32()?, theirs: r.u32()? },
         5 => RejectReason::RootOutOfDescriptors { joined: r.u32()?, limit: r.u64()? },
         6 => RejectReason::RootRankFailed { rank: r.u32()?, reason: r.str()?.to_string() },
+        7 => RejectReason::WrongRoot { rank: r.u32()?, root: r.u32()?, its_root: r.u32()?, nroots: r.u32()? },
+        8 => RejectReason::MixedIds {
+            index: r.u32()?,
+            by: r.str()?.to_string(),
+            theirs: r.str()?.to_string(),
+            ours: r.str()?.to_string(),
+        },
+        9 => {
+            RejectReason::RootFailed { root: r.u32()?, addr: r.str()?.to_string(), why: r.str()?.to_string() }
+        }
         k => return Err(CoreError::Malformed { what: "rejection", reason: format!("code {k}") }),
     })
 }
@@ -345,11 +366,13 @@ impl Route {
     }
 }
 
-/// The root's word on an incomplete rendezvous: the ranks that have not joined (at most
-/// [`JoinStatus::MAX_LISTED`] of them, lowest first).
+/// The root's word on an incomplete rendezvous: the ranks of its share that have not joined,
+/// and the other roots it waits for (root 0: those that have not reported; root `k > 0`: root
+/// 0, once its share is in), at most [`JoinStatus::MAX_LISTED`] of each, lowest first.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct JoinStatus {
     pub missing: Vec<Rank>,
+    pub roots: Vec<u32>,
 }
 
 impl JoinStatus {
@@ -362,6 +385,11 @@ impl JoinStatus {
         for r in listed {
             w.u32(r.0);
         }
+        let roots = &self.roots[..self.roots.len().min(Self::MAX_LISTED)];
+        w.u32(roots.len() as u32);
+        for k in roots {
+            w.u32(*k);
+        }
         w.finish()
     }
 
@@ -372,8 +400,13 @@ impl JoinStatus {
             return Err(CoreError::Malformed { what: "join status", reason: format!("{n} ranks listed") });
         }
         let missing = (0..n).map(|_| r.u32().map(Rank)).collect::<Result<Vec<_>, _>>()?;
+        let n = r.u32()? as usize;
+        if n > Self::MAX_LISTED {
+            return Err(CoreError::Malformed { what: "join status", reason: format!("{n} roots listed") });
+        }
+        let roots = (0..n).map(|_| r.u32()).collect::<Result<Vec<_>, _>>()?;
         r.finish()?;
-        Ok(JoinStatus { missing })
+        Ok(JoinStatus { missing, roots })
     }
 }
 

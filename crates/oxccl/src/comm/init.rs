@@ -107,6 +107,16 @@ pub(super) struct Parts {
 impl Communicator {
     /// Joins the communicator of `id` as `rank` of `size`.
     pub fn init(id: &UniqueId, size: usize, rank: Rank, config: Config) -> Result<Communicator> {
+        Communicator::init_scalable(std::slice::from_ref(id), size, rank, config)
+    }
+
+    /// Joins the communicator of `ids` as `rank` of `size`, with one rendezvous root per id
+    /// (NCCL's `ncclCommInitRankScalable`): the process that made `ids[k]` with
+    /// [`crate::new_unique_id`] serves root `k`, rank `r` joins root
+    /// [`root_of`](bootstrap::roots::root_of)`(r, size, ids.len())` (contiguous shares), and
+    /// the roots join each other (`bootstrap::roots`). Every rank passes the same ids in the
+    /// same order; the communicator's secret is `ids[0]`'s. One id is [`init`](Self::init).
+    pub fn init_scalable(ids: &[UniqueId], size: usize, rank: Rank, config: Config) -> Result<Communicator> {
         // Bad arguments are this call's alone: the rank may call again with good ones.
         if size == 0 {
             return Err(CoreError::InvalidArgument {
@@ -116,12 +126,15 @@ impl Communicator {
             .into());
         }
         let rank = coll::check_rank("rank", rank.0 as i64, size)?;
+        check_ids(ids, size)?;
+        let k = bootstrap::roots::root_of(rank.idx(), size, ids.len());
+        let id = &ids[k];
         let root = |e: Error, before_join: bool| {
-            // The rendezvous root may run in this process (rank 0's, usually). A rank that
-            // gives up before joining, or that ran out of descriptors (which the root, holding
-            // one per joined rank, is the likely cause of) tells it so, and it tells the others
-            // rather than leave them waiting for a rank that never comes; this process lasts
-            // until it has told them. Its reason is the cause every rank reports.
+            // This rank's rendezvous root may run in this process (rank 0's, usually). A rank
+            // that gives up before joining, or that ran out of descriptors (which the root,
+            // holding one per joined rank, is the likely cause of) tells it so, and it tells
+            // the others rather than leave them waiting for a rank that never comes; this
+            // process lasts until it has told them. Its reason is the cause every rank reports.
             let fds = crate::sys::limits::error_is_out_of_descriptors(&e);
             let abandon = (before_join || fds).then(|| crate::bootstrap::root::Abandon {
                 rank: rank.0,
@@ -134,34 +147,35 @@ impl Communicator {
                 None => e,
             }
         };
-        let ready = Communicator::prepare(id, size, rank, config).map_err(|e| root(e, true))?;
-        Communicator::start(id, size, ready).map_err(|e| root(e, false))
+        let ready = Communicator::prepare(id.root.ip(), &ids[0].secret, size, rank, config)
+            .map_err(|e| root(e, true))?;
+        Communicator::start(ids, k, size, ready).map_err(|e| root(e, false))
     }
 
-    /// What a rank sets up before it joins: its settings checked, its service started.
-    fn prepare(id: &UniqueId, size: usize, rank: Rank, config: Config) -> Result<Ready> {
+    /// What a rank sets up before it joins: its settings checked, its service started (on the
+    /// interface nearest `root_ip`, admitting the communicator's `secret`).
+    fn prepare(
+        root_ip: std::net::IpAddr,
+        secret: &[u8; 32],
+        size: usize,
+        rank: Rank,
+        config: Config,
+    ) -> Result<Ready> {
         config.validate()?;
         let log = Logger::new(&config, Some(rank.0));
-        let ip = crate::rendezvous::choose_ip(&config, Some(id.root.ip()), rank)?;
+        let ip = crate::rendezvous::choose_ip(&config, Some(root_ip), rank)?;
         let rails = crate::rendezvous::rails(&config, ip, rank)?;
         let doorbell = Arc::new(EventFd::new().map_err(|e| Error::io(rank, "eventfd", None, e))?);
         let abort = Arc::new(AtomicBool::new(false));
         let ctl =
             Arc::new(Ctl::create(rank.0).map_err(|e| Error::io(rank, "create the control block", None, e))?);
-        let service = Service::start(
-            ip,
-            &rails,
-            rank,
-            size,
-            id.secret,
-            doorbell.clone(),
-            host_share(&ctl, rank)?,
-            log,
-        )?;
+        let service =
+            Service::start(ip, &rails, rank, size, *secret, doorbell.clone(), host_share(&ctl, rank)?, log)?;
         Ok(Ready { rank, config, log, doorbell, abort, ctl, service, rails })
     }
 
-    fn start(id: &UniqueId, size: usize, ready: Ready) -> Result<Communicator> {
+    /// Joins root `k` of `ids`, then assembles the communicator from the table.
+    fn start(ids: &[UniqueId], k: usize, size: usize, ready: Ready) -> Result<Communicator> {
         let Ready { rank, config, log, doorbell, abort, ctl, service, rails } = ready;
         let info = PeerInfo {
             rank,
@@ -181,12 +195,23 @@ impl Communicator {
         let w = Waiter::new(rank, config.timeout, abort.clone())
             .watching(&service.mailbox)
             .announcing(config.wait_notice);
+        let place = bootstrap::roots::Place {
+            index: k as u32,
+            nroots: ids.len() as u32,
+            root0: ids[0].root,
+            root0_secret: ids[0].secret,
+            ids: ids.iter().map(|i| i.comm_hash().0).collect(),
+        };
+        let addrs: Vec<std::net::SocketAddr> = ids.iter().map(|i| i.root).collect();
         let rv = bootstrap::Rendezvous {
-            root: id.root,
-            secret: &id.secret,
+            root: ids[k].root,
+            secret: &ids[k].secret,
             size,
             sparse_from: config.bootstrap_sparse_from,
+            place: &place,
+            roots: &addrs,
         };
+        let id = &ids[0];
         let joined = bootstrap::join(rv, &info, &service.mailbox, &w, &log)?;
         log.info(format_args!(
             "joined communicator {} as rank {rank} of {size} ({})",
@@ -549,6 +574,32 @@ impl Communicator {
         }
         r
     }
+}
+
+/// A scalable init's ids: at least one, at most one per rank and [`MAX_ROOTS`](bootstrap::roots::MAX_ROOTS),
+/// no two the same.
+fn check_ids(ids: &[UniqueId], size: usize) -> Result<()> {
+    let bad = |reason: String| -> Error { CoreError::InvalidArgument { arg: "ids", reason }.into() };
+    if ids.is_empty() {
+        return Err(bad("no unique id (at least one is needed)".into()));
+    }
+    let most = size.min(bootstrap::roots::MAX_ROOTS);
+    if ids.len() > most {
+        return Err(bad(format!(
+            "{} unique ids for {size} ranks (at most one per rank, and at most {})",
+            ids.len(),
+            bootstrap::roots::MAX_ROOTS
+        )));
+    }
+    let mut seen: HashMap<[u8; 32], usize> = HashMap::new();
+    for (i, id) in ids.iter().enumerate() {
+        if let Some(j) = seen.insert(id.secret, i) {
+            return Err(bad(format!(
+                "ids[{j}] and ids[{i}] are the same unique id (each root needs its own)"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// What this rank's service hands same-host peers: its control block's descriptor and its
