@@ -220,19 +220,24 @@ impl Model {
             }
             Algo::Hier => {
                 // Inside the host, then between hosts with the host's `l` ranks sending at
-                // once (their streams share the NIC), then inside again: the phases follow
-                // one another.
+                // once (their streams share the NIC), then inside again. All-reduce runs in
+                // pieces (`plan/hier.rs`), the host's phases of one piece beside the network's
+                // of another: the slower part sets the pace, the faster shows for one piece.
+                // All-gather and reduce-scatter run their two parts one after the other.
                 let h = nh as f64;
-                let (twice, bus_ratio_in, bus_ratio_net) = match c {
-                    RingColl::AllReduce => (2.0, (l - 1.0) / l, (h - 1.0) / h),
-                    _ => (1.0, (l - 1.0) / l, (h - 1.0) / h),
-                };
+                let twice = if c == RingColl::AllReduce { 2.0 } else { 1.0 };
                 let nic = (l * ch * self.net.channel_gbs).min(self.net.limit_gbs) * proto_eff;
                 let lat = base + twice * ((l - 1.0) * intra_hop + (h - 1.0) * net_hop);
-                let t = lat
-                    + twice * n * bus_ratio_in / (1000.0 * intra_bw * proto_eff)
-                    + twice * n * bus_ratio_net / (1000.0 * nic);
-                return Some(t);
+                let inside = twice * n * (l - 1.0) / l / (1000.0 * intra_bw * proto_eff);
+                let between = twice * n * (h - 1.0) / h / (1000.0 * nic);
+                let t = if c == RingColl::AllReduce {
+                    let pieces =
+                        (bytes / crate::tuning::HIER_PIECE_BYTES).clamp(1, crate::tuning::HIER_MAX_PIECES);
+                    inside.max(between) + inside.min(between) / pieces as f64
+                } else {
+                    inside + between
+                };
+                return Some(lat + t);
             }
             Algo::Tree => {
                 let lat = base + 2.0 * ((l - 1.0) * intra_hop + log2_ceil(nh) as f64 * net_hop);
