@@ -79,6 +79,7 @@ fn root_throughput() {
                                     costs: Default::default(),
                                     cuda_device: -1,
                                     rails: Vec::new(),
+                                    machine: 0,
                                 },
                             };
                             s.write_all(&super::super::frame(kind::JOIN, &join.encode())).unwrap();

@@ -14,6 +14,7 @@ fn info(r: u32, addr: SocketAddr) -> PeerInfo {
         costs: Default::default(),
         cuda_device: -1,
         rails: Vec::new(),
+        machine: 0,
     }
 }
 
@@ -30,8 +31,9 @@ fn the_peer_table_carries_each_ranks_cuda_device() {
     assert_eq!(decode_table(&encode_table(&table)).unwrap(), table);
     // Rails travel too, v4 and v6, in order.
     let rails = vec!["10.1.0.1".parse().unwrap(), "fd00::2".parse().unwrap()];
-    let with = vec![PeerInfo { rails: rails.clone(), ..info(0, addr) }, info(1, addr)];
-    assert_eq!(decode_table(&encode_table(&with)).unwrap()[0].rails, rails);
+    let with = vec![PeerInfo { rails: rails.clone(), machine: 7, ..info(0, addr) }, info(1, addr)];
+    let back = decode_table(&encode_table(&with)).unwrap();
+    assert_eq!((&back[0].rails, back[0].machine, back[1].machine), (&rails, 7, 0));
     let bad = encode_table(&[PeerInfo { cuda_device: -2, ..info(0, addr) }]);
     let e = decode_table(&bad).unwrap_err().to_string();
     assert!(e.contains("CUDA device") && e.contains("-2"), "{e}");

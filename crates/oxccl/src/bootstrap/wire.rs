@@ -23,6 +23,9 @@ pub struct PeerInfo {
     /// The rank's rails ([`oxccl_core::ifname::rails`]): one address per interface, in rail
     /// order, its service listening on each at `addr`'s port; empty: `addr` alone.
     pub rails: Vec<IpAddr>,
+    /// The machine (kernel) the rank runs on ([`crate::sys::host::machine_id`]): ranks of
+    /// several hosts (network namespaces, containers) of one machine share its cores.
+    pub machine: u64,
 }
 
 pub(crate) fn put_addr(w: &mut Writer, a: &SocketAddr) {
@@ -69,6 +72,7 @@ impl PeerInfo {
         for ip in self.rails.iter().take(oxccl_core::ifname::MAX_RAILS) {
             put_addr(w, &SocketAddr::new(*ip, 0));
         }
+        w.u64(self.machine);
     }
 
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<PeerInfo, CoreError> {
@@ -115,6 +119,7 @@ impl PeerInfo {
                     })
                 }
             },
+            machine: r.u64()?,
         })
     }
 
@@ -265,6 +270,7 @@ pub fn table_codec_probe(n: usize) -> (f64, f64) {
             costs: Default::default(),
             cuda_device: -1,
             rails: Vec::new(),
+            machine: 0,
         })
         .collect();
     let bytes = encode_table(&table);

@@ -191,6 +191,7 @@ impl Communicator {
             ),
             cuda_device: config.cuda_device.unwrap_or(-1),
             rails,
+            machine: host::machine_id(),
         };
         let w = Waiter::new(rank, config.timeout, abort.clone())
             .watching(&service.mailbox)

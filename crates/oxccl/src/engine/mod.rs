@@ -239,9 +239,12 @@ fn span(bufs: &[RawBuf], loc: Loc, len: usize) -> Result<RawBuf> {
 
 impl Engine {
     pub fn new(ctx: EngineCtx) -> Engine {
-        // Ranks of this host beyond its cores take turns on them: a waiting rank that spins
-        // long only delays the one it waits for.
-        let local = ctx.peers.iter().filter(|q| q.host_id == ctx.host_id).count();
+        // Ranks of this machine beyond its cores take turns on them: a waiting rank that spins
+        // long only delays the one it waits for. The machine's, not the host's: emulated hosts
+        // (network namespaces) and containers of one machine share its cores.
+        let machine = ctx.peers.get(ctx.me.idx()).map(|p| p.machine);
+        let local =
+            ctx.peers.iter().filter(|q| q.host_id == ctx.host_id || Some(q.machine) == machine).count();
         let cpus = crate::sys::affinity::host_cpus();
         let spin = Duration::from_nanos(if local > cpus { SPIN_OVERSUBSCRIBED_NS } else { SPIN_NS });
         Engine {

@@ -38,6 +38,16 @@ pub fn host_id(override_id: Option<&str>) -> u64 {
     fnv1a(format!("{}|{}|{}", hostname(), boot.trim(), netns).as_bytes())
 }
 
+/// The machine identity: the kernel's boot id, shared by every network namespace and
+/// container of the machine (whose ranks share its cores), whatever `OXCCL_HOST_ID` says.
+pub fn machine_id() -> u64 {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    match boot.trim() {
+        "" => fnv1a(hostname().as_bytes()),
+        b => fnv1a(b.as_bytes()),
+    }
+}
+
 /// The calling thread's kernel thread id (for log lines).
 pub fn thread_id() -> u64 {
     // SAFETY: gettid has no arguments and cannot fail.

@@ -596,6 +596,7 @@ mod tests {
             costs: Default::default(),
             cuda_device: -1,
             rails: Vec::new(),
+            machine: 0,
         };
         (tx, TcpRecv::accept(Rank(0), &peer, rx, 2, slot_bytes).unwrap())
     }
@@ -698,6 +699,7 @@ mod tests {
             costs: Default::default(),
             cuda_device: -1,
             rails: Vec::new(),
+            machine: 0,
         };
         let tx = TcpStream::connect(peer.addr).unwrap();
         let (rx, _) = l.accept().unwrap();
