@@ -31,6 +31,7 @@ pub fn model_of(c: &Cluster, nranks: usize) -> Model {
         net: path(&c.net, c.net.gbs * c.nics_per_node as f64),
         base_us: [c.base_tree_us, c.base_ring_us, c.base_ring_us, c.base_ring_us],
         hosts_uniform: nranks % local.max(1) == 0,
+        msg_us: 0.0,
         max_channels: 2 * c.nics_per_node,
         min_channels: 1,
         ll128: true,

@@ -55,6 +55,9 @@ struct Seg {
 
 type SegFn = Arc<dyn Fn(usize, usize) -> Seg + Send + Sync>;
 
+/// A plan's phases, in order.
+type Phases = Vec<Vec<Lane>>;
+
 /// Which half of a ring collective a [`HostHalf`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Half {
@@ -281,6 +284,53 @@ pub fn all_reduce(
         }
     }
     Ok(phases.into_iter().filter(|p| !p.is_empty()).collect())
+}
+
+/// The phases and scratch bytes of a small hierarchical all-reduce, or `None` where it does
+/// not apply (the leaders' exchange is not one-shot sized): the host's ranks reduce into its
+/// first rank (its leader) along the host ring, the leaders all-reduce in one exchange
+/// (`oneshot`, planned among the `H` leaders and addressed to their ranks), and the leader's
+/// result goes back along the host ring. Each host puts `H − 1` messages on the network
+/// where the one-shot of all ranks puts `k(N − k)`.
+pub fn all_reduce_small(
+    g: &Geometry,
+    grp: &HostGroups,
+    count: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    src: Loc,
+    dst: Loc,
+) -> Result<Option<(Phases, usize)>, CoreError> {
+    let (es, chunk, k, nh) = (dtype.size_bytes(), g.chunk_elems(dtype), grp.local(), grp.hosts());
+    let me = place(g, grp);
+    let mut leaders = Geometry::simple(Rank::new(me.h), nh, 1, g.chunk_bytes);
+    leaders.one_shot_max_bytes = g.one_shot_max_bytes;
+    if !super::oneshot::applies(&leaders, count, dtype) {
+        return Ok(None);
+    }
+    let ctx = ReduceCtx::new(dtype, op, g.size as u32)?;
+    // Segment 0 (the leader's) is the whole buffer; the others are empty.
+    let seg: SegFn =
+        Arc::new(move |_: usize, x: usize| Seg { src: 0, dst: 0, len: if x == 0 { count } else { 0 } });
+    let half = |h, s, d| Box::new(HostHalf::new(h, k, me.l, es, chunk, 1, seg.clone(), s, d));
+    let mut phases = vec![vec![lane(&me.host, me.l, 0, Some(ctx), half(Half::Reduce, src, dst))]];
+    let mut scratch = 0;
+    if me.l == 0 {
+        let (mut exchange, bytes) = super::oneshot::all_reduce(&leaders, count, dtype, op, dst, dst)?;
+        for lane in exchange.iter_mut().flatten() {
+            for key in lane.inbound.iter_mut().chain(lane.outbound.iter_mut()) {
+                key.peer = me.cross[key.peer.idx()];
+            }
+            // Avg divides by the communicator's size, not the leaders' count.
+            if lane.reduce.is_some() {
+                lane.reduce = Some(ctx);
+            }
+        }
+        phases.extend(exchange);
+        scratch = bytes;
+    }
+    phases.push(vec![lane(&me.host, me.l, 0, None, half(Half::Gather, dst, dst))]);
+    Ok(Some((phases, scratch)))
 }
 
 /// The phases of a hierarchical all-gather (`count` elements per rank) for rank `g.rank`.

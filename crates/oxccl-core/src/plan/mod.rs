@@ -237,7 +237,10 @@ pub fn plan_group_signed(
         if let Some(grp) = g.select.as_ref().filter(|s| hier_selected(s, op)).and_then(|_| hier::groups(g)) {
             let (phases, scratch) = match *op {
                 OpSpec::AllReduce { count, dtype, op, src, dst } => {
-                    (hier::all_reduce(g, &grp, count, dtype, op, src, dst)?, 0)
+                    match hier::all_reduce_small(g, &grp, count, dtype, op, src, dst)? {
+                        Some(small) => small,
+                        None => (hier::all_reduce(g, &grp, count, dtype, op, src, dst)?, 0),
+                    }
                 }
                 OpSpec::AllGather { count, dtype, src, dst } => {
                     (hier::all_gather(g, &grp, count, dtype, src, dst), 0)

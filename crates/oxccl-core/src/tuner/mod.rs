@@ -119,6 +119,10 @@ pub struct Model {
     pub direct_gbs: Option<f64>,
     /// The largest call Direct serves.
     pub direct_max_bytes: usize,
+    /// What each message of an exchange between hosts costs the cores of the host it crosses,
+    /// µs (the engine's step and the kernel's TCP work; 0 where not modeled): the one-shot of
+    /// all `N` ranks puts `k(N − k)` messages through each host, the hierarchical one `H − 1`.
+    pub msg_us: f64,
 }
 
 /// One priced candidate.
@@ -237,6 +241,17 @@ impl Model {
                 } else {
                     inside + between
                 };
+                // Small all-reduces (`hier::all_reduce_small`): along the host ring to its
+                // first rank, one exchange among the hosts' first ranks, back along the ring.
+                if c == RingColl::AllReduce && bytes <= self.direct_max_bytes && nh <= DIRECT_MAX_RANKS {
+                    let small = base
+                        + 2.0 * (l - 1.0) * intra_hop
+                        + net_hop
+                        + (h - 1.0) * self.msg_us
+                        + 2.0 * n * (l - 1.0) / (1000.0 * intra_bw * proto_eff)
+                        + n * (h - 1.0) / (1000.0 * nic);
+                    return Some(small.min(lat + t));
+                }
                 return Some(lat + t);
             }
             Algo::Tree => {
@@ -251,7 +266,8 @@ impl Model {
                     Some(gbs) => (base, gbs),
                     None => {
                         let hop = if multi { net_hop } else { intra_hop };
-                        (base + hop, bus / (pr - 1.0))
+                        let msgs = if multi { l * (pr - l) * self.msg_us } else { 0.0 };
+                        (base + hop + msgs, bus / (pr - 1.0))
                     }
                 }
             }
@@ -404,6 +420,7 @@ impl Model {
             net: PathCost::net(h0.net_gbs() / local as f64),
             base_us: BASE_US,
             hosts_uniform: nranks % local == 0,
+            msg_us: 0.0,
             max_channels: 32,
             min_channels: 1,
             ll128: (nvl || local == 1) && (nhosts == 1 || nic_paths_ok),
@@ -495,6 +512,7 @@ impl Model {
             base_us: base,
             // A guess from the counts; the runtime sets what its hosts hold.
             hosts_uniform: nranks % nhosts.max(1) == 0,
+            msg_us: CPU_STEP_US,
             max_channels: max_channels.max(1),
             min_channels: min_channels.max(1),
             // Shared-memory LL128 lines publish their flag word with a release store, so a line

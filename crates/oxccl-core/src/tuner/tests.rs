@@ -198,7 +198,15 @@ fn several_hosts_of_several_ranks_go_hierarchical() {
     let en = Enabled::default();
     let m = Model::cpu(8, 4, &c, false, 1, 2);
     let s = Selector::tuned(&m, &en, 4096);
-    assert_eq!(s.all_reduce_algo(8), Some(Algo::Direct), "{s:?}");
+    // Small calls too: each host's first rank alone exchanges with the others (3 messages
+    // through each host's cores instead of the one-shot's 2 × 6).
+    assert_eq!(s.all_reduce_algo(8), Some(Algo::Hier), "{s:?}");
+    let direct = m.estimate(RingColl::AllReduce, 8, Algo::Direct, Proto::Simple, 1).unwrap();
+    let small = m.estimate(RingColl::AllReduce, 8, Algo::Hier, Proto::Simple, 1).unwrap();
+    assert!(small < direct, "hier {small} µs, one-shot {direct} µs");
+    // One rank per host: no hierarchy, the one-shot.
+    let flat = Model::cpu(4, 4, &c, false, 1, 2);
+    assert_eq!(Selector::tuned(&flat, &en, 4096).all_reduce_algo(8), Some(Algo::Direct));
     assert_eq!(s.all_reduce_algo(16 << 20), Some(Algo::Hier), "{s:?}");
     assert!(s.hier[RingColl::AllGather as usize] && s.hier[RingColl::ReduceScatter as usize], "{s:?}");
     assert!(!s.hier[RingColl::Broadcast as usize] && !s.hier[RingColl::Reduce as usize], "{s:?}");
