@@ -272,6 +272,24 @@ impl Cluster {
         .collect()
     }
 
+    /// A test launch of one rank per (host, slot) across the cluster: each rank on its host
+    /// with the host's identity, the rails named by `NCCL_SOCKET_IFNAME`, and the rendezvous
+    /// through a unique id file (the scratch directory is shared by the namespaces).
+    pub fn launch(&self, test: &str, scenario: &str) -> crate::spawn::Launch {
+        let n = self.spec.hosts * self.spec.per_host;
+        let mut l = crate::spawn::Launch::new(test, scenario, n)
+            .env(
+                "OXCCL_UNIQUE_ID_FILE",
+                crate::spawn::Launch::scratch().join("unique-id").to_str().unwrap_or(""),
+            )
+            .env("NCCL_SOCKET_IFNAME", &self.ifnames());
+        for r in 0..n {
+            l.wrap.push(self.exec_in(r / self.spec.per_host));
+            l.rank_env.push(self.rank_env(r).into_iter().filter(|(k, _)| k == "OXCCL_HOST_ID").collect());
+        }
+        l
+    }
+
     fn remove(&mut self) {
         let mut all: Vec<String> = std::mem::take(&mut self.made);
         if std::mem::take(&mut self.switch_made) {

@@ -21,20 +21,9 @@ fn two_rails() -> Spec {
     Spec { rails: 2, ..spec() }
 }
 
-/// Every rank of `c` on its host, with its host's identity and interface; the rendezvous by
-/// a unique id file (the scratch directory is shared by the namespaces).
+/// Every rank of `c` on its host ([`Cluster::launch`]), logging at INFO.
 fn launch(c: &Cluster, test: &str, scenario: &str) -> Launch {
-    let n = c.spec().hosts * c.spec().per_host;
-    let mut l = Launch::new(test, scenario, n)
-        .env("OXCCL_UNIQUE_ID_FILE", Launch::scratch().join("unique-id").to_str().unwrap())
-        .env("NCCL_SOCKET_IFNAME", &c.ifnames())
-        .env("NCCL_DEBUG", "INFO");
-    for r in 0..n {
-        l.wrap.push(c.exec_in(r / c.spec().per_host));
-        let env = c.rank_env(r).into_iter().filter(|(k, _)| k == "OXCCL_HOST_ID").collect();
-        l.rank_env.push(env);
-    }
-    l
+    c.launch(test, scenario).env("NCCL_DEBUG", "INFO")
 }
 
 fn netns_list() -> String {

@@ -8,7 +8,6 @@
 use oxccl_core::netsim::{simulate, Cluster as SimCluster, Spec as SimSpec};
 use oxccl_core::tuner::{Algo, Proto};
 use oxccl_testkit::cluster::{Cluster, Spec};
-use oxccl_testkit::Launch;
 use std::time::{Duration, Instant};
 
 oxccl_testkit::test_scope!();
@@ -70,17 +69,11 @@ fn simulated_times_are_within_15_percent_of_the_emulated_cluster() {
         let mut best = [f64::INFINITY; SIZES.len()];
         let mut lines = Vec::new();
         for attempt in 0..3 {
-            let mut l =
-                Launch::new("simulated_times_are_within_15_percent_of_the_emulated_cluster", "hosts_sim", 4)
-                    .env("OXCCL_UNIQUE_ID_FILE", Launch::scratch().join("unique-id").to_str().unwrap())
-                    .env("NCCL_SOCKET_IFNAME", &c.ifnames())
-                    .env("NCCL_ALGO", algo_env)
-                    .env("OXCCL_TIMEOUT", "120")
-                    .timeout(Duration::from_secs(300));
-            for r in 0..4 {
-                l.wrap.push(c.exec_in(r / 2));
-                l.rank_env.push(c.rank_env(r).into_iter().filter(|(k, _)| k == "OXCCL_HOST_ID").collect());
-            }
+            let l = c
+                .launch("simulated_times_are_within_15_percent_of_the_emulated_cluster", "hosts_sim")
+                .env("NCCL_ALGO", algo_env)
+                .env("OXCCL_TIMEOUT", "120")
+                .timeout(Duration::from_secs(300));
             let done = l.run().unwrap_or_else(|e| panic!("NCCL_ALGO={algo_env}: {e}"));
             for line in done[0].stdout.lines().filter_map(|l| l.find("TIME ").map(|i| &l[i + 5..])) {
                 let mut it = line.split_whitespace().map(|x| x.parse::<f64>().unwrap());
