@@ -8,6 +8,7 @@
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `NCCL_SOCKET_IFNAME` | interfaces to use (see [`crate::ifname`]) | NCCL's order |
+//! | `OXCCL_NET_GBIT` | each rail's speed to other hosts, Gbit/s, for the cost model, where the kernel's link speed is not the path's (a shaped or virtual link, a slower switch) | the interface's speed (`/sys/class/net/IF/speed`) |
 //! | `NCCL_SOCKET_FAMILY` | `AF_INET` or `AF_INET6` | IPv4 first |
 //! | `NCCL_SHM_DISABLE` | `1`: same-host peers use TCP, not shared memory | `0` |
 //! | `NCCL_BUFFSIZE` | bytes of buffering per connection | 1 MiB; 4 MiB over TCP |
@@ -122,6 +123,9 @@ pub enum LogLevel {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     pub socket_ifname: Option<IfSpec>,
+    /// `OXCCL_NET_GBIT`: each rail's speed to other hosts, Gbit/s (`None`: the interface's
+    /// speed as the kernel reports it).
+    pub net_gbit: Option<f64>,
     pub socket_family: Option<Family>,
     pub shm_disable: bool,
     /// `NCCL_BUFFSIZE`; unset, the transport's default applies.
@@ -252,6 +256,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             socket_ifname: None,
+            net_gbit: None,
             socket_family: None,
             shm_disable: false,
             buffsize: None,
@@ -356,6 +361,17 @@ impl Config {
                 return Err(bad("OXCCL_TIMEOUT", &v, "expected a non-negative number of seconds"));
             }
             c.timeout = (secs > 0.0).then(|| Duration::from_secs_f64(secs));
+        }
+        if let Some(v) = get("OXCCL_NET_GBIT").filter(|v| !v.trim().is_empty()) {
+            let g: f64 = v.trim().parse().map_err(|_| bad("OXCCL_NET_GBIT", &v, "expected Gbit/s"))?;
+            if !(g > 0.0 && g.is_finite()) {
+                return Err(bad(
+                    "OXCCL_NET_GBIT",
+                    &v,
+                    "expected a positive number of Gbit/s (e.g. 1, 10, 100)",
+                ));
+            }
+            c.net_gbit = Some(g);
         }
         if let Some(v) = get("OXCCL_WAIT_NOTICE") {
             let secs: f64 = v.trim().parse().map_err(|_| bad("OXCCL_WAIT_NOTICE", &v, "expected seconds"))?;
@@ -581,6 +597,12 @@ mod tests {
         assert_eq!(Config::from_lookup(env(&[("OXCCL_TIMEOUT", "0")])).unwrap().timeout, None);
         let e = Config::from_lookup(env(&[("OXCCL_CMA", "yes please")])).unwrap_err();
         assert!(e.to_string().contains("OXCCL_CMA"), "{e}");
+        for v in ["0", "-1", "fast", "inf"] {
+            let e = Config::from_lookup(env(&[("OXCCL_NET_GBIT", v)])).unwrap_err();
+            assert!(e.to_string().contains("OXCCL_NET_GBIT"), "{v}: {e}");
+        }
+        assert_eq!(Config::from_lookup(env(&[("OXCCL_NET_GBIT", "2.5")])).unwrap().net_gbit, Some(2.5));
+        assert_eq!(Config::default().net_gbit, None);
     }
 
     #[test]

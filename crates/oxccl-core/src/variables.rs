@@ -52,6 +52,7 @@ pub const ALL: &[Variable] = &[
     v("NCCL_DEBUG", Settings, "none (errors are returned, not logged)", "VERSION, WARN, INFO or TRACE"),
     v("NCCL_DEBUG_SUBSYS", Settings, "all", "subsystems INFO logs (INIT, COLL, P2P, NET, BOOTSTRAP, …; ^ excludes)"),
     v("NCCL_DEBUG_FILE", Settings, "stderr", "log file (%h host, %p pid)"),
+    v("OXCCL_NET_GBIT", Settings, "the interface's speed (/sys/class/net)", "each rail's speed to other hosts, Gbit/s, for the cost model where the kernel's is not the path's"),
     v("OXCCL_TIMEOUT", Settings, "none", "seconds a call or init may wait before failing, naming who it waits for"),
     v("OXCCL_WAIT_NOTICE", Settings, "30", "seconds between notices on stderr of a long wait at init (0: none)"),
     v("OXCCL_FLIGHT_RECORDER", Settings, "2000", "calls the flight recorder keeps (dumped on failure or SIGUSR1; 0: none)"),

@@ -243,10 +243,7 @@ fn explain(a: &ExplainArgs) {
                 None => costs,
             };
             let direct = h == 1 && config.direct && !config.shm_disable && ranks > 1;
-            let mut m = Model::cpu(ranks, h, &costs, direct, 1, 1);
-            if let Some(g) = a.link_gbit {
-                m.net.limit_gbs = g / 8.0;
-            }
+            let m = Model::cpu(ranks, h, &costs, direct, 1, 1).with_link(a.link_gbit.unwrap_or(0.0) / 8.0, 1);
             if h > 1 {
                 println!(
                     "{h} hosts × {} ranks; link {:.3} GB/s per host. Hier: inside each host over shared memory, each rank's share between hosts on rings of the ranks of its local index (all {} at once), inside again",

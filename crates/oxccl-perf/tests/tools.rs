@@ -117,9 +117,9 @@ fn sim_bootstrap_prints_the_model_dense_against_sparse() {
     assert_eq!(one("100000", "sparse")[3], "29"); // 2 + 16 + 11
     assert_eq!(one("100000", "dense")[3], "100001");
     assert_eq!(many("100000", "sparse")[3], "31");
-    // N tables of N entries of 126 bytes (the measured codec: protocol 11's entry, CUDA device,
-    // rails and machine included).
-    assert_eq!(one("100000", "dense")[5..7], ["1.26", "TB"]);
+    // N tables of N entries of 134 bytes (the measured codec: protocol 12's entry, CUDA device,
+    // rails, machine and link speed included).
+    assert_eq!(one("100000", "dense")[5..7], ["1.34", "TB"]);
     let total = |r: Vec<&str>| r.last().unwrap().parse::<f64>().unwrap();
     assert!(total(one("100000", "sparse")) < total(one("100000", "dense")) / 10.0, "{out}");
     assert!(total(many("100000", "sparse")) <= 1.0, "{out}");

@@ -16,7 +16,9 @@
 //! 4. Shaping: the host's egress on its end of each link, its ingress as the egress of the
 //!    switch's end; a token bucket whose burst holds a full 64 KiB GSO segment (smaller bursts
 //!    cost a single TCP stream up to 10% at 1 Gbit/s, measured) and ≥ 1 ms at the rate.
-//! 5. Drop removes every namespace (which removes their links and bridges) and the scratch
+//! 5. The ranks' environment says the shaped rate (`OXCCL_NET_GBIT`), as a real NIC's speed
+//!    would be read from the kernel.
+//! 6. Drop removes every namespace (which removes their links and bridges) and the scratch
 //!    directory, and never panics.
 
 use std::path::{Path, PathBuf};
@@ -268,8 +270,16 @@ impl Cluster {
             ("NCCL_SOCKET_IFNAME", self.ifnames()),
         ]
         .into_iter()
+        .chain(self.net_gbit().map(|g| ("OXCCL_NET_GBIT", g)))
         .map(|(k, v)| (k.to_string(), v))
         .collect()
+    }
+
+    /// Each link's shaped rate in Gbit/s, as oxccl's `OXCCL_NET_GBIT` takes it (the kernel
+    /// reports a veth's speed as 10 Gbit/s, not the rate `tc` holds it to); `None` unshaped.
+    pub fn net_gbit(&self) -> Option<String> {
+        let bits = rate_bits(self.spec.rate.as_deref()?).ok()?;
+        Some(format!("{}", bits as f64 / 1e9))
     }
 
     /// A test launch of one rank per (host, slot) across the cluster: each rank on its host
@@ -283,6 +293,9 @@ impl Cluster {
                 crate::spawn::Launch::scratch().join("unique-id").to_str().unwrap_or(""),
             )
             .env("NCCL_SOCKET_IFNAME", &self.ifnames());
+        if let Some(g) = self.net_gbit() {
+            l = l.env("OXCCL_NET_GBIT", &g);
+        }
         for r in 0..n {
             l.wrap.push(self.exec_in(r / self.spec.per_host));
             l.rank_env.push(self.rank_env(r).into_iter().filter(|(k, _)| k == "OXCCL_HOST_ID").collect());
@@ -429,6 +442,13 @@ mod tests {
         let r4: std::collections::HashMap<_, _> = c.rank_env(4).into_iter().collect();
         assert_eq!(r4["OXCCL_HOST_ID"], "oxc42-0-h2");
         assert_eq!(r4["LOCAL_RANK"], "0");
+        assert!(!r4.contains_key("OXCCL_NET_GBIT"));
+        std::mem::forget(c);
+        // A shaped cluster tells oxccl its links' rate.
+        let mut c = fake(2, 1, 1);
+        c.spec.rate = Some("500mbit".into());
+        let r1: std::collections::HashMap<_, _> = c.rank_env(1).into_iter().collect();
+        assert_eq!(r1["OXCCL_NET_GBIT"], "0.5");
         std::mem::forget(c);
     }
 }

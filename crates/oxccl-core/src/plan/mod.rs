@@ -234,10 +234,16 @@ pub fn plan_group_signed(
             continue;
         }
         // Hierarchical where selected and the hosts allow it (else the flat plans below).
-        if let Some(grp) = g.select.as_ref().filter(|s| hier_selected(s, op)).and_then(|_| hier::groups(g)) {
+        if let Some((s, grp)) =
+            g.select.as_ref().filter(|s| hier_selected(s, op)).and_then(|s| Some((s, hier::groups(g)?)))
+        {
             let (phases, scratch) = match *op {
                 OpSpec::AllReduce { count, dtype, op, src, dst } => {
-                    match hier::all_reduce_small(g, &grp, count, dtype, op, src, dst)? {
+                    let small = match count * dtype.size_bytes() <= s.hier_small_max {
+                        true => hier::all_reduce_small(g, &grp, count, dtype, op, src, dst)?,
+                        false => None,
+                    };
+                    match small {
                         Some(small) => small,
                         None => (hier::all_reduce(g, &grp, count, dtype, op, src, dst)?, 0),
                     }

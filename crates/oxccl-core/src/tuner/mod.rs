@@ -241,18 +241,8 @@ impl Model {
                 } else {
                     inside + between
                 };
-                // Small all-reduces (`hier::all_reduce_small`): along the host ring to its
-                // first rank, one exchange among the hosts' first ranks, back along the ring.
-                if c == RingColl::AllReduce && bytes <= self.direct_max_bytes && nh <= DIRECT_MAX_RANKS {
-                    let small = base
-                        + 2.0 * (l - 1.0) * intra_hop
-                        + net_hop
-                        + (h - 1.0) * self.msg_us
-                        + 2.0 * n * (l - 1.0) / (1000.0 * intra_bw * proto_eff)
-                        + n * (h - 1.0) / (1000.0 * nic);
-                    return Some(small.min(lat + t));
-                }
-                return Some(lat + t);
+                let small = self.hier_small_estimate(c, bytes, p, channels).unwrap_or(f64::INFINITY);
+                return Some(small.min(lat + t));
             }
             Algo::Tree => {
                 let lat = base + 2.0 * ((l - 1.0) * intra_hop + log2_ceil(nh) as f64 * net_hop);
@@ -273,6 +263,35 @@ impl Model {
             }
         };
         Some(lat + n / (1000.0 * algbw))
+    }
+
+    /// The predicted time of a small hierarchical all-reduce (`hier::all_reduce_small`), µs:
+    /// along the host ring to its first rank, one exchange among the hosts' first ranks (each
+    /// sends the whole buffer to every other: `H − 1` copies through its NIC), back along the
+    /// ring. `None` where it does not apply (not an all-reduce, or larger than one exchange).
+    pub fn hier_small_estimate(&self, c: RingColl, bytes: usize, p: Proto, channels: usize) -> Option<f64> {
+        let nh = self.nhosts.max(1);
+        if c != RingColl::AllReduce
+            || bytes > self.direct_max_bytes
+            || nh > DIRECT_MAX_RANKS
+            || self.unavailable(c, Algo::Hier, p).is_some()
+        {
+            return None;
+        }
+        let (h, l, n) = (nh as f64, self.local() as f64, bytes as f64);
+        let ch = channels.max(1) as f64;
+        let proto_eff = self.proto_eff[p as usize];
+        let intra_bw = (ch * self.intra.channel_gbs).min(self.intra.limit_gbs);
+        let nic = (ch * self.net.channel_gbs).min(self.net.limit_gbs) * proto_eff;
+        let intra_hop = self.intra.hop(Algo::Hier, p) * if p == Proto::LL { 1.8 } else { 1.0 };
+        Some(
+            self.base_us[Algo::Hier as usize][p as usize]
+                + 2.0 * (l - 1.0) * intra_hop
+                + self.net.hop(Algo::Hier, p)
+                + (h - 1.0) * self.msg_us
+                + 2.0 * n * (l - 1.0) / (1000.0 * intra_bw * proto_eff)
+                + n * (h - 1.0) / (1000.0 * nic),
+        )
     }
 
     fn channel_options(&self, bytes: usize) -> impl Iterator<Item = usize> + '_ {
@@ -531,6 +550,17 @@ impl Model {
         }
     }
 
+    /// This model with each host's link to the others at `gbs` per rail (GB/s) over `rails`
+    /// rails: one TCP stream carries at most a rail's rate, a host at most all its rails'
+    /// (each no more than this host's TCP measured). `gbs` not positive: unchanged.
+    pub fn with_link(mut self, gbs: f64, rails: usize) -> Model {
+        if gbs > 0.0 && gbs.is_finite() {
+            self.net.channel_gbs = self.net.channel_gbs.min(gbs);
+            self.net.limit_gbs = self.net.limit_gbs.min(gbs * rails.max(1) as f64);
+        }
+        self
+    }
+
     /// This model for a communicator whose ranks all talk over sockets, those of one host
     /// included (`NCCL_SHM_DISABLE=1`): a hop inside a host costs what one between hosts does,
     /// and the one-shot exchange serves calls up to the sockets' bound.
@@ -556,6 +586,10 @@ pub struct Selector {
     /// Per collective: whether it runs hierarchically where the hosts allow
     /// ([`crate::plan::hier`]; all-reduce by `all_reduce`'s size rules instead).
     pub hier: [bool; 5],
+    /// All-reduce run hierarchically: the largest call (bytes) the small plan serves (the
+    /// hosts' first ranks in one exchange, `hier::all_reduce_small`), where it applies at
+    /// all; 0: never.
+    pub hier_small_max: usize,
     /// Per collective: why it cannot run under the settings, if it cannot.
     pub refuse: [Option<String>; 5],
     /// Per collective: (upper size bound in bytes, protocol), ascending, for its connection
@@ -570,6 +604,7 @@ impl Selector {
             all_reduce: vec![(usize::MAX, a)],
             direct: [a == Algo::Direct; 5],
             hier: [a == Algo::Hier; 5],
+            hier_small_max: usize::MAX,
             refuse: Default::default(),
             protos: Default::default(),
         }
@@ -593,6 +628,7 @@ impl Selector {
             all_reduce: Vec::new(),
             direct: [true; 5],
             hier: [false; 5],
+            hier_small_max: usize::MAX,
             refuse: Default::default(),
             protos: Default::default(),
         });
@@ -614,6 +650,7 @@ impl Selector {
             }
             let (mut algos, mut protos) = (Vec::new(), Vec::new());
             let mut ok = true;
+            let mut small_to = Some(4);
             for b in explain_sizes() {
                 // The protocol of the chunks: the best candidate that travels over connections.
                 let over_conns = m
@@ -626,7 +663,19 @@ impl Selector {
                 }
                 if c == RingColl::AllReduce {
                     match m.choose(c, b, en) {
-                        Ok(e) => push(&mut algos, b, e.algo),
+                        Ok(e) => {
+                            push(&mut algos, b, e.algo);
+                            // Hier's small plan serves the sizes it is priced below the
+                            // pieces (from the smallest up: it grows with the hosts).
+                            if e.algo == Algo::Hier && small_to == Some(b / 2) {
+                                let big = m.estimate(c, b, Algo::Hier, e.proto, e.channels);
+                                if m.hier_small_estimate(c, b, e.proto, e.channels)
+                                    .is_some_and(|s| Some(s) <= big)
+                                {
+                                    small_to = Some(b);
+                                }
+                            }
+                        }
                         Err(_) => ok = false,
                     }
                 }
@@ -640,6 +689,7 @@ impl Selector {
             }
             if c == RingColl::AllReduce && ok {
                 sel.all_reduce = close(algos);
+                sel.hier_small_max = small_to.filter(|&b| b > 4).unwrap_or(0);
             }
         }
         sel
@@ -658,6 +708,7 @@ impl Selector {
             all_reduce: Vec::new(),
             direct: [true; 5],
             hier: [false; 5],
+            hier_small_max: usize::MAX,
             refuse: Default::default(),
             protos: Default::default(),
         };

@@ -229,3 +229,36 @@ fn several_hosts_of_several_ranks_go_hierarchical() {
     let explained = m.explain_text(RingColl::AllReduce, &explain_sizes(), &en);
     assert!(explained.contains("Hier/Simple"), "{explained}");
 }
+
+/// The link between hosts decides where the small hierarchical plan stops and which plan runs
+/// mid-size: measured here at 4 hosts × 2 ranks over 1 Gbit/s (tbf), the leaders' exchange puts
+/// 3 copies of a 32 KiB buffer through each NIC (788 µs) where the pieces' rings put 1.5
+/// (630 µs), and Tree puts 2 (64-128 KiB at 1.33 × the bound) — a model that takes the
+/// loopback's TCP for the link picked both.
+#[test]
+fn the_link_between_hosts_sets_the_small_plan_and_keeps_tree_off() {
+    let c = CpuCosts { tcp_us: 20.0, tcp_gbs: 1.2, ..CpuCosts::default() };
+    let en = Enabled::default();
+    let m = Model::cpu(8, 4, &c, false, 1, 2).with_link(0.125, 1);
+    assert_eq!((m.net.channel_gbs, m.net.limit_gbs), (0.125, 0.125));
+    let s = Selector::tuned(&m, &en, 32 << 10);
+    assert!(s.hier_small_max >= 8 && s.hier_small_max < 32 << 10, "{s:?}");
+    for b in [32 << 10, 64 << 10, 128 << 10, 256 << 10, 16 << 20] {
+        assert_eq!(s.all_reduce_algo(b), Some(Algo::Hier), "{b}: {s:?}");
+    }
+    // Two rails: a host carries twice, one stream still one rail.
+    let two = Model::cpu(8, 4, &c, false, 1, 2).with_link(0.125, 2);
+    assert_eq!((two.net.channel_gbs, two.net.limit_gbs), (0.125, 0.25));
+    // No speed known: the model as measured.
+    assert_eq!(Model::cpu(8, 4, &c, false, 1, 2).with_link(0.0, 1), Model::cpu(8, 4, &c, false, 1, 2));
+    // Two hosts: the leaders' exchange carries one copy, as the rings do; it serves more.
+    let m2 = Model::cpu(4, 2, &c, false, 1, 2).with_link(0.125, 1);
+    let s2 = Selector::tuned(&m2, &en, 32 << 10);
+    assert!(s2.hier_small_max > s.hier_small_max, "{s2:?} against {s:?}");
+    // NCCL_ALGO=hier is tuned alike; without the model (OXCCL_TUNER=0) the small plan serves
+    // wherever it applies.
+    let hier = Enabled::parse(Some("hier"), None).unwrap();
+    let tuned = Selector::tuned(&m, &hier, 32 << 10).hier_small_max;
+    assert!(tuned >= s.hier_small_max && tuned < 32 << 10, "{tuned}");
+    assert_eq!(Selector::forced(&hier, 8, 32 << 10).unwrap().hier_small_max, usize::MAX);
+}

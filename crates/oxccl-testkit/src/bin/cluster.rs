@@ -7,7 +7,7 @@
 //! Peers (`--peer`, or the first word of each line of a jobs file):
 //! - `ranks`: one process of CMD per (host, slot), inside its host, with the rank's
 //!   environment ([`Cluster::rank_env`]: torchrun's variables, `OXCCL_HOST_ID`,
-//!   `NCCL_SOCKET_IFNAME`): oxccl-perf, or any program launched as torchrun launches.
+//!   `NCCL_SOCKET_IFNAME`, the shaped rate as `OXCCL_NET_GBIT`): oxccl-perf, or any program launched as torchrun launches.
 //! - `mpi`: one `mpirun` on host 0 whose launch agent enters each host (a hostfile of the hosts'
 //!   names with `slots=K`), Open MPI's TCP byte-transfer layer and out-of-band channel on the
 //!   rails.

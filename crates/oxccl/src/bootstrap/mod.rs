@@ -45,7 +45,7 @@ pub use service::{Incoming, Mailbox, Service, Word};
 pub use wire::*;
 
 /// Protocol version of every bootstrap message.
-pub const PROTOCOL_VERSION: u32 = 11;
+pub const PROTOCOL_VERSION: u32 = 12;
 
 /// Frame kinds.
 pub(crate) mod kind {

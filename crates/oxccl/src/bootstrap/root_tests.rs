@@ -80,6 +80,7 @@ fn root_throughput() {
                                     cuda_device: -1,
                                     rails: Vec::new(),
                                     machine: 0,
+                                    nic_gbs: 0.0,
                                 },
                             };
                             s.write_all(&super::super::frame(kind::JOIN, &join.encode())).unwrap();

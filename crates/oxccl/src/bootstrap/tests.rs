@@ -15,6 +15,7 @@ fn info(r: u32, addr: SocketAddr) -> PeerInfo {
         cuda_device: -1,
         rails: Vec::new(),
         machine: 0,
+        nic_gbs: 0.0,
     }
 }
 
@@ -31,12 +32,19 @@ fn the_peer_table_carries_each_ranks_cuda_device() {
     assert_eq!(decode_table(&encode_table(&table)).unwrap(), table);
     // Rails travel too, v4 and v6, in order.
     let rails = vec!["10.1.0.1".parse().unwrap(), "fd00::2".parse().unwrap()];
-    let with = vec![PeerInfo { rails: rails.clone(), machine: 7, ..info(0, addr) }, info(1, addr)];
+    let with =
+        vec![PeerInfo { rails: rails.clone(), machine: 7, nic_gbs: 1.25, ..info(0, addr) }, info(1, addr)];
     let back = decode_table(&encode_table(&with)).unwrap();
     assert_eq!((&back[0].rails, back[0].machine, back[1].machine), (&rails, 7, 0));
+    assert_eq!((back[0].nic_gbs, back[1].nic_gbs), (1.25, 0.0));
     let bad = encode_table(&[PeerInfo { cuda_device: -2, ..info(0, addr) }]);
     let e = decode_table(&bad).unwrap_err().to_string();
     assert!(e.contains("CUDA device") && e.contains("-2"), "{e}");
+    for v in [-1.0, f64::NAN, f64::INFINITY] {
+        let e =
+            decode_table(&encode_table(&[PeerInfo { nic_gbs: v, ..info(0, addr) }])).unwrap_err().to_string();
+        assert!(e.contains("link speed"), "{v}: {e}");
+    }
 }
 
 /// A sparse rendezvous of 5 ranks (relay tree 0 -> 1, 2; 1 -> 3, 4) where rank 1 joins

@@ -26,6 +26,9 @@ pub struct PeerInfo {
     /// The machine (kernel) the rank runs on ([`crate::sys::host::machine_id`]): ranks of
     /// several hosts (network namespaces, containers) of one machine share its cores.
     pub machine: u64,
+    /// Each of the rank's rails' speed to other hosts, GB/s (`OXCCL_NET_GBIT`, else what the
+    /// kernel reports for its interfaces); 0 where not known.
+    pub nic_gbs: f64,
 }
 
 pub(crate) fn put_addr(w: &mut Writer, a: &SocketAddr) {
@@ -72,7 +75,7 @@ impl PeerInfo {
         for ip in self.rails.iter().take(oxccl_core::ifname::MAX_RAILS) {
             put_addr(w, &SocketAddr::new(*ip, 0));
         }
-        w.u64(self.machine);
+        w.u64(self.machine).u64(self.nic_gbs.to_bits());
     }
 
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<PeerInfo, CoreError> {
@@ -120,6 +123,12 @@ impl PeerInfo {
                 }
             },
             machine: r.u64()?,
+            nic_gbs: match f64::from_bits(r.u64()?) {
+                v if v.is_finite() && v >= 0.0 => v,
+                v => {
+                    return Err(CoreError::Malformed { what: "peer link speed", reason: format!("{v} GB/s") })
+                }
+            },
         })
     }
 
@@ -271,6 +280,7 @@ pub fn table_codec_probe(n: usize) -> (f64, f64) {
             cuda_device: -1,
             rails: Vec::new(),
             machine: 0,
+            nic_gbs: 1.25,
         })
         .collect();
     let bytes = encode_table(&table);

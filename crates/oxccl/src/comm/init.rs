@@ -13,6 +13,14 @@ fn ring_order(peers: &[PeerInfo]) -> Vec<Rank> {
     order
 }
 
+/// The communicator's link between hosts: the slowest rail speed of its ranks (GB/s; 0
+/// unless every rank knows its own) and the fewest rails any rank has (at least 1).
+fn link_of(peers: &[PeerInfo]) -> (f64, usize) {
+    let gbs = peers.iter().map(|p| p.nic_gbs).fold(f64::INFINITY, f64::min);
+    let rails = peers.iter().map(|p| p.rails.len().max(1)).min().unwrap_or(1);
+    (if gbs.is_finite() { gbs } else { 0.0 }, rails)
+}
+
 /// Each rank's host as a small index (in order of first appearance). Linear in the rank
 /// count (a map, not a search per rank: 100,000 ranks on 12,500 hosts).
 fn host_indices(peers: &[PeerInfo]) -> Vec<u32> {
@@ -177,6 +185,7 @@ impl Communicator {
     /// Joins root `k` of `ids`, then assembles the communicator from the table.
     fn start(ids: &[UniqueId], k: usize, size: usize, ready: Ready) -> Result<Communicator> {
         let Ready { rank, config, log, doorbell, abort, ctl, service, rails } = ready;
+        let nic_gbs = crate::rendezvous::nic_gbs(&config, service.addr.ip(), &rails);
         let info = PeerInfo {
             rank,
             pid: std::process::id(),
@@ -192,6 +201,7 @@ impl Communicator {
             cuda_device: config.cuda_device.unwrap_or(-1),
             rails,
             machine: host::machine_id(),
+            nic_gbs,
         };
         let w = Waiter::new(rank, config.timeout, abort.clone())
             .watching(&service.mailbox)
@@ -292,11 +302,15 @@ impl Communicator {
             p.config.min_channels,
             geometry.nchannels,
         );
-        // What the hosts hold, from the peer table (host hashes), the same on every rank.
+        // What the hosts hold, from the peer table (host hashes), the same on every rank; over
+        // several hosts, the slowest rank's link (where every rank knows its own) and the
+        // fewest rails.
         let model = oxccl_core::tuner::Model {
             hosts_uniform: geometry.cache.as_ref().is_some_and(|c| c.groups.is_some()),
             ..model
         };
+        let (link_gbs, rails) = link_of(&peers);
+        let model = if model.nhosts > 1 { model.with_link(link_gbs, rails) } else { model };
         // Shared memory off: every pair talks over sockets, and the model prices it so.
         let model = Arc::new(if p.config.shm_disable { model.over_sockets() } else { model });
         geometry.select = if p.config.tuner {
@@ -309,15 +323,29 @@ impl Communicator {
             p.log.info_in(
                 subsys::TUNING,
                 format_args!(
-                    "cost model from rank 0's host ({}): copy {:.2} GB/s, hand-off {:.2} µs, TCP {:.1} µs {:.2} GB/s, LL {:.2} GB/s, LL128 {:.2} GB/s; all-reduce by size: {:?}, its protocol by size: {:?}",
+                    "cost model from rank 0's host ({}): copy {:.2} GB/s, hand-off {:.2} µs, TCP {:.1} µs {:.2} GB/s{}, LL {:.2} GB/s, LL128 {:.2} GB/s; all-reduce by size: {:?}{}, its protocol by size: {:?}",
                     if c.measured { "measured" } else { "built-in values" },
                     c.copy_gbs,
                     c.hop_us,
                     c.tcp_us,
                     c.tcp_gbs,
+                    match (model.nhosts > 1, link_gbs > 0.0) {
+                        (true, true) => format!(
+                            "; between hosts {:.3} GB/s per stream, {:.3} GB/s per host ({rails} rail(s) of {:.3})",
+                            model.net.channel_gbs, model.net.limit_gbs, link_gbs
+                        ),
+                        (true, false) => "; between hosts the link's speed unknown (OXCCL_NET_GBIT): TCP's here".into(),
+                        _ => String::new(),
+                    },
                     c.ll_gbs,
                     c.ll128_gbs,
                     geometry.select.as_ref().map(|s| s.all_reduce.clone()).unwrap_or_default(),
+                    match geometry.select.as_ref().map(|s| s.hier_small_max) {
+                        Some(b) if model.nhosts > 1 && b > 0 && b < usize::MAX => {
+                            format!(" (Hier's hosts' first ranks in one exchange up to {b} B)")
+                        }
+                        _ => String::new(),
+                    },
                     geometry
                         .select
                         .as_ref()

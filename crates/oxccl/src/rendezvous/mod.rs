@@ -61,6 +61,26 @@ pub(crate) fn rails(config: &Config, ip: IpAddr, rank: Rank) -> Result<Vec<IpAdd
     Ok(ifname::rails(&list, config.socket_ifname.as_ref(), ip).iter().map(|i| i.addr).collect())
 }
 
+/// Each rail's speed to other hosts, GB/s: `OXCCL_NET_GBIT` where set, else the slowest that
+/// the kernel reports for the interfaces of `rails` (or of `ip` where there are none); 0 where
+/// none is known.
+pub(crate) fn nic_gbs(config: &Config, ip: IpAddr, rails: &[IpAddr]) -> f64 {
+    if let Some(g) = config.net_gbit {
+        return g / 8.0;
+    }
+    let Ok(list) = ifaces::list() else { return 0.0 };
+    let addrs = if rails.is_empty() { std::slice::from_ref(&ip) } else { rails };
+    let speeds: Vec<f64> = addrs
+        .iter()
+        .filter_map(|a| list.iter().find(|i| i.addr == *a))
+        .filter_map(|i| ifaces::speed_gbit(&i.name))
+        .collect();
+    if speeds.len() < addrs.len() {
+        return 0.0;
+    }
+    speeds.into_iter().fold(f64::INFINITY, f64::min) / 8.0
+}
+
 /// How many ids this process has taken from a launcher's store (rule 4).
 static NEXT_KEY: AtomicU64 = AtomicU64::new(0);
 

@@ -68,3 +68,15 @@ pub fn list() -> io::Result<Vec<Iface>> {
     unsafe { libc::freeifaddrs(head) };
     Ok(out)
 }
+
+/// The speed the kernel reports for interface `name`, Gbit/s (`/sys/class/net/NAME/speed`,
+/// in Mbit/s); `None` where it reports none (loopback, a link that is down, some virtual
+/// interfaces) or the name is not a plain interface name.
+pub fn speed_gbit(name: &str) -> Option<f64> {
+    if name.is_empty() || name.contains('/') || name.starts_with('.') {
+        return None;
+    }
+    let text = std::fs::read_to_string(format!("/sys/class/net/{name}/speed")).ok()?;
+    let mbit: i64 = text.trim().parse().ok()?;
+    (mbit > 0).then(|| mbit as f64 / 1000.0)
+}

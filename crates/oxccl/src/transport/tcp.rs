@@ -597,6 +597,7 @@ mod tests {
             cuda_device: -1,
             rails: Vec::new(),
             machine: 0,
+            nic_gbs: 0.0,
         };
         (tx, TcpRecv::accept(Rank(0), &peer, rx, 2, slot_bytes).unwrap())
     }
@@ -700,6 +701,7 @@ mod tests {
             cuda_device: -1,
             rails: Vec::new(),
             machine: 0,
+            nic_gbs: 0.0,
         };
         let tx = TcpStream::connect(peer.addr).unwrap();
         let (rx, _) = l.accept().unwrap();
