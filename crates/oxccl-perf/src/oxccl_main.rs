@@ -97,6 +97,15 @@ struct TopoArgs {
     /// Write the topology file
     #[arg(long, value_name = "FILE")]
     dump: Option<PathBuf>,
+    /// Show the hierarchy of this many CPU ranks over --hosts hosts (rank h·k + l on host h)
+    #[arg(long, value_name = "N", requires = "hosts", value_parser = rank_count)]
+    ranks: Option<usize>,
+    /// Hosts the --ranks are spread over, the same number on each
+    #[arg(long, value_name = "H", requires = "ranks", value_parser = rank_count)]
+    hosts: Option<usize>,
+    /// Rails (interfaces) per host between hosts [default: those NCCL_SOCKET_IFNAME selects here]
+    #[arg(long, value_name = "R", requires = "hosts", value_parser = rail_count)]
+    rails: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -119,6 +128,9 @@ struct ExplainArgs {
     /// host's NIC carry [default: this host's measured loopback TCP]
     #[arg(long, value_name = "GBITS", requires = "hosts", conflicts_with = "topo", value_parser = gbits)]
     link_gbit: Option<f64>,
+    /// Links (rails) per host, each of --link-gbit: a stream carries one, a host all
+    #[arg(long, value_name = "R", default_value_t = 1, requires = "link_gbit", value_parser = rail_count)]
+    rails: usize,
 }
 
 fn gbits(v: &str) -> Result<f64, String> {
@@ -130,6 +142,14 @@ fn gbits(v: &str) -> Result<f64, String> {
 
 fn rank_count(v: &str) -> Result<usize, String> {
     v.parse().ok().filter(|&n: &usize| n >= 1).ok_or_else(|| "not a rank count of at least 1".into())
+}
+
+fn rail_count(v: &str) -> Result<usize, String> {
+    let max = oxccl_core::ifname::MAX_RAILS;
+    v.parse()
+        .ok()
+        .filter(|&n: &usize| (1..=max).contains(&n))
+        .ok_or_else(|| format!("not a rail count (1 to {max})"))
 }
 
 fn collective(v: &str) -> Result<RingColl, String> {
@@ -167,6 +187,13 @@ fn analyze(a: &AnalyzeArgs) {
 }
 
 fn topo(a: &TopoArgs) {
+    let config = oxccl::Config::from_lookup(|k| std::env::var(k).ok()).unwrap_or_else(|e| fail("topo", e));
+    // Check the hierarchy's arguments before any detection.
+    let layout = match (a.ranks, a.hosts) {
+        (Some(n), Some(h)) if n % h != 0 || n < h => fail("topo", format!("--ranks {n} over --hosts {h}: every host holds the same number of ranks, so the ranks must be a multiple of the hosts")),
+        (Some(n), Some(h)) => Some((h, n / h)),
+        _ => None,
+    };
     let t = load("topo", a.topo.as_deref());
     // Hosts that are copies of one another are printed once.
     let mut shown: Vec<usize> = Vec::new();
@@ -201,6 +228,30 @@ fn topo(a: &TopoArgs) {
             b.why,
             node(&b)
         );
+    }
+    // Between hosts: the interfaces this host's ranks would use, then the hierarchy.
+    let links = oxccl::rendezvous::links(&config);
+    match &links {
+        Ok(links) => {
+            for (r, l) in links.iter().enumerate() {
+                let speed = match l.gbit {
+                    Some((g, true)) => format!("{g} Gbit/s (OXCCL_NET_GBIT)"),
+                    Some((g, false)) => format!("{g} Gbit/s (the kernel's; OXCCL_NET_GBIT overrides)"),
+                    None => "speed unknown (the cost model takes TCP's here; OXCCL_NET_GBIT sets it)".into(),
+                };
+                println!("between hosts: rail {r}: {} {}, {speed}", l.name, l.addr);
+            }
+        }
+        Err(e) => println!("between hosts: no interface: {e}"),
+    }
+    if let Some((h, k)) = layout {
+        let rails = a.rails.unwrap_or_else(|| links.as_ref().map_or(1, |l| l.len().max(1)));
+        if h < 2 || k < 2 {
+            println!("hierarchy: none ({h} host(s) × {k} rank(s): Hier needs several hosts of at least 2 ranks each; the flat rings and trees run)");
+        } else {
+            let channels = config.channels(true);
+            print!("{}", oxccl_core::plan::HostGroups::contiguous(h, k).describe(channels, rails));
+        }
     }
     if let Some(f) = &a.svg {
         write("topo", f, graphs::svg(&t.hosts[0]));
@@ -243,14 +294,25 @@ fn explain(a: &ExplainArgs) {
                 None => costs,
             };
             let direct = h == 1 && config.direct && !config.shm_disable && ranks > 1;
-            let m = Model::cpu(ranks, h, &costs, direct, 1, 1).with_link(a.link_gbit.unwrap_or(0.0) / 8.0, 1);
+            let mut m = Model::cpu(ranks, h, &costs, direct, 1, 1);
+            if let Some(g) = a.link_gbit {
+                // What the user says the link is, faster than this host's TCP or not.
+                (m.net.channel_gbs, m.net.limit_gbs) = (g / 8.0, g / 8.0 * a.rails as f64);
+            }
             if h > 1 {
                 println!(
-                    "{h} hosts × {} ranks; link {:.3} GB/s per host. Hier: inside each host over shared memory, each rank's share between hosts on rings of the ranks of its local index (all {} at once), inside again",
+                    "{h} hosts × {} ranks; {:.3} GB/s per stream, {:.3} GB/s per host between hosts",
                     ranks / h,
+                    m.net.channel_gbs,
                     m.net.limit_gbs,
-                    ranks / h
                 );
+                if ranks / h > 1 {
+                    let channels = config.channels(true);
+                    print!(
+                        "{}",
+                        oxccl_core::plan::HostGroups::contiguous(h, ranks / h).describe(channels, a.rails)
+                    );
+                }
             }
             if config.shm_disable {
                 m.over_sockets()

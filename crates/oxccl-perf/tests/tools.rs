@@ -57,6 +57,43 @@ fn topo_prints_the_matrix_rings_and_trees_and_draws_and_dumps() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `oxccl topo --ranks N --hosts H [--rails R]`: the interfaces between hosts with their
+/// speed and where it comes from, then the hierarchy: the rings inside and between hosts and
+/// the rail of each channel; `oxccl explain --rails` prices the rails and shows the same.
+#[test]
+fn topo_and_explain_show_the_hierarchy_and_the_rail_of_each_channel() {
+    let (rc, out, err) =
+        oxccl(&["topo", "--ranks", "8", "--hosts", "4", "--rails", "2"], &[("OXCCL_NET_GBIT", "25")]);
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("between hosts: rail 0: ") && out.contains("25 Gbit/s (OXCCL_NET_GBIT)"), "{out}");
+    assert!(
+        out.contains("hierarchy (Hier): 4 hosts × 2 ranks, 2 channel(s) between hosts over 2 rail(s)"),
+        "{out}"
+    );
+    assert!(out.contains("index 0: 0 2 4 6 | index 1: 1 3 5 7"), "{out}");
+    assert!(out.contains("channel 0: rail 0 | channel 1: rail 1"), "{out}");
+    let (rc, out, err) = oxccl(&["topo", "--ranks", "4", "--hosts", "4"], &[]);
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("hierarchy: none (4 host(s) × 1 rank(s)"), "{out}");
+    for (args, want) in [
+        (vec!["topo", "--ranks", "7", "--hosts", "2"], "must be a multiple of the hosts"),
+        (vec!["topo", "--ranks", "8"], "--hosts"),
+        (vec!["topo", "--ranks", "8", "--hosts", "2", "--rails", "9"], "not a rail count (1 to 8)"),
+        (vec!["explain", "allreduce", "--ranks", "8", "--hosts", "2", "--rails", "2"], "--link-gbit"),
+    ] {
+        let (rc, _, err) = oxccl(&args, &[]);
+        assert_ne!(rc, 0, "{args:?}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    let (rc, out, err) = oxccl(
+        &["explain", "allreduce", "--ranks", "8", "--hosts", "4", "--link-gbit", "1", "--rails", "2"],
+        &[],
+    );
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("0.125 GB/s per stream, 0.250 GB/s per host"), "{out}");
+    assert!(out.contains("channel 0: rail 0 | channel 1: rail 1") && out.contains("Hier/Simple ×"), "{out}");
+}
+
 #[test]
 fn explain_prints_every_candidate_and_honours_overrides() {
     let dgx16 = fixture("dgx-h100-x16.json");

@@ -1,7 +1,8 @@
 //! Several rendezvous roots (`Communicator::init_scalable`, NCCL's scalable init): every unique
 //! id is a root its share of the ranks joins; the roots join each other. Communicators form and
 //! run exact, dense and sparse; a root that never answers is named (index and address) within
-//! the timeout; ids from different jobs are refused naming the index that differs.
+//! the timeout; a root that fails tells root 0, and every rank hears why; ids from different
+//! jobs are refused naming the index that differs.
 
 use oxccl::{Communicator, Config, Error, Rank, ReduceOp, RejectReason, UniqueId};
 use std::time::{Duration, Instant};
@@ -130,6 +131,39 @@ fn ids_from_different_jobs_are_refused_naming_the_index() {
     assert!(e.to_string().contains("ids[0] and ids[2]"), "{e}");
     let e = Communicator::init_scalable(&ids(3, &config(5, 0)), 2, Rank(0), config(5, 0)).err().unwrap();
     assert!(e.to_string().contains("3 unique ids for 2 ranks"), "{e}");
+}
+
+/// Root 1 fails (two processes claim rank 2, of its share): it reports the failure to root 0
+/// instead of its share's entries, and every rank, root 0's share included, hears why (the
+/// rank claimed twice, both places) well before its timeout.
+#[test]
+fn a_failing_root_k_reports_to_root_0_and_every_rank_hears_why() {
+    let cfg = config(20, 0);
+    let all = ids(2, &cfg);
+    let hs: Vec<_> = (0..4)
+        .map(|r| {
+            let (ids, cfg) = (all.clone(), cfg.clone().with_host_id("host0"));
+            // The process meant to be rank 3 claims rank 2.
+            let claim = if r == 3 { 2 } else { r };
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                let e = Communicator::init_scalable(&ids, 4, Rank::new(claim), cfg).err();
+                (e, t.elapsed())
+            })
+        })
+        .collect();
+    for (r, h) in hs.into_iter().enumerate() {
+        let (e, took) = h.join().unwrap();
+        let e = e.unwrap_or_else(|| panic!("process {r} formed a communicator with rank 2 claimed twice"));
+        match &e {
+            Error::Rejected { reason: RejectReason::DuplicateRank { rank: 2, .. }, .. } => {}
+            Error::Rejected { reason: RejectReason::RootFailed { root: 1, why, .. }, .. }
+                if why.contains("rank 2 joined twice") => {}
+            e => panic!("process {r} (rank {}): {e:?}", if r == 3 { 2 } else { r }),
+        }
+        assert!(took < Duration::from_secs(10), "process {r} took {took:?}: {e}");
+        oxccl_testkit::report!("process {r} after {took:?}: {e}");
+    }
 }
 
 /// The start of many ranks as threads of this process, one root against several, alternating

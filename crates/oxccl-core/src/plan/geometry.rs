@@ -156,6 +156,61 @@ impl HostGroups {
     pub fn local(&self) -> usize {
         self.members.first().map_or(0, |m| m.len())
     }
+
+    /// `hosts` hosts of `local` ranks each, numbered as launchers number them (rank
+    /// `h·local + l` on host `h`).
+    pub fn contiguous(hosts: usize, local: usize) -> HostGroups {
+        let members = (0..hosts).map(|h| (0..local).map(|l| Rank::new(h * local + l)).collect()).collect();
+        let place =
+            (0..hosts * local).map(|r| ((r / local.max(1)) as u32, (r % local.max(1)) as u32)).collect();
+        HostGroups { members, place }
+    }
+
+    /// The hierarchical plans' layout (`plan::hier`), as `oxccl topo` and the INFO log show
+    /// it: the rings inside each host and between hosts, the rail of each channel between
+    /// hosts (channel `c` on rail `c mod R`), and what a host's NIC carries.
+    pub fn describe(&self, channels: usize, rails: usize) -> String {
+        const SHOWN: usize = 8;
+        let (h, k, rails, channels) = (self.hosts(), self.local(), rails.max(1), channels.max(1));
+        let list = |items: Vec<String>| {
+            let more = items.len().saturating_sub(SHOWN);
+            let mut s = items.into_iter().take(SHOWN).collect::<Vec<_>>().join(" | ");
+            if more > 0 {
+                s.push_str(&format!(" | … ({more} more)"));
+            }
+            s
+        };
+        let ranks =
+            |v: &mut dyn Iterator<Item = Rank>| v.map(|r| r.to_string()).collect::<Vec<_>>().join(" ");
+        let inside = list(
+            self.members
+                .iter()
+                .enumerate()
+                .map(|(i, m)| format!("host {i}: {}", ranks(&mut m.iter().copied())))
+                .collect(),
+        );
+        let between = list(
+            (0..k)
+                .map(|l| {
+                    format!(
+                        "index {l}: {}",
+                        ranks(&mut self.members.iter().filter_map(|m| m.get(l).copied()))
+                    )
+                })
+                .collect(),
+        );
+        let chans = list((0..channels).map(|c| format!("channel {c}: rail {}", c % rails)).collect());
+        let (hf, nf) = (h as f64, (h * k) as f64);
+        format!(
+            "hierarchy (Hier): {h} hosts × {k} ranks, {channels} channel(s) between hosts over {rails} rail(s)\n\
+             \x20 inside each host, a ring over shared memory: {inside}\n\
+             \x20 between hosts, one ring per local index, all at once: {between}\n\
+             \x20 {chans} (TCP channel c on rail c mod {rails})\n\
+             \x20 an all-reduce of S bytes puts {:.2} S through each host's NIC each way (2(H−1)/H; a flat ring {:.2} S, 2(N−1)/N)\n",
+            2.0 * (hf - 1.0) / hf,
+            2.0 * (nf - 1.0) / nf,
+        )
+    }
 }
 
 /// One rank's place in one tree.

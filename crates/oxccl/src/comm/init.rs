@@ -402,6 +402,11 @@ impl Communicator {
                         geometry.nchannels,
                     ),
                 );
+                if p.rank.0 == 0 {
+                    for line in grp.describe(geometry.nchannels, link_of(&peers).1).lines() {
+                        p.log.info_in(subsys::INIT | subsys::GRAPH, format_args!("{}", line.trim_start()));
+                    }
+                }
             }
         }
         let iface = ifaces::list()

@@ -81,6 +81,35 @@ pub(crate) fn nic_gbs(config: &Config, ip: IpAddr, rails: &[IpAddr]) -> f64 {
     speeds.into_iter().fold(f64::INFINITY, f64::min) / 8.0
 }
 
+/// One interface this host's ranks would talk to other hosts from, as `oxccl topo` shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Link {
+    pub name: String,
+    pub addr: IpAddr,
+    /// Its speed, Gbit/s, and whether `OXCCL_NET_GBIT` said it (else the kernel did).
+    pub gbit: Option<(f64, bool)>,
+}
+
+/// The interfaces this host's ranks would talk to other hosts from under `config`: the rails
+/// where `NCCL_SOCKET_IFNAME` names several, else the one interface chosen, with their speeds.
+pub fn links(config: &Config) -> Result<Vec<Link>> {
+    let list = ifaces::list().map_err(|e| Error::io(Rank(0), "list network interfaces", None, e))?;
+    let chosen = ifname::select(&list, config.socket_ifname.as_ref(), config.socket_family, None)?;
+    let rails = ifname::rails(&list, config.socket_ifname.as_ref(), chosen.addr);
+    let used = if rails.is_empty() { vec![chosen] } else { rails };
+    Ok(used
+        .into_iter()
+        .map(|i| Link {
+            name: i.name.clone(),
+            addr: i.addr,
+            gbit: match config.net_gbit {
+                Some(g) => Some((g, true)),
+                None => ifaces::speed_gbit(&i.name).map(|g| (g, false)),
+            },
+        })
+        .collect())
+}
+
 /// How many ids this process has taken from a launcher's store (rule 4).
 static NEXT_KEY: AtomicU64 = AtomicU64::new(0);
 

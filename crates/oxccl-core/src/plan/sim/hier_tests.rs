@@ -230,3 +230,27 @@ fn layouts_without_a_hierarchy_run_the_flat_ring() {
         }
     }
 }
+
+/// `oxccl topo`'s layout of the hierarchy: launchers' numbering gives the groups the
+/// communicator finds from its host ids, and the description names every ring, the rail of
+/// each channel and the NIC's share.
+#[test]
+fn the_hierarchy_is_described_as_the_plans_run_it() {
+    use crate::plan::HostGroups;
+    let g = geometry(0, 4, 2, false, 2, 64);
+    assert_eq!(HostGroups::of(&g), Some(HostGroups::contiguous(4, 2)));
+    let d = HostGroups::contiguous(4, 2).describe(2, 2);
+    for want in [
+        "4 hosts × 2 ranks, 2 channel(s) between hosts over 2 rail(s)",
+        "host 0: 0 1 | host 1: 2 3 | host 2: 4 5 | host 3: 6 7",
+        "index 0: 0 2 4 6 | index 1: 1 3 5 7",
+        "channel 0: rail 0 | channel 1: rail 1",
+        "1.50 S through each host's NIC each way (2(H−1)/H; a flat ring 1.75 S",
+    ] {
+        assert!(d.contains(want), "{want:?} missing from:\n{d}");
+    }
+    // One rail: every channel on it; many hosts: the lists are cut, saying how many more.
+    assert!(HostGroups::contiguous(2, 2).describe(2, 1).contains("channel 0: rail 0 | channel 1: rail 0"));
+    let big = HostGroups::contiguous(100, 8).describe(2, 1);
+    assert!(big.contains("host 7: 56 57 58 59 60 61 62 63 | … (92 more)"), "{big}");
+}
