@@ -24,9 +24,12 @@ pub const RING_MIN_BYTES_PER_CHANNEL: usize = 256 << 10;
 /// beside piece `j + 1`'s reduce-scatter and piece `j − 1`'s all-gather inside the host, so
 /// only the first and the last piece's host phases add to the network's time. Measured over
 /// 1 Gbit/s links (2 and 4 hosts × 2 ranks, alternating): 256 KiB pieces against 1 MiB ones
-/// took 0.72–0.95 of the time at 512 KiB–8 MiB; 64 pieces against 16, 0.95–0.99 at 16–32 MiB.
+/// took 0.72–0.95 of the time at 512 KiB–8 MiB. At most 32 pieces: at 16–32 MiB, 64 pieces
+/// were 1–4 % faster than 16 over 4 hosts but 5–30 % slower over 2 (a phase's start waits for
+/// the one before, and 2 hosts' exchange is short); 32 were within 1 % of the better of the two
+/// in 7 of 8 points, one outlier.
 pub const HIER_PIECE_BYTES: usize = 256 << 10;
-pub const HIER_MAX_PIECES: usize = 64;
+pub const HIER_MAX_PIECES: usize = 32;
 
 /// How long a waiting engine polls before it yields the core, then before it sleeps.
 pub const SPIN_NS: u64 = 20_000;
