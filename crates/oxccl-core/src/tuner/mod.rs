@@ -650,7 +650,9 @@ impl Selector {
             }
             let (mut algos, mut protos) = (Vec::new(), Vec::new());
             let mut ok = true;
-            let mut small_to = Some(4);
+            // Hier's small plan: the sizes from the smallest up for which it is the cheapest
+            // way to run Hier (it grows with the hosts, so the run ends at the first that is not).
+            let (mut small_to, mut small_run) = (0, true);
             for b in explain_sizes() {
                 // The protocol of the chunks: the best candidate that travels over connections.
                 let over_conns = m
@@ -665,15 +667,13 @@ impl Selector {
                     match m.choose(c, b, en) {
                         Ok(e) => {
                             push(&mut algos, b, e.algo);
-                            // Hier's small plan serves the sizes it is priced below the
-                            // pieces (from the smallest up: it grows with the hosts).
-                            if e.algo == Algo::Hier && small_to == Some(b / 2) {
-                                let big = m.estimate(c, b, Algo::Hier, e.proto, e.channels);
-                                if m.hier_small_estimate(c, b, e.proto, e.channels)
-                                    .is_some_and(|s| Some(s) <= big)
-                                {
-                                    small_to = Some(b);
-                                }
+                            // Hier's estimate is already the cheaper of its two plans.
+                            small_run &= e.algo == Algo::Hier
+                                && m.hier_small_estimate(c, b, e.proto, e.channels).is_some_and(|s| {
+                                    Some(s) <= m.estimate(c, b, Algo::Hier, e.proto, e.channels)
+                                });
+                            if small_run {
+                                small_to = b;
                             }
                         }
                         Err(_) => ok = false,
@@ -689,7 +689,7 @@ impl Selector {
             }
             if c == RingColl::AllReduce && ok {
                 sel.all_reduce = close(algos);
-                sel.hier_small_max = small_to.filter(|&b| b > 4).unwrap_or(0);
+                sel.hier_small_max = small_to;
             }
         }
         sel

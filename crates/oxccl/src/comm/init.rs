@@ -403,7 +403,7 @@ impl Communicator {
                     ),
                 );
                 if p.rank.0 == 0 {
-                    for line in grp.describe(geometry.nchannels, link_of(&peers).1).lines() {
+                    for line in grp.describe(geometry.nchannels, rails).lines() {
                         p.log.info_in(subsys::INIT | subsys::GRAPH, format_args!("{}", line.trim_start()));
                     }
                 }
